@@ -1,0 +1,273 @@
+// indexer-cli: drives an indexerd daemon over the client library.
+//   info     server geometry, layers, capacity
+//   demo     prefill + decode steps on random data, checked against the
+//            client-side reference (exit 1 unless every checked row agrees)
+//   bench    per-layer latency of decode steps
+//   release  drop sequences by id
+#include <algorithm>
+#include <cinttypes>
+#include <cmath>
+#include <cstdio>
+#include <random>
+#include <string>
+#include <vector>
+
+#include <CLI/CLI.hpp>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "client/cli_common.h"
+#include "client/reference.h"
+#include "kernels/common/status_macros.h"
+
+namespace indexer::client::cli {
+
+// ----------------------------------------------------------------- common --
+
+absl::StatusOr<std::unique_ptr<IndexerClient>> ConnectFromFlags(
+    const GlobalFlags& flags) {
+  ClientOptions options;
+  options.max_message_bytes = flags.max_message_mb << 20;
+  options.connect_timeout = absl::Seconds(flags.connect_timeout_s);
+  return IndexerClient::Connect(flags.addr, options);
+}
+
+OwnedSequences::~OwnedSequences() {
+  absl::StatusOr<uint64_t> released = ReleaseAll();
+  if (!released.ok()) {
+    std::fprintf(stderr, "warning: releasing sequences failed: %s\n",
+                 released.status().ToString().c_str());
+  }
+}
+
+absl::StatusOr<uint64_t> OwnedSequences::ReleaseAll() {
+  if (ids_.empty()) return 0;
+  std::vector<v1::SequenceId> ids;
+  ids.swap(ids_);
+  return client_->Release(ids);
+}
+
+std::string RunTag() {
+  std::random_device device;
+  return absl::StrCat(absl::Hex(device() & 0xffffff, absl::kZeroPad6));
+}
+
+int64_t RequestBudget(const v1::ServerInfo& info, const GlobalFlags& flags) {
+  int64_t limit = flags.max_message_mb << 20;
+  if (info.max_message_bytes() > 0) {
+    limit = std::min<int64_t>(limit, info.max_message_bytes());
+  }
+  return std::max<int64_t>(limit / 2, 1 << 20);
+}
+
+double Percentile(std::vector<double> values, double p) {
+  if (values.empty()) return 0;
+  std::sort(values.begin(), values.end());
+  const double rank = p / 100.0 * static_cast<double>(values.size());
+  size_t i = rank <= 1 ? 0 : static_cast<size_t>(std::ceil(rank)) - 1;
+  return values[std::min(i, values.size() - 1)];
+}
+
+double MicrosSince(std::chrono::steady_clock::time_point start) {
+  return std::chrono::duration<double, std::micro>(
+             std::chrono::steady_clock::now() - start)
+      .count();
+}
+
+void ProgressLine::Update(const std::string& line, bool force) {
+  const auto now = std::chrono::steady_clock::now();
+  if (last_ == std::chrono::steady_clock::time_point{}) {
+    last_ = now;  // short runs print nothing: the first line waits a second
+    if (!force) return;
+  }
+  if (!force && now - last_ < std::chrono::seconds(1)) return;
+  std::fprintf(stderr, "\r%-78s", line.c_str());
+  std::fflush(stderr);
+  last_ = now;
+  printed_ = true;
+}
+
+void ProgressLine::Done() {
+  if (printed_) std::fprintf(stderr, "\n");
+  printed_ = false;
+  last_ = {};
+}
+
+// ------------------------------------------------------------------- info --
+
+absl::Status RunInfo(const GlobalFlags& flags) {
+  ASSIGN_OR_RETURN(std::unique_ptr<IndexerClient> client,
+                   ConnectFromFlags(flags));
+  ASSIGN_OR_RETURN(v1::ServerInfo info, client->GetServerInfo());
+  std::printf("indexerd %s at %s\n", info.version().c_str(),
+              flags.addr.c_str());
+  std::printf("  profile   %s\n", info.profile().c_str());
+  std::printf("  device    %s\n", info.device().c_str());
+  std::printf("  build     %s\n", info.build().c_str());
+  std::printf("  features  %s\n",
+              absl::StrJoin(info.features(), ", ").c_str());
+  std::printf("  next_n %u, max message %" PRIu64 " MiB, logits budget %" PRIu64
+              " MiB, open steps %u, sequences %" PRIu64 "\n",
+              info.next_n(), info.max_message_bytes() >> 20,
+              info.logits_budget_bytes() >> 20, info.open_steps(),
+              info.sequences());
+  std::printf("groups:\n");
+  for (const v1::LayerGroupInfo& g : info.groups()) {
+    std::printf("  %-16s %-5s%s D=%u E=%u r=%u %s entry=%uB pages %" PRIu64
+                "/%" PRIu64 " free, layers [%s]\n",
+                g.name().c_str(), g.kv_format().c_str(),
+                g.kv_format() == "fp8" && g.ue8m0() ? " ue8m0" : "",
+                g.head_dim(), g.page_entries(), g.compress_ratio(),
+                g.layout().c_str(), g.entry_bytes(), g.free_pages(),
+                g.total_pages(), absl::StrJoin(g.layers(), ",").c_str());
+  }
+  std::printf("layers:\n");
+  for (const v1::LayerInfo& l : info.layers()) {
+    std::printf("  layer %3u  group %-16s role %-18s heads %3u topk %u\n",
+                l.layer(), l.group().c_str(), l.role().c_str(), l.num_heads(),
+                l.topk());
+  }
+  return absl::OkStatus();
+}
+
+// ---------------------------------------------------------------- release --
+
+absl::Status RunRelease(const GlobalFlags& flags,
+                        const std::vector<uint64_t>& nums,
+                        const std::vector<std::string>& names) {
+  if (nums.empty() && names.empty()) {
+    return absl::InvalidArgumentError("release: give --id and/or --name");
+  }
+  ASSIGN_OR_RETURN(std::unique_ptr<IndexerClient> client,
+                   ConnectFromFlags(flags));
+  std::vector<v1::SequenceId> ids;
+  for (uint64_t n : nums) ids.push_back(NumericSequenceId(n));
+  for (const std::string& s : names) ids.push_back(NamedSequenceId(s));
+  ASSIGN_OR_RETURN(uint64_t pages, client->Release(ids));
+  std::printf("released %zu sequence(s), %" PRIu64 " page(s)\n", ids.size(),
+              pages);
+  return absl::OkStatus();
+}
+
+}  // namespace indexer::client::cli
+
+namespace {
+
+constexpr char kBenchHelp[] =
+    "Decode-step latency per layer. Creates --batch sequences of --context "
+    "tokens (WriteEntries import in chunks; prefill steps when the daemon "
+    "lacks import), runs --warmup + --steps decode steps of --q-len tokens "
+    "per sequence and reports client round-trip p50/p99 per layer with the "
+    "server's logits/top-k times.\n"
+    "A step commits only with every layer of the profile, so by default each "
+    "step runs all layers (only the --layers are timed) and commits: contexts "
+    "grow by --q-len per step. With --abort-steps each step runs only the "
+    "--layers and is then aborted (rolled back): contexts stay at --context "
+    "and untimed layers cost nothing.";
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  using namespace indexer::client::cli;  // NOLINT: a main of this namespace
+  CLI::App app{"indexer-cli: drives an indexerd daemon (indexer.v1)"};
+  app.require_subcommand(1);
+  app.fallthrough();
+  GlobalFlags global;
+  app.add_option("--addr", global.addr, "daemon address host:port")
+      ->capture_default_str();
+  app.add_option("--max-message-mb", global.max_message_mb,
+                 "largest gRPC message sent or received (MiB)")
+      ->capture_default_str()
+      ->check(CLI::Range(int64_t{1}, int64_t{2047}));
+  app.add_option("--connect-timeout", global.connect_timeout_s,
+                 "seconds to wait for the daemon")
+      ->capture_default_str();
+
+  CLI::App* info = app.add_subcommand("info", "print the server info");
+
+  DemoFlags demo;
+  CLI::App* demo_cmd = app.add_subcommand(
+      "demo",
+      "prefill + decode steps on random data through every layer, each "
+      "layer's top-k checked against the client reference; exits 1 unless "
+      "every checked row agrees");
+  demo_cmd->add_option("--seqs", demo.seqs, "sequences")
+      ->capture_default_str()->check(CLI::Range(1, 4096));
+  demo_cmd->add_option("--prompt", demo.prompt, "prompt tokens per sequence")
+      ->capture_default_str()->check(CLI::Range(1, 1 << 20));
+  demo_cmd->add_option("--decode-steps", demo.decode_steps,
+                       "decode steps (q_len = the server's next_n)")
+      ->capture_default_str()->check(CLI::Range(0, 1 << 20));
+  demo_cmd->add_flag("--q-fp32", demo.q_fp32,
+                     "send Q as FP32 (the daemon quantizes it)");
+  demo_cmd->add_flag("--prequantized", demo.prequantized,
+                     "send K as UINT8 linear entries instead of FP32");
+  demo_cmd->add_option("--seed", demo.seed, "random seed")
+      ->capture_default_str();
+  demo_cmd->add_option("--rows-to-print", demo.rows_to_print,
+                       "rows printed per step (first layer)")
+      ->capture_default_str()->check(CLI::Range(0, 1 << 20));
+  demo_cmd->add_option("--check-rows", demo.check_rows,
+                       "rows checked per layer per step, evenly spaced "
+                       "(0 = all; prefill steps have many rows)")
+      ->capture_default_str()->check(CLI::Range(0, 1 << 30));
+  demo_cmd->add_option("--prefill-chunk", demo.prefill_chunk,
+                       "prompt tokens per sequence per prefill step (0 = "
+                       "the whole prompt, split only to fit the message "
+                       "limit)")
+      ->capture_default_str()->check(CLI::Range(0, 1 << 20));
+
+  BenchFlags bench;
+  CLI::App* bench_cmd = app.add_subcommand("bench", kBenchHelp);
+  bench_cmd->add_option("--batch", bench.batch, "sequences per step")
+      ->capture_default_str()->check(CLI::Range(1, 1 << 16));
+  bench_cmd->add_option("--context", bench.context,
+                        "tokens per sequence before the first step")
+      ->capture_default_str()->check(CLI::Range(1, 1 << 26));
+  bench_cmd->add_option("--steps", bench.steps, "measured steps")
+      ->capture_default_str()->check(CLI::Range(1, 1 << 24));
+  bench_cmd->add_option("--q-len", bench.q_len,
+                        "new tokens per sequence per step")
+      ->capture_default_str()->check(CLI::Range(1, 1 << 16));
+  bench_cmd->add_option("--warmup", bench.warmup, "unmeasured first steps")
+      ->capture_default_str()->check(CLI::Range(0, 1 << 20));
+  bench_cmd->add_option("--layers", bench.layers,
+                        "timed layers: all, or layer ids such as 3 or "
+                        "0,4,8 or 0-7")
+      ->capture_default_str();
+  bench_cmd->add_flag("--abort-steps", bench.abort_steps,
+                      "run only --layers and abort each step (see above)");
+  bench_cmd->add_flag("--q-fp32", bench.q_fp32,
+                      "send Q as FP32 (the daemon quantizes it)");
+  bench_cmd->add_flag("--prequantized", bench.prequantized,
+                      "send step K as UINT8 linear entries instead of FP32");
+  bench_cmd->add_option("--seed", bench.seed, "random seed")
+      ->capture_default_str();
+
+  std::vector<uint64_t> release_nums;
+  std::vector<std::string> release_names;
+  CLI::App* release = app.add_subcommand("release", "drop sequences");
+  release->add_option("--id", release_nums, "numeric sequence id (repeatable)");
+  release->add_option("--name", release_names,
+                      "string sequence id (repeatable)");
+
+  CLI11_PARSE(app, argc, argv);
+
+  absl::Status status;
+  if (info->parsed()) {
+    status = RunInfo(global);
+  } else if (demo_cmd->parsed()) {
+    absl::StatusOr<bool> full = RunDemo(global, demo);
+    if (full.ok()) return *full ? 0 : 1;
+    status = full.status();
+  } else if (bench_cmd->parsed()) {
+    status = RunBench(global, bench);
+  } else if (release->parsed()) {
+    status = RunRelease(global, release_nums, release_names);
+  }
+  if (!status.ok()) {
+    std::fprintf(stderr, "error: %s\n", status.ToString().c_str());
+    return 1;
+  }
+  return 0;
+}

@@ -1,0 +1,396 @@
+// `indexer-cli bench`: per-layer latency of decode steps over sequences of a
+// given context. See kBenchHelp in cli.cc for what is timed and committed.
+#include <algorithm>
+#include <cinttypes>
+#include <cstdio>
+#include <map>
+#include <set>
+#include <string>
+#include <tuple>
+#include <vector>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "client/cli_common.h"
+#include "client/reference.h"
+#include "client/workload.h"
+#include "kernels/common/status_macros.h"
+
+namespace indexer::client::cli {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+// "all", "3", "0,4,8", "0-7", or a mix; every id must be a profile layer.
+absl::StatusOr<std::set<uint32_t>> ParseLayers(
+    const std::string& text, const std::vector<LayerSpec>& specs) {
+  std::set<uint32_t> known, chosen;
+  for (const LayerSpec& s : specs) known.insert(s.layer);
+  if (text == "all") return known;
+  for (absl::string_view part : absl::StrSplit(text, ',', absl::SkipEmpty())) {
+    std::vector<absl::string_view> ends = absl::StrSplit(part, '-');
+    uint32_t lo = 0, hi = 0;
+    if (ends.size() > 2 || !absl::SimpleAtoi(ends[0], &lo) ||
+        !absl::SimpleAtoi(ends.back(), &hi) || hi < lo) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "--layers: expected all, N, N,M or N-M, got '", text, "'"));
+    }
+    for (uint32_t l = lo; l <= hi; ++l) {
+      if (!known.count(l)) {
+        return absl::NotFoundError(
+            absl::StrCat("--layers: the profile has no layer ", l));
+      }
+      chosen.insert(l);
+    }
+  }
+  if (chosen.empty()) {
+    return absl::InvalidArgumentError("--layers: no layer chosen");
+  }
+  return chosen;
+}
+
+// Random K entries of one geometry, raw and quantized, handed out cyclically.
+struct EntryPool {
+  static constexpr int64_t kEntries = 4096;
+  std::vector<float> raw;       // [kEntries, D]
+  std::vector<uint8_t> linear;  // [kEntries, VB + SB]
+  int64_t next = 0;
+
+  // The next `n` entries as a K tensor (wrapping around).
+  v1::Tensor Take(const LayerSpec& spec, int64_t n, bool prequantized) {
+    const int64_t d = spec.head_dim, eb = spec.entry_bytes();
+    std::vector<float> r;
+    std::vector<uint8_t> q;
+    for (int64_t i = 0; i < n; ++i, next = (next + 1) % kEntries) {
+      if (prequantized) {
+        q.insert(q.end(), linear.begin() + next * eb,
+                 linear.begin() + (next + 1) * eb);
+      } else {
+        r.insert(r.end(), raw.begin() + next * d, raw.begin() + (next + 1) * d);
+      }
+    }
+    return MakeKTensor(spec, r, q, prequantized);
+  }
+};
+
+using PoolKey = std::tuple<int, int32_t, bool>;  // format, D, ue8m0
+PoolKey KeyOf(const LayerSpec& s) {
+  return {static_cast<int>(s.format), s.head_dim, s.ue8m0};
+}
+
+struct LayerStats {
+  std::vector<double> rtt_us, server_us, logits_us, topk_us;
+};
+
+class Bench {
+ public:
+  Bench(IndexerClient* client, const v1::ServerInfo& info,
+        std::vector<LayerSpec> specs, std::set<uint32_t> timed,
+        const GlobalFlags& global, const BenchFlags& flags,
+        OwnedSequences* owned);
+
+  absl::Status Populate();
+  absl::Status RunSteps();
+  void Report() const;
+
+ private:
+  absl::Status ImportWithWriteEntries(int32_t s, bool* unimplemented);
+  absl::Status ImportWithSteps();
+  // One step of `q_len` tokens per sequence; `timed` collects stats.
+  absl::Status Step(int32_t q_len, bool create, bool measure, bool dummy_q);
+  v1::LayerRequest QueryTemplate(const LayerSpec& spec, int32_t rows,
+                                 bool dummy);
+
+  IndexerClient* client_;
+  const v1::ServerInfo& info_;
+  std::vector<LayerSpec> specs_;
+  std::set<uint32_t> timed_;
+  GlobalFlags global_;
+  BenchFlags flags_;
+  OwnedSequences* owned_;
+  Rng rng_;
+  std::map<PoolKey, EntryPool> pools_;
+  std::map<uint32_t, v1::LayerRequest> decode_q_;  // per layer, K unset
+  std::vector<v1::SequenceId> ids_;
+  std::vector<int64_t> tokens_;
+  std::map<uint32_t, LayerStats> stats_;
+  std::vector<double> step_us_;
+  double measured_wall_us_ = 0;
+};
+
+Bench::Bench(IndexerClient* client, const v1::ServerInfo& info,
+             std::vector<LayerSpec> specs, std::set<uint32_t> timed,
+             const GlobalFlags& global, const BenchFlags& flags,
+             OwnedSequences* owned)
+    : client_(client),
+      info_(info),
+      specs_(std::move(specs)),
+      timed_(std::move(timed)),
+      global_(global),
+      flags_(flags),
+      owned_(owned),
+      rng_(flags.seed) {
+  const std::string tag = RunTag();
+  for (int32_t s = 0; s < flags.batch; ++s) {
+    ids_.push_back(
+        NamedSequenceId(absl::StrCat("indexer-cli-bench-", tag, "-", s)));
+    tokens_.push_back(0);
+  }
+  for (const LayerSpec& spec : specs_) {
+    EntryPool& pool = pools_[KeyOf(spec)];
+    if (!pool.raw.empty()) continue;
+    pool.raw.resize(EntryPool::kEntries * spec.head_dim);
+    rng_.FillNormal(absl::MakeSpan(pool.raw));
+    pool.linear = QuantizeKEntries(spec, pool.raw);
+  }
+  for (const LayerSpec& spec : specs_) {
+    decode_q_[spec.layer] =
+        QueryTemplate(spec, flags.batch * flags.q_len, false);
+  }
+}
+
+v1::LayerRequest Bench::QueryTemplate(const LayerSpec& spec, int32_t rows,
+                                      bool dummy) {
+  // Dummy queries (zeros) serve only to fill the cache by prefill steps.
+  std::vector<float> raw_q(static_cast<size_t>(rows) * spec.num_heads *
+                           spec.head_dim);
+  if (!dummy) rng_.FillNormal(absl::MakeSpan(raw_q));
+  const std::vector<float> raw_w = RandomWeights(rng_, spec, rows);
+  const QuantizedQ q = QuantizeQ(spec, rows, raw_q, raw_w);
+  v1::LayerRequest request;
+  request.set_layer(spec.layer);
+  SetQueries(spec, q, raw_q, raw_w, flags_.q_fp32 && !dummy, &request);
+  return request;
+}
+
+absl::Status Bench::ImportWithWriteEntries(int32_t s, bool* unimplemented) {
+  int64_t bytes_per_token = 1;
+  for (const LayerSpec& spec : specs_) {
+    bytes_per_token += spec.entry_bytes() / spec.compress_ratio + 1;
+  }
+  const int64_t chunk = std::max<int64_t>(
+      1, std::min<int64_t>(RequestBudget(info_, global_), 32 << 20) /
+             bytes_per_token);
+  ProgressLine progress;
+  while (tokens_[s] < flags_.context) {
+    const int64_t n = std::min<int64_t>(chunk, flags_.context - tokens_[s]);
+    v1::WriteEntriesRequest request;
+    *request.mutable_id() = ids_[s];
+    request.set_create(tokens_[s] == 0);
+    request.set_num_tokens(n);
+    for (const LayerSpec& spec : specs_) {
+      v1::LayerEntries* layer = request.add_layers();
+      layer->set_layer(spec.layer);
+      *layer->mutable_k() = pools_[KeyOf(spec)].Take(
+          spec, NewEntries(tokens_[s], n, spec.compress_ratio), true);
+    }
+    absl::StatusOr<uint64_t> len = client_->WriteEntries(request);
+    if (!len.ok()) {
+      *unimplemented = len.status().code() == absl::StatusCode::kUnimplemented;
+      return absl::Status(len.status().code(),
+                          absl::StrCat("import of sequence ", s, ": ",
+                                       len.status().message()));
+    }
+    if (request.create()) owned_->Add(ids_[s]);
+    tokens_[s] += n;
+    if (*len != static_cast<uint64_t>(tokens_[s])) {
+      return absl::InternalError(absl::StrCat(
+          "WriteEntries seq_len: expected ", tokens_[s], ", got ", *len));
+    }
+    progress.Update(absl::StrCat("  import: sequence ", s + 1, "/",
+                                 flags_.batch, ", ", tokens_[s], "/",
+                                 flags_.context, " tokens"));
+  }
+  progress.Done();
+  return absl::OkStatus();
+}
+
+absl::Status Bench::ImportWithSteps() {
+  // Prefill steps with zero queries; chunked to fit the message budget.
+  int64_t per_row = 1;
+  for (const LayerSpec& spec : specs_) {
+    per_row = std::max<int64_t>(
+        per_row, LayerRequestBytes(spec, 1, 1, false, flags_.prequantized) +
+                     int64_t{4} * spec.topk);
+  }
+  const int64_t chunk = std::clamp<int64_t>(
+      RequestBudget(info_, global_) / (per_row * flags_.batch), 1,
+      flags_.context);
+  ProgressLine progress;
+  while (tokens_[0] < flags_.context) {
+    const int32_t q_len = static_cast<int32_t>(
+        std::min<int64_t>(chunk, flags_.context - tokens_[0]));
+    RETURN_IF_ERROR(Step(q_len, tokens_[0] == 0, false, true));
+    progress.Update(absl::StrCat("  prefill: ", tokens_[0], "/",
+                                 flags_.context, " tokens"));
+  }
+  progress.Done();
+  return absl::OkStatus();
+}
+
+absl::Status Bench::Populate() {
+  const auto start = Clock::now();
+  bool unimplemented = false;
+  for (int32_t s = 0; s < flags_.batch; ++s) {
+    absl::Status status = ImportWithWriteEntries(s, &unimplemented);
+    if (status.ok()) continue;
+    if (!unimplemented || s != 0 || tokens_[0] != 0) return status;
+    std::printf("WriteEntries unimplemented; filling by prefill steps\n");
+    RETURN_IF_ERROR(ImportWithSteps());
+    break;
+  }
+  std::printf("populated %d sequences x %d tokens in %.2f s\n", flags_.batch,
+              flags_.context, MicrosSince(start) * 1e-6);
+  return absl::OkStatus();
+}
+
+absl::Status Bench::Step(int32_t q_len, bool create, bool measure,
+                         bool dummy_q) {
+  v1::StepHeader header;
+  header.set_request_id("indexer-cli-bench");
+  for (const v1::SequenceId& id : ids_) {
+    v1::StepSequence* seq = header.add_sequences();
+    *seq->mutable_id() = id;
+    seq->set_q_len(q_len);
+    seq->set_create(create);
+  }
+  const bool abort = flags_.abort_steps && !dummy_q;
+  const auto step_start = Clock::now();
+  ASSIGN_OR_RETURN(std::unique_ptr<StepSession> session,
+                   client_->OpenStep(header));
+  for (const LayerSpec& spec : specs_) {
+    const bool timed = timed_.count(spec.layer) > 0 && !dummy_q;
+    if (abort && !timed) continue;
+    v1::LayerRequest request =
+        dummy_q ? QueryTemplate(spec, flags_.batch * q_len, true)
+                : decode_q_[spec.layer];
+    int64_t n_new = 0;
+    for (int64_t t : tokens_) n_new += NewEntries(t, q_len, spec.compress_ratio);
+    *request.mutable_k() =
+        pools_[KeyOf(spec)].Take(spec, n_new, flags_.prequantized);
+    const auto start = Clock::now();
+    absl::StatusOr<v1::LayerReply> reply = session->RunLayer(std::move(request));
+    const double rtt = MicrosSince(start);
+    if (!reply.ok()) {
+      return absl::Status(reply.status().code(),
+                          absl::StrCat("layer ", spec.layer, ": ",
+                                       reply.status().message()));
+    }
+    if (measure && timed) {
+      LayerStats& st = stats_[spec.layer];
+      st.rtt_us.push_back(rtt);
+      st.server_us.push_back(reply->timings().total_us());
+      st.logits_us.push_back(reply->timings().logits_us());
+      st.topk_us.push_back(reply->timings().topk_us());
+    }
+  }
+  if (abort) {
+    session->Abort();
+  } else {
+    ASSIGN_OR_RETURN(v1::StepCommitted committed, session->Commit());
+    (void)committed;
+    for (size_t s = 0; s < ids_.size(); ++s) {
+      if (create) owned_->Add(ids_[s]);
+      tokens_[s] += q_len;
+    }
+  }
+  if (measure) step_us_.push_back(MicrosSince(step_start));
+  return absl::OkStatus();
+}
+
+absl::Status Bench::RunSteps() {
+  const int32_t total = flags_.warmup + flags_.steps;
+  ProgressLine progress;
+  Clock::time_point measured_start = Clock::now();
+  for (int32_t i = 0; i < total; ++i) {
+    if (i == flags_.warmup) measured_start = Clock::now();
+    const bool measure = i >= flags_.warmup;
+    absl::Status status = Step(flags_.q_len, false, measure, false);
+    if (!status.ok()) {
+      progress.Done();
+      return absl::Status(status.code(), absl::StrCat("step ", i, ": ",
+                                                      status.message()));
+    }
+    progress.Update(absl::StrCat("  step ", i + 1, "/", total,
+                                 measure ? "" : " (warmup)", ", context ",
+                                 tokens_[0]));
+  }
+  measured_wall_us_ = MicrosSince(measured_start);
+  progress.Done();
+  return absl::OkStatus();
+}
+
+void Bench::Report() const {
+  std::printf("%-6s %-6s %5s %5s %10s %10s %10s %10s %10s\n", "layer",
+              "format", "H", "topk", "rtt p50", "rtt p99", "server p50",
+              "logits p50", "topk p50");
+  std::vector<double> all_rtt;
+  double rtt_sum = 0;
+  for (const LayerSpec& spec : specs_) {
+    auto it = stats_.find(spec.layer);
+    if (it == stats_.end()) continue;
+    const LayerStats& st = it->second;
+    std::printf("%-6u %-6s %5d %5d %10.1f %10.1f %10.1f %10.1f %10.1f\n",
+                spec.layer, KvFormatName(spec.format), spec.num_heads,
+                spec.topk, Percentile(st.rtt_us, 50), Percentile(st.rtt_us, 99),
+                Percentile(st.server_us, 50), Percentile(st.logits_us, 50),
+                Percentile(st.topk_us, 50));
+    all_rtt.insert(all_rtt.end(), st.rtt_us.begin(), st.rtt_us.end());
+    for (double x : st.rtt_us) rtt_sum += x;
+  }
+  std::printf("(latencies in us; rtt = client round trip of one layer)\n");
+  const double steps = static_cast<double>(step_us_.size());
+  std::printf("all timed layers: rtt p50 %.1f us, p99 %.1f us; %.0f layers/s "
+              "(1 / mean rtt); step p50 %.1f us; %.1f steps/s wall\n",
+              Percentile(all_rtt, 50), Percentile(all_rtt, 99),
+              rtt_sum > 0 ? 1e6 * all_rtt.size() / rtt_sum : 0.0,
+              Percentile(step_us_, 50),
+              measured_wall_us_ > 0 ? 1e6 * steps / measured_wall_us_ : 0.0);
+}
+
+}  // namespace
+
+absl::Status RunBench(const GlobalFlags& global, const BenchFlags& flags) {
+  ASSIGN_OR_RETURN(std::unique_ptr<IndexerClient> client,
+                   ConnectFromFlags(global));
+  ASSIGN_OR_RETURN(v1::ServerInfo info, client->GetServerInfo());
+  ASSIGN_OR_RETURN(std::vector<LayerSpec> specs, LayerSpecsFromInfo(info));
+  if (specs.empty()) {
+    return absl::FailedPreconditionError("server info lists no layers");
+  }
+  ASSIGN_OR_RETURN(std::set<uint32_t> timed, ParseLayers(flags.layers, specs));
+
+  std::printf("bench: profile %s on %s\n", info.profile().c_str(),
+              info.device().c_str());
+  std::printf("shape: batch %d, context %d, q_len %d (next_n %u), %zu of %zu "
+              "layers timed, %d warmup + %d steps, %s; Q %s, K %s\n",
+              flags.batch, flags.context, flags.q_len, info.next_n(),
+              timed.size(), specs.size(), flags.warmup, flags.steps,
+              flags.abort_steps ? "steps aborted after the timed layers"
+                                : "steps run all layers and commit",
+              flags.q_fp32 ? "FP32" : "quantized",
+              flags.prequantized ? "pre-quantized UINT8" : "FP32");
+  std::set<std::string> shown;
+  for (const LayerSpec& spec : specs) {
+    if (!timed.count(spec.layer)) continue;
+    const std::string line = absl::StrCat(spec.group, ": ", spec.DebugString());
+    if (shown.insert(line).second) {
+      std::printf("  group %s (visible entries %" PRId64 ")\n", line.c_str(),
+                  EntriesForTokens(flags.context, spec.compress_ratio));
+    }
+  }
+
+  OwnedSequences owned(client.get());
+  Bench bench(client.get(), info, std::move(specs), std::move(timed), global,
+              flags, &owned);
+  RETURN_IF_ERROR(bench.Populate());
+  RETURN_IF_ERROR(bench.RunSteps());
+  bench.Report();
+  ASSIGN_OR_RETURN(uint64_t pages, owned.ReleaseAll());
+  std::printf("released %d sequences (%" PRIu64 " pages)\n", flags.batch,
+              pages);
+  return absl::OkStatus();
+}
+
+}  // namespace indexer::client::cli

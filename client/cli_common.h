@@ -1,0 +1,102 @@
+// Pieces shared by the indexer-cli subcommands (cli.cc, cli_demo.cc,
+// cli_bench.cc). Not part of the client library.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "indexer/client.h"
+
+namespace indexer::client::cli {
+
+struct GlobalFlags {
+  std::string addr = "127.0.0.1:50061";
+  int64_t max_message_mb = 1024;
+  double connect_timeout_s = 5;
+};
+
+struct DemoFlags {
+  int32_t seqs = 4;
+  int32_t prompt = 1000;
+  int32_t decode_steps = 4;
+  bool q_fp32 = false;
+  bool prequantized = false;
+  uint64_t seed = 1;
+  int32_t rows_to_print = 2;
+  int32_t check_rows = 64;     // rows checked per layer per step; 0 = all
+  int32_t prefill_chunk = 0;   // tokens per sequence per prefill step; 0 = auto
+};
+
+struct BenchFlags {
+  int32_t batch = 8;
+  int32_t context = 4096;
+  int32_t steps = 20;
+  int32_t q_len = 1;
+  int32_t warmup = 2;
+  std::string layers = "all";
+  bool abort_steps = false;
+  bool q_fp32 = false;
+  bool prequantized = false;
+  uint64_t seed = 1;
+};
+
+absl::StatusOr<std::unique_ptr<IndexerClient>> ConnectFromFlags(
+    const GlobalFlags& flags);
+
+absl::Status RunInfo(const GlobalFlags& flags);
+absl::Status RunRelease(const GlobalFlags& flags,
+                        const std::vector<uint64_t>& nums,
+                        const std::vector<std::string>& names);
+// OK with true on full agreement, false otherwise (the report is printed).
+absl::StatusOr<bool> RunDemo(const GlobalFlags& flags, const DemoFlags& demo);
+absl::Status RunBench(const GlobalFlags& flags, const BenchFlags& bench);
+
+// Sequences a run created; whatever is still held is released when the set
+// is destroyed (best effort, errors printed), also on error paths.
+class OwnedSequences {
+ public:
+  explicit OwnedSequences(IndexerClient* client) : client_(client) {}
+  ~OwnedSequences();
+  OwnedSequences(const OwnedSequences&) = delete;
+  OwnedSequences& operator=(const OwnedSequences&) = delete;
+
+  void Add(const v1::SequenceId& id) { ids_.push_back(id); }
+  // Releases every held sequence now; returns the pages released.
+  absl::StatusOr<uint64_t> ReleaseAll();
+
+ private:
+  IndexerClient* client_;
+  std::vector<v1::SequenceId> ids_;
+};
+
+// A short random hex tag that keeps this run's sequence names apart from
+// other clients' ("indexer-cli-demo-<tag>-3").
+std::string RunTag();
+
+// Largest request this run should send: half of the smaller of the daemon's
+// and the client's message limits (room for framing and the reply).
+int64_t RequestBudget(const v1::ServerInfo& info, const GlobalFlags& flags);
+
+// Nearest-rank percentile (p in [0, 100]) of `values`; 0 when empty.
+double Percentile(std::vector<double> values, double p);
+
+double MicrosSince(std::chrono::steady_clock::time_point start);
+
+// Prints `line` in place (carriage return) at most once a second, to stderr.
+class ProgressLine {
+ public:
+  void Update(const std::string& line, bool force = false);
+  // Ends the line if anything was printed.
+  void Done();
+
+ private:
+  std::chrono::steady_clock::time_point last_{};
+  bool printed_ = false;
+};
+
+}  // namespace indexer::client::cli

@@ -1,0 +1,337 @@
+#include "indexer/client.h"
+
+#include <algorithm>
+#include <bit>
+#include <chrono>
+#include <climits>
+#include <cstring>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "kernels/common/status_macros.h"
+
+namespace indexer::client {
+
+// Tensors on the wire are little-endian (SPEC §3); element data is memcpy'd.
+static_assert(std::endian::native == std::endian::little,
+              "the client copies tensor bytes as-is: little-endian hosts only");
+
+absl::Status FromGrpcStatus(const grpc::Status& status) {
+  if (status.ok()) return absl::OkStatus();
+  // grpc::StatusCode and absl::StatusCode share the canonical numbering.
+  return absl::Status(static_cast<absl::StatusCode>(status.error_code()),
+                      status.error_message());
+}
+
+namespace {
+
+std::chrono::system_clock::time_point DeadlineAfter(absl::Duration timeout) {
+  return std::chrono::system_clock::now() +
+         absl::ToChronoMilliseconds(std::max(timeout, absl::ZeroDuration()));
+}
+
+std::string ShapeString(absl::Span<const int64_t> shape) {
+  return absl::StrCat("[", absl::StrJoin(shape, ", "), "]");
+}
+
+}  // namespace
+
+// ------------------------------------------------------------ StepSession --
+
+StepSession::StepSession(std::shared_ptr<grpc::Channel> channel,
+                         std::unique_ptr<grpc::ClientContext> context,
+                         std::unique_ptr<Stream> stream)
+    : channel_(std::move(channel)),
+      context_(std::move(context)),
+      stream_(std::move(stream)) {}
+
+StepSession::~StepSession() {
+  if (!finished_) Abort();
+}
+
+absl::Status StepSession::CheckOpen() const {
+  if (finished_) {
+    return absl::FailedPreconditionError(
+        "step session: the step is already committed, aborted or failed");
+  }
+  return absl::OkStatus();
+}
+
+absl::Status StepSession::FailStream(const char* what) {
+  finished_ = true;
+  // The daemon ended the stream (a failed Write or Read means it is closed):
+  // drain it and take the daemon's status, which names the bad field.
+  stream_->WritesDone();
+  v1::StepResponse ignored;
+  while (stream_->Read(&ignored)) {
+  }
+  absl::Status status = FromGrpcStatus(stream_->Finish());
+  if (status.ok()) {
+    return absl::InternalError(
+        absl::StrCat("step stream ended early while ", what));
+  }
+  return status;
+}
+
+absl::StatusOr<v1::LayerReply> StepSession::RunLayer(
+    v1::LayerRequest request) {
+  RETURN_IF_ERROR(CheckOpen());
+  const uint32_t layer = request.layer();
+  v1::StepRequest message;
+  *message.mutable_layer() = std::move(request);
+  if (!stream_->Write(message)) {
+    return FailStream(absl::StrCat("sending layer ", layer).c_str());
+  }
+  v1::StepResponse response;
+  if (!stream_->Read(&response)) {
+    return FailStream(absl::StrCat("waiting for layer ", layer).c_str());
+  }
+  if (!response.has_layer() || response.layer().layer() != layer) {
+    Abort();
+    return absl::InternalError(absl::StrCat(
+        "step stream: expected the reply of layer ", layer, ", got ",
+        response.has_layer()
+            ? absl::StrCat("the reply of layer ", response.layer().layer())
+            : std::string("a StepCommitted")));
+  }
+  return std::move(*response.mutable_layer());
+}
+
+absl::StatusOr<v1::StepCommitted> StepSession::Commit() {
+  RETURN_IF_ERROR(CheckOpen());
+  v1::StepRequest message;
+  message.mutable_commit();
+  if (!stream_->Write(message) || !stream_->WritesDone()) {
+    return FailStream("sending the commit");
+  }
+  v1::StepResponse response;
+  if (!stream_->Read(&response)) return FailStream("waiting for the commit");
+  if (!response.has_committed()) {
+    Abort();
+    return absl::InternalError(absl::StrCat(
+        "step stream: expected StepCommitted, got the reply of layer ",
+        response.layer().layer()));
+  }
+  finished_ = true;
+  v1::StepResponse extra;
+  while (stream_->Read(&extra)) {
+  }
+  RETURN_IF_ERROR(FromGrpcStatus(stream_->Finish()));
+  return std::move(*response.mutable_committed());
+}
+
+void StepSession::Abort() {
+  if (finished_) return;
+  finished_ = true;
+  context_->TryCancel();
+  v1::StepResponse ignored;
+  while (stream_->Read(&ignored)) {
+  }
+  stream_->Finish().IgnoreError();
+}
+
+// ---------------------------------------------------------- IndexerClient --
+
+IndexerClient::IndexerClient(std::string address, ClientOptions options,
+                             std::shared_ptr<grpc::Channel> channel)
+    : address_(std::move(address)),
+      options_(std::move(options)),
+      channel_(std::move(channel)),
+      stub_(v1::Indexer::NewStub(channel_)) {}
+
+absl::StatusOr<std::unique_ptr<IndexerClient>> IndexerClient::Connect(
+    const std::string& address, const ClientOptions& options) {
+  if (address.empty()) {
+    return absl::InvalidArgumentError("address: expected host:port, got ''");
+  }
+  if (options.max_message_bytes <= 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "max_message_bytes: expected > 0, got ", options.max_message_bytes));
+  }
+  grpc::ChannelArguments args;
+  const int limit = static_cast<int>(
+      std::min<int64_t>(options.max_message_bytes, INT_MAX));
+  args.SetMaxReceiveMessageSize(limit);
+  args.SetMaxSendMessageSize(limit);
+  std::shared_ptr<grpc::ChannelCredentials> credentials =
+      options.credentials ? options.credentials
+                          : grpc::InsecureChannelCredentials();
+  std::shared_ptr<grpc::Channel> channel =
+      grpc::CreateCustomChannel(address, credentials, args);
+  if (channel == nullptr) {
+    return absl::InternalError(
+        absl::StrCat("could not create a channel to ", address));
+  }
+  if (options.connect_timeout > absl::ZeroDuration() &&
+      !channel->WaitForConnected(DeadlineAfter(options.connect_timeout))) {
+    return absl::UnavailableError(
+        absl::StrCat("could not connect to indexerd at ", address, " within ",
+                     absl::FormatDuration(options.connect_timeout)));
+  }
+  return std::unique_ptr<IndexerClient>(
+      new IndexerClient(address, options, std::move(channel)));
+}
+
+void IndexerClient::SetDeadline(grpc::ClientContext& context,
+                                absl::Duration timeout) const {
+  if (timeout != absl::InfiniteDuration()) {
+    context.set_deadline(DeadlineAfter(timeout));
+  }
+}
+
+absl::StatusOr<v1::ServerInfo> IndexerClient::GetServerInfo() {
+  grpc::ClientContext context;
+  SetDeadline(context, options_.rpc_timeout);
+  v1::ServerInfo info;
+  RETURN_IF_ERROR(FromGrpcStatus(
+      stub_->GetServerInfo(&context, v1::GetServerInfoRequest(), &info)));
+  return info;
+}
+
+absl::StatusOr<uint64_t> IndexerClient::Release(
+    const std::vector<v1::SequenceId>& ids) {
+  grpc::ClientContext context;
+  SetDeadline(context, options_.rpc_timeout);
+  v1::ReleaseRequest request;
+  for (const v1::SequenceId& id : ids) *request.add_ids() = id;
+  v1::ReleaseResponse response;
+  RETURN_IF_ERROR(
+      FromGrpcStatus(stub_->Release(&context, request, &response)));
+  return response.released_pages();
+}
+
+absl::StatusOr<uint64_t> IndexerClient::WriteEntries(
+    const v1::WriteEntriesRequest& request) {
+  grpc::ClientContext context;
+  SetDeadline(context, options_.rpc_timeout);
+  v1::WriteEntriesResponse response;
+  RETURN_IF_ERROR(
+      FromGrpcStatus(stub_->WriteEntries(&context, request, &response)));
+  return response.seq_len();
+}
+
+absl::StatusOr<std::unique_ptr<StepSession>> IndexerClient::OpenStep(
+    const v1::StepHeader& header) {
+  auto context = std::make_unique<grpc::ClientContext>();
+  SetDeadline(*context, options_.step_timeout);
+  std::unique_ptr<StepSession::Stream> stream = stub_->Step(context.get());
+  std::unique_ptr<StepSession> session(
+      new StepSession(channel_, std::move(context), std::move(stream)));
+  v1::StepRequest message;
+  *message.mutable_header() = header;
+  if (!session->stream_->Write(message)) {
+    return session->FailStream("sending the step header");
+  }
+  return session;
+}
+
+// ---------------------------------------------------------------- helpers --
+
+v1::SequenceId NumericSequenceId(uint64_t num) {
+  v1::SequenceId id;
+  id.set_num(num);
+  return id;
+}
+
+v1::SequenceId NamedSequenceId(const std::string& name) {
+  v1::SequenceId id;
+  id.set_name(name);
+  return id;
+}
+
+std::string SequenceIdString(const v1::SequenceId& id) {
+  switch (id.id_case()) {
+    case v1::SequenceId::kNum:
+      return absl::StrCat(id.num());
+    case v1::SequenceId::kName:
+      return absl::StrCat("\"", id.name(), "\"");
+    default:
+      return "(unset)";
+  }
+}
+
+int64_t DataTypeSize(v1::DataType dtype) {
+  switch (dtype) {
+    case v1::FP32:
+    case v1::INT32:
+      return 4;
+    case v1::BF16:
+    case v1::FP16:
+      return 2;
+    case v1::UINT8:
+    case v1::FP8_E4M3:
+      return 1;
+    default:
+      return 0;
+  }
+}
+
+int64_t NumElements(absl::Span<const int64_t> shape) {
+  int64_t n = 1;
+  for (int64_t d : shape) {
+    if (d < 0) return -1;
+    n *= d;
+  }
+  return n;
+}
+
+v1::Tensor MakeTensor(v1::DataType dtype, absl::Span<const int64_t> shape,
+                      const void* data, size_t bytes) {
+  v1::Tensor tensor;
+  tensor.set_dtype(dtype);
+  for (int64_t d : shape) tensor.add_shape(d);
+  tensor.set_data(static_cast<const char*>(data), bytes);
+  return tensor;
+}
+
+v1::Tensor MakeFp32Tensor(absl::Span<const float> values,
+                          absl::Span<const int64_t> shape) {
+  return MakeTensor(v1::FP32, shape, values.data(),
+                    values.size() * sizeof(float));
+}
+
+v1::Tensor MakeInt32Tensor(absl::Span<const int32_t> values,
+                           absl::Span<const int64_t> shape) {
+  return MakeTensor(v1::INT32, shape, values.data(),
+                    values.size() * sizeof(int32_t));
+}
+
+v1::Tensor MakeByteTensor(v1::DataType dtype, absl::Span<const uint8_t> values,
+                          absl::Span<const int64_t> shape) {
+  return MakeTensor(dtype, shape, values.data(), values.size());
+}
+
+absl::StatusOr<std::vector<int32_t>> ReadInt32Tensor(
+    const v1::Tensor& tensor, absl::Span<const int64_t> expected_shape,
+    const std::string& field) {
+  const std::vector<int64_t> shape(tensor.shape().begin(),
+                                   tensor.shape().end());
+  const int64_t n = NumElements(shape);
+  auto describe = [&]() {
+    return absl::StrCat(ShapeString(shape), " ",
+                        v1::DataType_Name(tensor.dtype()), " (",
+                        tensor.data().size(), " bytes)");
+  };
+  if (tensor.dtype() != v1::INT32) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(field, ": expected INT32, got ", describe()));
+  }
+  if (!expected_shape.empty() &&
+      !std::equal(shape.begin(), shape.end(), expected_shape.begin(),
+                  expected_shape.end())) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        field, ": expected ", ShapeString(expected_shape), " INT32, got ",
+        describe()));
+  }
+  if (n < 0 || static_cast<uint64_t>(n) * 4 != tensor.data().size()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        field, ": expected ", ShapeString(shape), " INT32 (",
+        n < 0 ? 0 : n * 4, " bytes), got ", describe()));
+  }
+  std::vector<int32_t> values(static_cast<size_t>(n));
+  if (n > 0) std::memcpy(values.data(), tensor.data().data(), n * 4);
+  return values;
+}
+
+}  // namespace indexer::client

@@ -1,0 +1,172 @@
+// Client library of indexerd (SPEC §6): a thin, synchronous C++ wrapper over
+// the indexer.v1 gRPC service, plus helpers to build and read Tensor messages.
+//
+// Errors: every call returns absl::Status / absl::StatusOr. A gRPC status is
+// carried over with its code and message unchanged (FromGrpcStatus), so
+// callers branch on the codes SPEC §6 names (INVALID_ARGUMENT, NOT_FOUND,
+// FAILED_PRECONDITION, RESOURCE_EXHAUSTED, UNAVAILABLE, ...).
+//
+// Thread safety: IndexerClient is thread-safe; any number of threads may call
+// it concurrently (gRPC stubs are). A StepSession is NOT thread-safe: one
+// thread at a time drives it. Independent StepSessions (over disjoint
+// sequences, SPEC §6) may run concurrently on different threads.
+//
+// Lifetimes: a StepSession holds its own reference to the channel, so it may
+// outlive the IndexerClient that opened it.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <grpcpp/grpcpp.h>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "absl/types/span.h"
+#include "indexer/v1/indexer.grpc.pb.h"
+#include "indexer/v1/indexer.pb.h"
+
+namespace indexer::client {
+
+namespace v1 = ::indexer::v1;
+
+// The one conversion of a gRPC status: code and message preserved.
+absl::Status FromGrpcStatus(const grpc::Status& status);
+
+struct ClientOptions {
+  // Largest message sent or received. Replies of large prefill steps are
+  // [rows, topk] int32 and easily exceed gRPC's 4 MiB default.
+  int64_t max_message_bytes = int64_t{1} << 30;
+  // Connect() waits this long for the channel to become ready; zero or
+  // negative: do not wait (the first call then reports UNAVAILABLE).
+  absl::Duration connect_timeout = absl::Seconds(5);
+  // Deadline of each unary call; InfiniteDuration() = none.
+  absl::Duration rpc_timeout = absl::Seconds(300);
+  // Deadline of a whole Step stream; InfiniteDuration() = none.
+  absl::Duration step_timeout = absl::InfiniteDuration();
+  // null: insecure channel.
+  std::shared_ptr<grpc::ChannelCredentials> credentials;
+};
+
+// One open Step stream (header sent, not yet committed or aborted), driven
+// synchronously: each RunLayer writes one LayerRequest and blocks for its
+// LayerReply. Errors the daemon finds in the header (unknown sequence, a
+// sequence in another step, no pages) surface at the first RunLayer.
+//
+// Once any call fails, the stream is finished: the step was rolled back by
+// the daemon (SPEC §6) and every further call returns FAILED_PRECONDITION.
+// The destructor aborts a step that was neither committed nor aborted.
+//
+// Thread safety: not thread-safe; see the file comment.
+class StepSession {
+ public:
+  ~StepSession();
+  StepSession(const StepSession&) = delete;
+  StepSession& operator=(const StepSession&) = delete;
+
+  // Sends one layer of the step and waits for its top-k. Pass the request by
+  // std::move to avoid copying large Q / K tensors. A reply naming another
+  // layer than the request is reported as INTERNAL and aborts the step.
+  absl::StatusOr<v1::LayerReply> RunLayer(v1::LayerRequest request);
+
+  // Commits the step (every layer of the profile must have been run) and
+  // returns the sequence lengths after it. The session is finished afterwards.
+  absl::StatusOr<v1::StepCommitted> Commit();
+
+  // Cancels the stream: the daemon rolls the step back. Idempotent; a no-op
+  // on a finished session.
+  void Abort();
+
+  // True once committed, aborted or failed.
+  bool finished() const { return finished_; }
+
+ private:
+  friend class IndexerClient;
+  using Stream = grpc::ClientReaderWriter<v1::StepRequest, v1::StepResponse>;
+
+  StepSession(std::shared_ptr<grpc::Channel> channel,
+              std::unique_ptr<grpc::ClientContext> context,
+              std::unique_ptr<Stream> stream);
+
+  // Ends a broken stream and returns why it broke; `what` names the failed
+  // operation when the daemon's status is OK (the stream ended early).
+  absl::Status FailStream(const char* what);
+  absl::Status CheckOpen() const;
+
+  std::shared_ptr<grpc::Channel> channel_;  // keeps the channel alive
+  std::unique_ptr<grpc::ClientContext> context_;
+  std::unique_ptr<Stream> stream_;
+  bool finished_ = false;
+};
+
+class IndexerClient {
+ public:
+  // Opens a channel to `address` ("host:port", "unix:/path") and, unless
+  // options.connect_timeout <= 0, waits until it is ready (UNAVAILABLE
+  // naming the address otherwise).
+  static absl::StatusOr<std::unique_ptr<IndexerClient>> Connect(
+      const std::string& address, const ClientOptions& options = {});
+
+  IndexerClient(const IndexerClient&) = delete;
+  IndexerClient& operator=(const IndexerClient&) = delete;
+
+  absl::StatusOr<v1::ServerInfo> GetServerInfo();
+  // Drops sequences; returns the pages released, summed over groups.
+  absl::StatusOr<uint64_t> Release(const std::vector<v1::SequenceId>& ids);
+  // Bulk import; returns the sequence length after the write.
+  absl::StatusOr<uint64_t> WriteEntries(const v1::WriteEntriesRequest& request);
+  // Opens a Step stream and sends `header`.
+  absl::StatusOr<std::unique_ptr<StepSession>> OpenStep(
+      const v1::StepHeader& header);
+
+  const std::string& address() const { return address_; }
+  const ClientOptions& options() const { return options_; }
+
+ private:
+  IndexerClient(std::string address, ClientOptions options,
+                std::shared_ptr<grpc::Channel> channel);
+  void SetDeadline(grpc::ClientContext& context, absl::Duration timeout) const;
+
+  std::string address_;
+  ClientOptions options_;
+  std::shared_ptr<grpc::Channel> channel_;
+  std::unique_ptr<v1::Indexer::Stub> stub_;
+};
+
+// ----------------------------------------------------------------- helpers --
+
+v1::SequenceId NumericSequenceId(uint64_t num);
+v1::SequenceId NamedSequenceId(const std::string& name);
+// "42" or "\"name\"", for messages.
+std::string SequenceIdString(const v1::SequenceId& id);
+
+// Bytes of one element of `dtype`; 0 for DATA_TYPE_UNSPECIFIED / unknown.
+int64_t DataTypeSize(v1::DataType dtype);
+// Product of `shape` (1 for a scalar); -1 when a dimension is negative.
+int64_t NumElements(absl::Span<const int64_t> shape);
+
+// Builds a Tensor from little-endian element data. REQUIRES: `bytes` equals
+// NumElements(shape) * DataTypeSize(dtype).
+v1::Tensor MakeTensor(v1::DataType dtype, absl::Span<const int64_t> shape,
+                      const void* data, size_t bytes);
+// Typed forms; REQUIRES: values.size() == NumElements(shape).
+v1::Tensor MakeFp32Tensor(absl::Span<const float> values,
+                          absl::Span<const int64_t> shape);
+v1::Tensor MakeInt32Tensor(absl::Span<const int32_t> values,
+                           absl::Span<const int64_t> shape);
+// `dtype` is UINT8 or FP8_E4M3 (both one byte per element).
+v1::Tensor MakeByteTensor(v1::DataType dtype, absl::Span<const uint8_t> values,
+                          absl::Span<const int64_t> shape);
+
+// Reads an INT32 tensor. Checks the dtype, that the byte count matches the
+// shape and, when `expected_shape` is not empty, the shape itself; the error
+// names `field` and the expected value.
+absl::StatusOr<std::vector<int32_t>> ReadInt32Tensor(
+    const v1::Tensor& tensor, absl::Span<const int64_t> expected_shape = {},
+    const std::string& field = "tensor");
+
+}  // namespace indexer::client

@@ -1,0 +1,180 @@
+// A plain reference of the dense indexer path (SPEC §2, §3, §5), kept by the
+// client over the K entries it generated itself, and the checker of the top-k
+// correctness rule of SPEC §5. Used by `indexer-cli demo` and by tests.
+//
+// The reference is written for clarity, not speed: it decodes every entry it
+// scores and accumulates in double. The client quantizes K with the project's
+// codecs (kernels/format) and keeps the linear [VB + SB] form of every entry,
+// exactly the bytes the daemon stores whether it received them pre-quantized
+// or as fp32 (it quantizes with the same codecs).
+//
+// Thread safety: ReferenceIndexer is not synchronized; concurrent const calls
+// (Logits) are safe, Append must not run concurrently with anything else.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/types/span.h"
+#include "indexer/v1/indexer.pb.h"
+#include "kernels/format/page_layout.h"
+
+namespace indexer::client {
+
+// ------------------------------------------------------------ geometry --
+
+// One layer as GetServerInfo reports it, joined with its layer group.
+struct LayerSpec {
+  uint32_t layer = 0;
+  std::string group;
+  std::string role;               // "dense", ...
+  KvFormat format = KvFormat::kFp8;
+  int32_t head_dim = 128;         // D
+  int32_t page_entries = 64;      // E
+  int32_t compress_ratio = 1;     // r
+  bool ue8m0 = true;              // FP8 K scale rule
+  int32_t num_heads = 64;         // H
+  int32_t topk = 2048;
+
+  // VB / SB / VB + SB of one linear entry (SPEC §4).
+  int32_t value_bytes() const {
+    return format == KvFormat::kFp8 ? head_dim : head_dim / 2;
+  }
+  int32_t scale_bytes() const {
+    return format == KvFormat::kFp8 ? 4 : head_dim / kMxBlock;
+  }
+  int32_t entry_bytes() const { return value_bytes() + scale_bytes(); }
+  // "fp8 (ue8m0) D=128 E=64 r=4 H=64 topk=2048".
+  std::string DebugString() const;
+};
+
+// Every layer of the profile, sorted by layer id. Fails (INVALID_ARGUMENT /
+// UNIMPLEMENTED) on geometry the reference cannot model: an unknown group or
+// kv_format, D not a multiple of 32, a zero head count or topk.
+absl::StatusOr<std::vector<LayerSpec>> LayerSpecsFromInfo(
+    const v1::ServerInfo& info);
+
+// ------------------------------------------------------ token arithmetic --
+
+// Entries held by a sequence of `tokens` tokens: tokens // r.
+int64_t EntriesForTokens(int64_t tokens, int32_t compress_ratio);
+// New entries of a step taking a sequence from `old_tokens` to
+// `old_tokens + q_len`: (L0 + q_len) // r - L0 // r.
+int64_t NewEntries(int64_t old_tokens, int64_t q_len, int32_t compress_ratio);
+// Entries visible to the row at token position p: (p + 1) // r.
+int64_t VisibleEntries(int64_t position, int32_t compress_ratio);
+
+// ---------------------------------------------------------- quantization --
+
+// Quantizes `n` fp32 K entries ([n, D] row-major) into the linear wire form
+// [n, VB + SB]: FP8 codes then the fp32 scale (little-endian); MXFP4 packed
+// e2m1 then the e8m0 scale bytes. REQUIRES: k.size() == n * D, k finite.
+std::vector<uint8_t> QuantizeKEntries(const LayerSpec& spec,
+                                      absl::Span<const float> k);
+
+// Index queries of one layer, quantized the way the daemon sees them.
+struct QuantizedQ {
+  int32_t rows = 0;
+  int32_t num_heads = 0;
+  std::vector<uint8_t> values;  // [rows, H, VB] e4m3 codes or packed e2m1
+  std::vector<uint8_t> scales;  // [rows, H, D/32] e8m0 (MXFP4), else empty
+  std::vector<float> weights;   // [rows, H]; FP8: q scales folded in
+};
+
+// FP8: each (row, head) through QuantizeFp8Q, its power-of-two scale
+// multiplied into the weight (what the daemon does with an FP32 Q, and what
+// a caller does before sending FP8_E4M3). MXFP4: QuantizeMxfp4 per
+// (row, head), weights unchanged.
+// REQUIRES: q.size() == rows * H * D, weights.size() == rows * H, finite.
+QuantizedQ QuantizeQ(const LayerSpec& spec, int32_t rows,
+                     absl::Span<const float> q, absl::Span<const float> weights);
+
+// ------------------------------------------------------------- reference --
+
+class ReferenceIndexer {
+ public:
+  // `layers` from LayerSpecsFromInfo; `num_seqs` sequences, numbered 0.. by
+  // the caller, each starting empty.
+  ReferenceIndexer(std::vector<LayerSpec> layers, int32_t num_seqs);
+
+  const std::vector<LayerSpec>& layers() const { return layers_; }
+  // NOT_FOUND for an unknown layer id.
+  absl::StatusOr<const LayerSpec*> Find(uint32_t layer) const;
+
+  // Appends linear entries ([n, VB + SB] bytes) of `layer` to sequence `seq`.
+  absl::Status Append(uint32_t layer, int32_t seq,
+                      absl::Span<const uint8_t> entries);
+  // Entries held for (layer, seq); -1 when either is unknown.
+  int64_t NumEntries(uint32_t layer, int32_t seq) const;
+  // Linear entry `e` of (layer, seq). REQUIRES: e < NumEntries(layer, seq).
+  absl::Span<const uint8_t> Entry(uint32_t layer, int32_t seq,
+                                  int64_t e) const;
+
+  // Dense logits (SPEC §5) of row `row` of `q` over entries [0, visible) of
+  // (layer, seq):
+  //   FP8:   kscale[e] * sum_h w'[h] * ReLU(q[h] . k[e])
+  //   MXFP4: sum_h w'[h] * ReLU(sum_b 2^(eq_b + ek_b) sum_{i in b} q_i k_i)
+  // INVALID_ARGUMENT when `visible` exceeds the entries held or q does not
+  // match the layer.
+  absl::StatusOr<std::vector<float>> Logits(uint32_t layer, int32_t seq,
+                                            const QuantizedQ& q, int32_t row,
+                                            int64_t visible) const;
+
+ private:
+  int LayerIndex(uint32_t layer) const;  // -1 if unknown
+
+  std::vector<LayerSpec> layers_;
+  int32_t num_seqs_;
+  // [layer index][seq]: linear entries, entry_bytes each.
+  std::vector<std::vector<std::vector<uint8_t>>> entries_;
+};
+
+// --------------------------------------------------------------- checker --
+
+// Slack for fp32 summation order: a returned index passes when its score is
+// >= kth - (relative * max |logit| + absolute), max over the row's logits.
+struct TopkTolerance {
+  double relative = 1e-4;
+  double absolute = 1e-6;
+};
+
+// Verdict on one row; `problem` is empty when it agrees.
+struct RowVerdict {
+  bool ok = true;
+  std::string problem;
+};
+
+// Checks one returned row `got` ([topk] int32) against the reference logits
+// of its visible entries (`logits`, n_r of them), by SPEC §5: exactly
+// min(topk, n_r) valid indices first, then -1; no duplicates; every index in
+// [0, n_r); every index scoring >= the reference's topk-th largest score
+// minus the tolerance.
+RowVerdict CheckTopkRow(absl::Span<const float> logits,
+                        absl::Span<const int32_t> got,
+                        const TopkTolerance& tolerance = {});
+
+// Running tally of row verdicts, for one layer or a whole run.
+class AgreementReport {
+ public:
+  // Records the verdict of one row; `label` (e.g. "step 2 layer 5 row 17")
+  // prefixes the problem, the first `kMaxProblems` of which are kept.
+  void Add(const std::string& label, const RowVerdict& verdict);
+  void Merge(const AgreementReport& other);
+
+  int64_t rows() const { return rows_; }
+  int64_t agreeing() const { return agreeing_; }
+  bool full() const { return agreeing_ == rows_; }
+  const std::vector<std::string>& problems() const { return problems_; }
+
+  static constexpr int kMaxProblems = 16;
+
+ private:
+  int64_t rows_ = 0;
+  int64_t agreeing_ = 0;
+  std::vector<std::string> problems_;
+};
+
+}  // namespace indexer::client

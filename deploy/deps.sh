@@ -1,0 +1,24 @@
+#!/usr/bin/env bash
+# Installs the Debian/Ubuntu packages indexerd builds with, skipping those
+# already present. Usage: deploy/deps.sh [--test]   (--test adds the gfx942
+# compile-check toolchain used by the test suite).
+set -euo pipefail
+
+pkgs=(build-essential cmake ninja-build pkg-config
+      libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
+      libabsl-dev libspdlog-dev libtbb-dev libcli11-dev libgtest-dev libgmock-dev)
+if [[ "${1:-}" == "--test" ]]; then
+  pkgs+=(clang-19 lld-19 libamdhip64-dev)
+fi
+
+missing=()
+for p in "${pkgs[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "ok installed" || missing+=("$p")
+done
+if ((${#missing[@]})); then
+  sudo=""
+  [[ $(id -u) -ne 0 ]] && sudo="sudo"
+  echo "deps: installing ${missing[*]}"
+  $sudo apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends "${missing[@]}"
+fi

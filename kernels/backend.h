@@ -1,0 +1,144 @@
+// The interface the server calls to store K entries and run indexer layers.
+// Implementations: kernels/cpu (reference, embedded default) and kernels/gpu
+// (CUDA / HIP). Nothing here knows about gRPC or the server's types.
+//
+// Memory: a backend owns every K pool it hands out (host memory for cpu,
+// device memory for gpu); pools live until the backend is destroyed. All
+// other pointers in this file are host pointers owned by the caller and only
+// read during the call.
+//
+// Thread safety: AllocatePool is called at start only. The other calls may
+// run concurrently from different steps; a step touches only pages of its
+// own sequences, so concurrent calls never write the same bytes.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "kernels/format/page_layout.h"
+
+namespace indexer {
+
+// The batch of one step as one layer group sees it (SPEC §2). Built once per
+// step by the server core and shared, read-only, by every layer of the group.
+// Rows are the sequences' new tokens in batch order: sequence s owns rows
+// [seq_row_begin[s], seq_row_begin[s+1]).
+struct StepRows {
+  int32_t num_seqs = 0;
+  int32_t num_rows = 0;
+  int32_t compress_ratio = 1;
+  // [num_seqs + 1] prefix sum of q_len.
+  std::vector<int32_t> seq_row_begin;
+  // [num_seqs] entries held before the step and after it. A sequence's new
+  // entries are [seq_old_entries[s], seq_new_entries[s]).
+  std::vector<int32_t> seq_old_entries;
+  std::vector<int32_t> seq_new_entries;
+  // [num_seqs + 1] first row of each sequence's new entries in a layer's K
+  // tensor (prefix sum of new - old).
+  std::vector<int32_t> seq_k_begin;
+  // [num_rows] visible entries n_r of each row; [num_rows] its sequence.
+  std::vector<int32_t> row_visible;
+  std::vector<int32_t> row_seq;
+  int32_t max_visible = 0;
+  // [num_seqs, max_pages] physical page of each logical page after the step
+  // (old pages, then the pages allocated for it); -1 past the sequence's end.
+  int32_t max_pages = 0;
+  std::vector<int32_t> block_table;
+  // Row chunks [begin, end) in order, covering all rows, each with
+  // rows x max(row_visible) x 4 bytes of logits under the logits budget
+  // (a single row may exceed it).
+  std::vector<std::pair<int32_t, int32_t>> chunks;
+
+  int32_t NewEntries() const { return seq_k_begin.empty() ? 0 : seq_k_begin.back(); }
+  // Physical page of logical page `lp` of sequence `s`.
+  int32_t Page(int32_t s, int32_t lp) const {
+    return block_table[static_cast<size_t>(s) * max_pages + lp];
+  }
+};
+
+// A backend's own per-step state (device copies of StepRows, the decode work
+// schedule). Created by PrepareStep, destroyed when the step ends.
+class StepContext {
+ public:
+  virtual ~StepContext() = default;
+};
+
+// New K entries of one layer for one step: row i is entry
+// seq_old_entries[s] + (i - seq_k_begin[s]) of sequence s.
+struct KInput {
+  enum class Kind { kFloat32, kBf16, kQuantized };
+  Kind kind = Kind::kFloat32;
+  // kFloat32: [n, D] float; kBf16: [n, D] uint16 bf16 bits;
+  // kQuantized: [n, VB + SB] entries in linear form (values then scales).
+  const void* data = nullptr;
+  bool ue8m0 = true;  // FP8 scale rule for kFloat32 / kBf16 (SPEC §3)
+};
+
+// Index queries and head weights of one layer, quantized to the K format.
+struct QInput {
+  int32_t num_heads = 0;     // H
+  const uint8_t* values = nullptr;  // [rows, H, VB] e4m3 codes or packed e2m1
+  const uint8_t* scales = nullptr;  // [rows, H, D/32] e8m0 (MXFP4), else null
+  const float* weights = nullptr;   // [rows, H] fp32, Q scales folded in
+};
+
+struct LayerTimings {
+  double write_us = 0;
+  double logits_us = 0;
+  double topk_us = 0;
+};
+
+class Backend {
+ public:
+  virtual ~Backend() = default;
+
+  // One line for logs and ServerInfo: "cpu (8 threads)", "cuda:0 NVIDIA H200".
+  virtual std::string Describe() const = 0;
+  // "cpu" or "gpu".
+  virtual std::string Kind() const = 0;
+
+  // Reserves a zeroed pool of `num_pages` pages of `layout`. Start-up only.
+  virtual absl::StatusOr<uint8_t*> AllocatePool(const PageLayout& layout,
+                                                int64_t num_pages) = 0;
+
+  // Per-step state shared by all layers of a group in this step.
+  virtual absl::StatusOr<std::unique_ptr<StepContext>> PrepareStep(
+      const PageLayout& layout, const StepRows& rows) = 0;
+
+  // Writes the step's new entries of one layer into `pool` through the block
+  // table. REQUIRES: inputs validated (shape, finiteness) by the caller.
+  virtual absl::StatusOr<double> WriteEntries(const PageLayout& layout,
+                                              uint8_t* pool,
+                                              const StepRows& rows,
+                                              StepContext* ctx,
+                                              const KInput& k) = 0;
+
+  // Dense token path (SPEC §5): out[r, :] = positions of the topk largest
+  // logits of row r over [0, row_visible[r]), -1 past them.
+  // out: [num_rows, topk] int32, host memory.
+  virtual absl::StatusOr<LayerTimings> DenseTopk(const PageLayout& layout,
+                                                 const uint8_t* pool,
+                                                 const StepRows& rows,
+                                                 StepContext* ctx,
+                                                 const QInput& q, int32_t topk,
+                                                 int32_t* out) = 0;
+
+  // Copies `count` entries starting at entry `first` of physical page `page`
+  // into `out` ([count, VB + SB] linear form). For export and tests.
+  virtual absl::Status ReadEntries(const PageLayout& layout,
+                                   const uint8_t* pool, int32_t page,
+                                   int32_t first, int32_t count,
+                                   uint8_t* out) = 0;
+};
+
+// "auto" (gpu:0 when a GPU is present and built in, else cpu), "cpu",
+// "gpu" or "gpu:N". `threads` 0 = all cores (cpu backend).
+absl::StatusOr<std::unique_ptr<Backend>> MakeBackend(const std::string& device,
+                                                     int threads = 0);
+
+}  // namespace indexer

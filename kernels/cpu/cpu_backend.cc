@@ -1,0 +1,354 @@
+#include "kernels/cpu/cpu_backend.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cstdlib>
+#include <cstring>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "kernels/common/status_macros.h"
+#include "kernels/cpu/dense_logits.h"
+#include "kernels/cpu/topk.h"
+#include "kernels/format/fp8.h"
+#include "kernels/format/mxfp4.h"
+#include "kernels/format/numeric.h"
+#include "oneapi/tbb/blocked_range.h"
+#include "oneapi/tbb/parallel_for.h"
+
+namespace indexer {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double MicrosSince(Clock::time_point t0) {
+  return std::chrono::duration<double, std::micro>(Clock::now() - t0).count();
+}
+
+absl::Status Bad(absl::string_view field, absl::string_view expected,
+                 int64_t got) {
+  return absl::InvalidArgumentError(
+      absl::StrCat(field, ": expected ", expected, ", got ", got));
+}
+
+absl::Status CheckSize(absl::string_view field, size_t size, int64_t want) {
+  if (static_cast<int64_t>(size) == want) return absl::OkStatus();
+  return Bad(absl::StrCat(field, " size"), absl::StrCat(want),
+             static_cast<int64_t>(size));
+}
+
+// Checks that the pages holding entries [0, entries) of sequence `s` exist.
+absl::Status CheckPages(const PageLayout& layout, const StepRows& rows,
+                        int32_t s, int64_t first_entry, int64_t entries,
+                        int64_t num_pages) {
+  if (entries <= first_entry) return absl::OkStatus();
+  const int64_t first = first_entry / layout.page_entries;
+  const int64_t last = (entries - 1) / layout.page_entries;
+  if (last >= rows.max_pages) {
+    return Bad(absl::StrCat("max_pages (sequence ", s, " needs ", entries,
+                            " entries)"),
+               absl::StrCat("at least ", last + 1), rows.max_pages);
+  }
+  for (int64_t lp = first; lp <= last; ++lp) {
+    const int32_t page = rows.Page(s, static_cast<int32_t>(lp));
+    if (page < 0 || page >= num_pages) {
+      return Bad(absl::StrCat("block_table[", s, "][", lp, "]"),
+                 absl::StrCat("a page in [0, ", num_pages, ")"), page);
+    }
+  }
+  return absl::OkStatus();
+}
+
+// The rows' chunks, or one chunk of all rows when the plan has none.
+std::vector<std::pair<int32_t, int32_t>> Chunks(const StepRows& rows) {
+  if (!rows.chunks.empty() || rows.num_rows == 0) return rows.chunks;
+  return {{0, rows.num_rows}};
+}
+
+}  // namespace
+
+absl::Status ValidateStepRows(const PageLayout& layout, const StepRows& rows,
+                              int64_t num_pages) {
+  const int32_t ns = rows.num_seqs, nr = rows.num_rows;
+  if (ns < 0) return Bad("num_seqs", ">= 0", ns);
+  if (nr < 0) return Bad("num_rows", ">= 0", nr);
+  if (rows.compress_ratio < 1) {
+    return Bad("compress_ratio", ">= 1", rows.compress_ratio);
+  }
+  if (rows.max_pages < 0) return Bad("max_pages", ">= 0", rows.max_pages);
+  RETURN_IF_ERROR(CheckSize("seq_row_begin", rows.seq_row_begin.size(), ns + 1));
+  RETURN_IF_ERROR(CheckSize("seq_k_begin", rows.seq_k_begin.size(), ns + 1));
+  RETURN_IF_ERROR(CheckSize("seq_old_entries", rows.seq_old_entries.size(), ns));
+  RETURN_IF_ERROR(CheckSize("seq_new_entries", rows.seq_new_entries.size(), ns));
+  RETURN_IF_ERROR(CheckSize("row_visible", rows.row_visible.size(), nr));
+  RETURN_IF_ERROR(CheckSize("row_seq", rows.row_seq.size(), nr));
+  RETURN_IF_ERROR(CheckSize("block_table", rows.block_table.size(),
+                            static_cast<int64_t>(ns) * rows.max_pages));
+  if (rows.seq_row_begin[0] != 0) {
+    return Bad("seq_row_begin[0]", "0", rows.seq_row_begin[0]);
+  }
+  if (rows.seq_k_begin[0] != 0) {
+    return Bad("seq_k_begin[0]", "0", rows.seq_k_begin[0]);
+  }
+  if (rows.seq_row_begin[ns] != nr) {
+    return Bad(absl::StrCat("seq_row_begin[", ns, "]"),
+               absl::StrCat(nr, " (num_rows)"), rows.seq_row_begin[ns]);
+  }
+  for (int32_t s = 0; s < ns; ++s) {
+    const int32_t old_e = rows.seq_old_entries[s];
+    const int32_t new_e = rows.seq_new_entries[s];
+    if (old_e < 0 || new_e < old_e) {
+      return Bad(absl::StrCat("seq_new_entries[", s, "]"),
+                 absl::StrCat(">= seq_old_entries (", old_e, ") >= 0"), new_e);
+    }
+    if (rows.seq_row_begin[s + 1] < rows.seq_row_begin[s]) {
+      return Bad(absl::StrCat("seq_row_begin[", s + 1, "]"),
+                 absl::StrCat(">= ", rows.seq_row_begin[s]),
+                 rows.seq_row_begin[s + 1]);
+    }
+    const int64_t k_count = static_cast<int64_t>(rows.seq_k_begin[s + 1]) -
+                            rows.seq_k_begin[s];
+    if (k_count != new_e - old_e) {
+      return Bad(absl::StrCat("seq_k_begin[", s + 1, "] - seq_k_begin[", s,
+                              "]"),
+                 absl::StrCat(new_e - old_e, " (new - old entries)"), k_count);
+    }
+    RETURN_IF_ERROR(CheckPages(layout, rows, s, 0, new_e, num_pages));
+    for (int32_t r = rows.seq_row_begin[s]; r < rows.seq_row_begin[s + 1];
+         ++r) {
+      if (rows.row_seq[r] != s) {
+        return Bad(absl::StrCat("row_seq[", r, "]"), absl::StrCat(s),
+                   rows.row_seq[r]);
+      }
+      if (rows.row_visible[r] < 0 || rows.row_visible[r] > new_e) {
+        return Bad(absl::StrCat("row_visible[", r, "]"),
+                   absl::StrCat("a count in [0, ", new_e,
+                                "] (entries of sequence ", s, ")"),
+                   rows.row_visible[r]);
+      }
+    }
+  }
+  int32_t next = 0;
+  for (size_t c = 0; c < rows.chunks.size(); ++c) {
+    const auto [b, e] = rows.chunks[c];
+    if (b != next || e <= b || e > nr) {
+      return Bad(absl::StrCat("chunks[", c, "]"),
+                 absl::StrCat("rows [", next, ", end) with ", next,
+                              " < end <= ", nr, "; begin is"),
+                 b);
+    }
+    next = e;
+  }
+  if (!rows.chunks.empty() && next != nr) {
+    return Bad("chunks", absl::StrCat("to cover all ", nr, " rows, covered"),
+               next);
+  }
+  return absl::OkStatus();
+}
+
+CpuBackend::CpuBackend(int threads)
+    : threads_(threads > 0 ? threads
+                           : tbb::this_task_arena::max_concurrency()),
+      arena_(threads_) {}
+
+CpuBackend::~CpuBackend() {
+  absl::MutexLock lock(&mu_);
+  for (Pool& p : pools_) std::free(p.data);
+}
+
+std::string CpuBackend::Describe() const {
+  return absl::StrCat("cpu (", threads_, " threads)");
+}
+
+absl::StatusOr<uint8_t*> CpuBackend::AllocatePool(const PageLayout& layout,
+                                                  int64_t num_pages) {
+  const int64_t page_bytes = layout.page_bytes();
+  if (num_pages < 1) return Bad("num_pages", ">= 1", num_pages);
+  if (page_bytes < 1 || num_pages > (int64_t{1} << 62) / page_bytes) {
+    return Bad("num_pages", "a pool size that fits in 2^62 bytes", num_pages);
+  }
+  void* data = std::calloc(static_cast<size_t>(num_pages),
+                           static_cast<size_t>(page_bytes));
+  if (data == nullptr) {
+    return absl::ResourceExhaustedError(
+        absl::StrCat("pool: cannot allocate ", num_pages, " pages of ",
+                     page_bytes, " bytes (", layout.DebugString(), ")"));
+  }
+  absl::MutexLock lock(&mu_);
+  pools_.push_back({static_cast<uint8_t*>(data), num_pages, page_bytes});
+  return static_cast<uint8_t*>(data);
+}
+
+absl::StatusOr<CpuBackend::Pool> CpuBackend::FindPool(
+    const uint8_t* data, const PageLayout& layout) const {
+  absl::MutexLock lock(&mu_);
+  for (const Pool& p : pools_) {
+    if (p.data != data) continue;
+    if (p.page_bytes != layout.page_bytes()) {
+      return Bad("pool page bytes", absl::StrCat(layout.page_bytes(), " (",
+                                                 layout.DebugString(), ")"),
+                 p.page_bytes);
+    }
+    return p;
+  }
+  return absl::InvalidArgumentError(
+      "pool: expected a pool allocated by this backend");
+}
+
+absl::StatusOr<std::unique_ptr<StepContext>> CpuBackend::PrepareStep(
+    const PageLayout& layout, const StepRows& rows) {
+  // Pages are checked against the pool by each call; the shape here.
+  RETURN_IF_ERROR(ValidateStepRows(layout, rows, INT64_MAX));
+  return std::make_unique<StepContext>();
+}
+
+absl::StatusOr<double> CpuBackend::WriteEntries(const PageLayout& layout,
+                                                uint8_t* pool,
+                                                const StepRows& rows,
+                                                StepContext* /*ctx*/,
+                                                const KInput& k) {
+  const Clock::time_point t0 = Clock::now();
+  ASSIGN_OR_RETURN(const Pool p, FindPool(pool, layout));
+  RETURN_IF_ERROR(ValidateStepRows(layout, rows, p.num_pages));
+  const int64_t n = rows.NewEntries();
+  if (n == 0) return MicrosSince(t0);
+  if (k.data == nullptr) {
+    return absl::InvalidArgumentError("k.data: expected a tensor, got null");
+  }
+  const int32_t dim = layout.head_dim, vb = layout.value_bytes();
+  const int32_t eb = layout.entry_bytes(), per_page = layout.page_entries;
+  const bool fp8 = layout.format == KvFormat::kFp8;
+
+  auto write_range = [&](const tbb::blocked_range<int64_t>& range) {
+    std::vector<uint8_t> entry(static_cast<size_t>(eb));
+    std::vector<float> x(k.kind == KInput::Kind::kBf16 ? dim : 0);
+    int32_t s = static_cast<int32_t>(
+        std::upper_bound(rows.seq_k_begin.begin(), rows.seq_k_begin.end(),
+                         range.begin()) -
+        rows.seq_k_begin.begin() - 1);
+    for (int64_t i = range.begin(); i < range.end(); ++i) {
+      while (i >= rows.seq_k_begin[s + 1]) ++s;
+      const int32_t pos =
+          rows.seq_old_entries[s] +
+          static_cast<int32_t>(i - rows.seq_k_begin[s]);
+      uint8_t* page = pool + layout.PageOffset(rows.Page(s, pos / per_page));
+      const uint8_t* linear = entry.data();
+      if (k.kind == KInput::Kind::kQuantized) {
+        linear = static_cast<const uint8_t*>(k.data) + i * eb;
+      } else {
+        const float* src;
+        if (k.kind == KInput::Kind::kFloat32) {
+          src = static_cast<const float*>(k.data) + i * dim;
+        } else {
+          const uint16_t* h = static_cast<const uint16_t*>(k.data) + i * dim;
+          for (int32_t d = 0; d < dim; ++d) x[d] = Bf16ToFloat(h[d]);
+          src = x.data();
+        }
+        if (fp8) {
+          const float scale =
+              QuantizeFp8Entry(src, dim, k.ue8m0, entry.data());
+          std::memcpy(entry.data() + vb, &scale, sizeof scale);
+        } else {
+          QuantizeMxfp4(src, dim, entry.data(), entry.data() + vb);
+        }
+      }
+      StoreEntry(layout, linear, pos % per_page, page);
+    }
+  };
+  arena_.execute([&] {
+    tbb::parallel_for(tbb::blocked_range<int64_t>(0, n, 64), write_range);
+  });
+  return MicrosSince(t0);
+}
+
+absl::StatusOr<LayerTimings> CpuBackend::DenseTopk(
+    const PageLayout& layout, const uint8_t* pool, const StepRows& rows,
+    StepContext* /*ctx*/, const QInput& q, int32_t topk, int32_t* out) {
+  ASSIGN_OR_RETURN(const Pool p, FindPool(pool, layout));
+  RETURN_IF_ERROR(ValidateStepRows(layout, rows, p.num_pages));
+  if (topk < 0) return Bad("topk", ">= 0", topk);
+  if (q.num_heads < 1) return Bad("q.num_heads", ">= 1", q.num_heads);
+  LayerTimings timings;
+  if (rows.num_rows == 0 || topk == 0) return timings;
+  if (q.values == nullptr || q.weights == nullptr ||
+      (layout.format == KvFormat::kMxfp4 && q.scales == nullptr)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "q: expected values, weights",
+        layout.format == KvFormat::kMxfp4 ? " and scales" : "",
+        " tensors, got null"));
+  }
+  if (out == nullptr) {
+    return absl::InvalidArgumentError("out: expected a buffer, got null");
+  }
+
+  std::vector<int64_t> offsets;
+  std::vector<float> logits;
+  for (const auto& [rb, re] : Chunks(rows)) {
+    // Logits of the chunk's rows, packed row after row.
+    offsets.assign(static_cast<size_t>(re - rb) + 1, 0);
+    for (int32_t r = rb; r < re; ++r) {
+      offsets[r - rb + 1] = offsets[r - rb] + rows.row_visible[r];
+    }
+    logits.resize(static_cast<size_t>(offsets.back()));
+    const std::vector<cpu_internal::LogitsTask> tasks =
+        cpu_internal::PlanLogitsTasks(rows, rb, re);
+    const cpu_internal::LogitsParams params{&layout, pool,           &rows,
+                                            &q,      rb,             offsets.data(),
+                                            logits.data()};
+
+    Clock::time_point t0 = Clock::now();
+    arena_.execute([&] {
+      tbb::parallel_for(
+          tbb::blocked_range<size_t>(0, tasks.size(), 1),
+          [&](const tbb::blocked_range<size_t>& range) {
+            for (size_t t = range.begin(); t < range.end(); ++t) {
+              cpu_internal::RunLogitsTask(params, tasks[t]);
+            }
+          });
+    });
+    timings.logits_us += MicrosSince(t0);
+
+    t0 = Clock::now();
+    arena_.execute([&] {
+      tbb::parallel_for(tbb::blocked_range<int32_t>(rb, re, 1),
+                        [&](const tbb::blocked_range<int32_t>& range) {
+                          for (int32_t r = range.begin(); r < range.end();
+                               ++r) {
+                            TopkRow(logits.data() + offsets[r - rb],
+                                    rows.row_visible[r], topk,
+                                    out + static_cast<int64_t>(r) * topk);
+                          }
+                        });
+    });
+    timings.topk_us += MicrosSince(t0);
+  }
+  return timings;
+}
+
+absl::Status CpuBackend::ReadEntries(const PageLayout& layout,
+                                     const uint8_t* pool, int32_t page,
+                                     int32_t first, int32_t count,
+                                     uint8_t* out) {
+  ASSIGN_OR_RETURN(const Pool p, FindPool(pool, layout));
+  if (page < 0 || page >= p.num_pages) {
+    return Bad("page", absl::StrCat("a page in [0, ", p.num_pages, ")"), page);
+  }
+  if (first < 0 || count < 0 ||
+      static_cast<int64_t>(first) + count > layout.page_entries) {
+    return Bad("first + count",
+               absl::StrCat("entries within [0, ", layout.page_entries,
+                            ") with first, count >= 0 (first = ", first, ")"),
+               static_cast<int64_t>(first) + count);
+  }
+  if (count > 0 && out == nullptr) {
+    return absl::InvalidArgumentError("out: expected a buffer, got null");
+  }
+  const uint8_t* src = pool + layout.PageOffset(page);
+  for (int32_t i = 0; i < count; ++i) {
+    LoadEntry(layout, src, first + i, out + static_cast<int64_t>(i) *
+                                               layout.entry_bytes());
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace indexer

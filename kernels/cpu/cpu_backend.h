@@ -1,0 +1,80 @@
+// The cpu backend: the reference implementation of SPEC §3-§5 and the
+// embedded default on a machine without a GPU. Work runs in one
+// tbb::task_arena of `threads` slots, so the daemon never uses more cores
+// than configured.
+//
+// Memory: pools are zeroed host allocations owned by the backend and freed
+// when it is destroyed.
+//
+// Thread safety: as Backend. WriteEntries / DenseTopk / ReadEntries may run
+// concurrently from several threads (they share the arena); AllocatePool is
+// start-up only but is also safe to call concurrently.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "oneapi/tbb/task_arena.h"
+#include "kernels/backend.h"
+#include "kernels/format/page_layout.h"
+
+namespace indexer {
+
+class CpuBackend : public Backend {
+ public:
+  // `threads` 0 = all cores. REQUIRES: threads >= 0.
+  explicit CpuBackend(int threads = 0);
+  ~CpuBackend() override;
+  CpuBackend(const CpuBackend&) = delete;
+  CpuBackend& operator=(const CpuBackend&) = delete;
+
+  std::string Describe() const override;
+  std::string Kind() const override { return "cpu"; }
+  int threads() const { return threads_; }
+
+  absl::StatusOr<uint8_t*> AllocatePool(const PageLayout& layout,
+                                        int64_t num_pages) override;
+  absl::StatusOr<std::unique_ptr<StepContext>> PrepareStep(
+      const PageLayout& layout, const StepRows& rows) override;
+  absl::StatusOr<double> WriteEntries(const PageLayout& layout, uint8_t* pool,
+                                      const StepRows& rows, StepContext* ctx,
+                                      const KInput& k) override;
+  absl::StatusOr<LayerTimings> DenseTopk(const PageLayout& layout,
+                                         const uint8_t* pool,
+                                         const StepRows& rows,
+                                         StepContext* ctx, const QInput& q,
+                                         int32_t topk, int32_t* out) override;
+  absl::Status ReadEntries(const PageLayout& layout, const uint8_t* pool,
+                           int32_t page, int32_t first, int32_t count,
+                           uint8_t* out) override;
+
+ private:
+  struct Pool {
+    uint8_t* data;
+    int64_t num_pages;
+    int64_t page_bytes;
+  };
+  // The pool at `data` with pages of `layout`'s size, or INVALID_ARGUMENT.
+  absl::StatusOr<Pool> FindPool(const uint8_t* data,
+                                const PageLayout& layout) const;
+
+  const int threads_;
+  mutable tbb::task_arena arena_;
+  mutable absl::Mutex mu_;
+  std::vector<Pool> pools_ ABSL_GUARDED_BY(mu_);
+};
+
+// Checks that `rows` is self-consistent for `layout` (sizes of every vector,
+// prefix sums, visible counts within the sequence, chunks covering the rows
+// in order) and that every page the step can touch is in [0, num_pages).
+// INVALID_ARGUMENT naming the field otherwise.
+absl::Status ValidateStepRows(const PageLayout& layout, const StepRows& rows,
+                              int64_t num_pages);
+
+}  // namespace indexer

@@ -1,0 +1,120 @@
+// The gpu backend (CUDA sm_90 / HIP gfx942, gfx950): Backend on one device.
+//
+// Memory: everything is taken at start-up. The constructor takes the
+// workspace (logits of one sub-chunk, Q / K / output staging, top-k
+// candidates, the per-step metadata arena); AllocatePool takes the pools.
+// Requests only sub-allocate from the arena.
+// Workspace size: env INDEXER_GPU_LOGITS_MB (default 1024) bounds one
+// sub-chunk's logits; steps whose chunks exceed it are cut into sub-chunks.
+//
+// Thread safety: as Backend. Device work of concurrent calls is serialized
+// on the backend's one stream (one workspace) under mu_; PrepareStep only
+// holds it for its metadata copy.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "kernels/backend.h"
+#include "kernels/gpu/device_arena.h"
+#include "kernels/gpu/gpu_compat.h"
+#include "kernels/gpu/params.h"
+#include "kernels/gpu/plan.h"
+
+namespace indexer {
+namespace gpu {
+
+struct Workspace {
+  int64_t logits_floats = 0;
+  int32_t max_rows = 8192;       // rows of one sub-chunk
+  int32_t max_heads = 128;       // H the Q staging is sized for
+  int64_t q_bytes = 0;           // Q values staging
+  int64_t k_bytes = 0;           // K input staging (WriteEntries)
+  int64_t out_ints = 0;          // top-k output staging
+  int64_t cand = 0;              // top-k candidates (keys + positions)
+  int64_t arena_bytes = 0;
+};
+
+class GpuBackend : public Backend {
+ public:
+  static absl::StatusOr<std::unique_ptr<GpuBackend>> Create(int ordinal);
+  ~GpuBackend() override;
+  GpuBackend(const GpuBackend&) = delete;
+  GpuBackend& operator=(const GpuBackend&) = delete;
+
+  std::string Describe() const override;
+  std::string Kind() const override { return "gpu"; }
+
+  absl::StatusOr<uint8_t*> AllocatePool(const PageLayout& layout,
+                                        int64_t num_pages) override;
+  absl::StatusOr<std::unique_ptr<StepContext>> PrepareStep(
+      const PageLayout& layout, const StepRows& rows) override;
+  absl::StatusOr<double> WriteEntries(const PageLayout& layout, uint8_t* pool,
+                                      const StepRows& rows, StepContext* ctx,
+                                      const KInput& k) override;
+  absl::StatusOr<LayerTimings> DenseTopk(const PageLayout& layout,
+                                         const uint8_t* pool,
+                                         const StepRows& rows,
+                                         StepContext* ctx, const QInput& q,
+                                         int32_t topk, int32_t* out) override;
+  absl::Status ReadEntries(const PageLayout& layout, const uint8_t* pool,
+                           int32_t page, int32_t first, int32_t count,
+                           uint8_t* out) override;
+
+  // For tests and the benchmark.
+  int num_sms() const { return props_.multiProcessorCount; }
+  const DeviceProp& props() const { return props_; }
+  // "mma" or "portable": the logits kernel of the last DenseTopk.
+  std::string last_logits_path() const;
+  // Forces the portable logits kernel (tests compare both paths).
+  void set_force_portable(bool v);
+
+ private:
+  struct Pool {
+    uint8_t* data;
+    int64_t num_pages;
+    int64_t page_bytes;
+  };
+  class Step;
+
+  GpuBackend(int ordinal, const DeviceProp& props);
+  absl::Status Init();
+  absl::StatusOr<Pool> FindPool(const uint8_t* data,
+                                const PageLayout& layout) const;
+  absl::StatusOr<std::unique_ptr<Step>> MakeStep(const PageLayout& layout,
+                                                 const StepRows& rows);
+  absl::StatusOr<Step*> StepFor(const PageLayout& layout, const StepRows& rows,
+                                StepContext* ctx,
+                                std::unique_ptr<Step>* owned);
+  absl::StatusOr<float> ElapsedUs(Event a, Event b);
+
+  const int ordinal_;
+  const DeviceProp props_;
+  Workspace ws_;
+  std::unique_ptr<DeviceArena> arena_;
+
+  mutable absl::Mutex mu_;
+  Stream stream_ ABSL_GUARDED_BY(mu_) = nullptr;
+  Event ev_[4] ABSL_GUARDED_BY(mu_) = {};
+  std::vector<void*> allocations_ ABSL_GUARDED_BY(mu_);
+  std::vector<Pool> pools_ ABSL_GUARDED_BY(mu_);
+  uint8_t* arena_base_ = nullptr;
+  float* logits_ = nullptr;
+  uint8_t* q_values_ = nullptr;
+  uint8_t* q_scales_ = nullptr;
+  float* q_weights_ = nullptr;
+  uint8_t* k_stage_ = nullptr;
+  int32_t* out_ = nullptr;
+  uint32_t* cand_keys_ = nullptr;
+  int32_t* cand_pos_ = nullptr;
+  std::string last_path_ ABSL_GUARDED_BY(mu_);
+  bool force_portable_ ABSL_GUARDED_BY(mu_) = false;
+};
+
+}  // namespace gpu
+}  // namespace indexer

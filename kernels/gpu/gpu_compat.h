@@ -1,0 +1,215 @@
+// The only vendor seam of the gpu backend (SPEC §7): runtime calls, streams,
+// events, errors, warp shuffles and the compile-time wave width. Everything
+// else in kernels/gpu is one source for CUDA (sm_90) and HIP (gfx942/gfx950)
+// and names no vendor.
+//
+// Feature macros, the only ones kernels may test:
+//   INDEXER_GPU_HIP / INDEXER_GPU_CUDA   which runtime this build targets
+//   INDEXER_GPU_MMA_FP8                  1 in a device pass that has the
+//                                        m16n8k32 e4m3 mma.sync (sm_89+)
+#pragma once
+
+#include <cstdint>
+
+#if defined(__HIP_PLATFORM_AMD__) || defined(__HIP__) || defined(__HIPCC__)
+#define INDEXER_GPU_HIP 1
+#include <hip/hip_runtime.h>
+#else
+#define INDEXER_GPU_CUDA 1
+#include <cuda_runtime.h>
+#endif
+
+#if defined(INDEXER_GPU_CUDA) && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890
+#define INDEXER_GPU_MMA_FP8 1
+#else
+#define INDEXER_GPU_MMA_FP8 0
+#endif
+
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+
+namespace indexer {
+namespace gpu {
+
+#if defined(INDEXER_GPU_HIP)
+using Error = hipError_t;
+using Stream = hipStream_t;
+using Event = hipEvent_t;
+using DeviceProp = hipDeviceProp_t;
+inline constexpr Error kSuccess = hipSuccess;
+// gfx9 (CDNA: gfx942, gfx950) runs 64-lane wavefronts; RDNA is not a target.
+inline constexpr int kWarpSize = 64;
+inline constexpr const char* kRuntimeName = "hip";
+inline const char* ErrorString(Error e) { return hipGetErrorString(e); }
+inline Error GetLastError() { return hipGetLastError(); }
+inline Error GetDeviceCount(int* n) { return hipGetDeviceCount(n); }
+inline Error SetDevice(int d) { return hipSetDevice(d); }
+inline Error GetDeviceProperties(DeviceProp* p, int d) {
+  return hipGetDeviceProperties(p, d);
+}
+inline Error Malloc(void** p, size_t n) { return hipMalloc(p, n); }
+inline Error Free(void* p) { return hipFree(p); }
+inline Error HostMalloc(void** p, size_t n) {
+  return hipHostMalloc(p, n, hipHostMallocDefault);
+}
+inline Error HostFree(void* p) { return hipHostFree(p); }
+inline Error MemsetAsync(void* p, int v, size_t n, Stream s) {
+  return hipMemsetAsync(p, v, n, s);
+}
+inline Error CopyH2D(void* d, const void* h, size_t n, Stream s) {
+  return hipMemcpyAsync(d, h, n, hipMemcpyHostToDevice, s);
+}
+inline Error CopyD2H(void* h, const void* d, size_t n, Stream s) {
+  return hipMemcpyAsync(h, d, n, hipMemcpyDeviceToHost, s);
+}
+inline Error CopyD2D(void* d, const void* src, size_t n, Stream s) {
+  return hipMemcpyAsync(d, src, n, hipMemcpyDeviceToDevice, s);
+}
+inline Error StreamCreate(Stream* s) {
+  return hipStreamCreateWithFlags(s, hipStreamNonBlocking);
+}
+inline Error StreamDestroy(Stream s) { return hipStreamDestroy(s); }
+inline Error StreamSynchronize(Stream s) { return hipStreamSynchronize(s); }
+inline Error EventCreate(Event* e) { return hipEventCreate(e); }
+inline Error EventDestroy(Event e) { return hipEventDestroy(e); }
+inline Error EventRecord(Event e, Stream s) { return hipEventRecord(e, s); }
+inline Error EventElapsedMs(float* ms, Event a, Event b) {
+  return hipEventElapsedTime(ms, a, b);
+}
+template <class Kernel>
+inline Error SetMaxDynamicSmem(Kernel k, int bytes) {
+  return hipFuncSetAttribute(reinterpret_cast<const void*>(k),
+                             hipFuncAttributeMaxDynamicSharedMemorySize,
+                             bytes);
+}
+// Errors after which the context is unusable (device lost).
+inline bool IsSticky(Error e) {
+  return e == hipErrorIllegalAddress || e == hipErrorLaunchFailure ||
+         e == hipErrorECCNotCorrectable || e == hipErrorAssert;
+}
+#else
+using Error = cudaError_t;
+using Stream = cudaStream_t;
+using Event = cudaEvent_t;
+using DeviceProp = cudaDeviceProp;
+inline constexpr Error kSuccess = cudaSuccess;
+inline constexpr int kWarpSize = 32;
+inline constexpr const char* kRuntimeName = "cuda";
+inline const char* ErrorString(Error e) { return cudaGetErrorString(e); }
+inline Error GetLastError() { return cudaGetLastError(); }
+inline Error GetDeviceCount(int* n) { return cudaGetDeviceCount(n); }
+inline Error SetDevice(int d) { return cudaSetDevice(d); }
+inline Error GetDeviceProperties(DeviceProp* p, int d) {
+  return cudaGetDeviceProperties(p, d);
+}
+inline Error Malloc(void** p, size_t n) { return cudaMalloc(p, n); }
+inline Error Free(void* p) { return cudaFree(p); }
+inline Error HostMalloc(void** p, size_t n) { return cudaMallocHost(p, n); }
+inline Error HostFree(void* p) { return cudaFreeHost(p); }
+inline Error MemsetAsync(void* p, int v, size_t n, Stream s) {
+  return cudaMemsetAsync(p, v, n, s);
+}
+inline Error CopyH2D(void* d, const void* h, size_t n, Stream s) {
+  return cudaMemcpyAsync(d, h, n, cudaMemcpyHostToDevice, s);
+}
+inline Error CopyD2H(void* h, const void* d, size_t n, Stream s) {
+  return cudaMemcpyAsync(h, d, n, cudaMemcpyDeviceToHost, s);
+}
+inline Error CopyD2D(void* d, const void* src, size_t n, Stream s) {
+  return cudaMemcpyAsync(d, src, n, cudaMemcpyDeviceToDevice, s);
+}
+inline Error StreamCreate(Stream* s) {
+  return cudaStreamCreateWithFlags(s, cudaStreamNonBlocking);
+}
+inline Error StreamDestroy(Stream s) { return cudaStreamDestroy(s); }
+inline Error StreamSynchronize(Stream s) { return cudaStreamSynchronize(s); }
+inline Error EventCreate(Event* e) { return cudaEventCreate(e); }
+inline Error EventDestroy(Event e) { return cudaEventDestroy(e); }
+inline Error EventRecord(Event e, Stream s) { return cudaEventRecord(e, s); }
+inline Error EventElapsedMs(float* ms, Event a, Event b) {
+  return cudaEventElapsedTime(ms, a, b);
+}
+template <class Kernel>
+inline Error SetMaxDynamicSmem(Kernel k, int bytes) {
+  return cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                              bytes);
+}
+inline bool IsSticky(Error e) {
+  return e == cudaErrorIllegalAddress || e == cudaErrorLaunchFailure ||
+         e == cudaErrorIllegalInstruction || e == cudaErrorMisalignedAddress ||
+         e == cudaErrorHardwareStackError || e == cudaErrorAssert ||
+         e == cudaErrorECCUncorrectable;
+}
+#endif
+
+// The status of a failed GPU call: the call text and where it was made. A
+// sticky error means the device is lost for this process: UNAVAILABLE, so
+// the server turns NOT_SERVING (SPEC §9).
+inline absl::Status ErrorStatus(Error e, const char* what, const char* file,
+                                int line) {
+  std::string msg = absl::StrCat(kRuntimeName, " error ", static_cast<int>(e),
+                                 " (", ErrorString(e), ") in `", what, "` at ",
+                                 file, ":", line);
+  if (IsSticky(e)) return absl::UnavailableError(std::move(msg));
+  return absl::InternalError(std::move(msg));
+}
+
+// ---- device side: lanes and shuffles ------------------------------------
+#if defined(__CUDACC__) || defined(__HIPCC__) || defined(__HIP__)
+__device__ __forceinline__ int LaneId() {
+  return static_cast<int>(threadIdx.x) % kWarpSize;
+}
+__device__ __forceinline__ int WarpId() {
+  return static_cast<int>(threadIdx.x) / kWarpSize;
+}
+template <class T>
+__device__ __forceinline__ T ShflXor(T v, int mask) {
+#if defined(INDEXER_GPU_HIP)
+  return __shfl_xor(v, mask, kWarpSize);
+#else
+  return __shfl_xor_sync(0xffffffffu, v, mask, kWarpSize);
+#endif
+}
+template <class T>
+__device__ __forceinline__ T ShflDown(T v, int delta) {
+#if defined(INDEXER_GPU_HIP)
+  return __shfl_down(v, delta, kWarpSize);
+#else
+  return __shfl_down_sync(0xffffffffu, v, delta, kWarpSize);
+#endif
+}
+template <class T>
+__device__ __forceinline__ T ShflIdx(T v, int lane) {
+#if defined(INDEXER_GPU_HIP)
+  return __shfl(v, lane, kWarpSize);
+#else
+  return __shfl_sync(0xffffffffu, v, lane, kWarpSize);
+#endif
+}
+#endif  // device compiler
+
+}  // namespace gpu
+}  // namespace indexer
+
+// Checks one GPU runtime call; returns its status from the enclosing
+// function (absl::Status or StatusOr) with the call text and file:line.
+#define GPU_RETURN_IF_ERROR(expr)                                          \
+  do {                                                                     \
+    const ::indexer::gpu::Error _gpu_err = (expr);                         \
+    if (_gpu_err != ::indexer::gpu::kSuccess) {                            \
+      return ::indexer::gpu::ErrorStatus(_gpu_err, #expr, __FILE__,        \
+                                         __LINE__);                        \
+    }                                                                      \
+  } while (0)
+
+// Launches `kernel<<<grid, block, smem, stream>>>(args...)` and checks the
+// launch; the error names the kernel and the call site.
+#define GPU_LAUNCH(kernel, grid, block, smem, stream, ...)                 \
+  do {                                                                     \
+    kernel<<<(grid), (block), (smem), (stream)>>>(__VA_ARGS__);            \
+    const ::indexer::gpu::Error _gpu_err = ::indexer::gpu::GetLastError(); \
+    if (_gpu_err != ::indexer::gpu::kSuccess) {                            \
+      return ::indexer::gpu::ErrorStatus(_gpu_err, "launch " #kernel,      \
+                                         __FILE__, __LINE__);              \
+    }                                                                      \
+  } while (0)

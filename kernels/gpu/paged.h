@@ -1,0 +1,34 @@
+// Entry addressing for the gpu kernels: a sequence position through the
+// block table to its page, then PageLayout for every byte inside the page.
+// Kernels reach K only through these helpers and PageLayout (SPEC §4).
+#pragma once
+
+#include <cstdint>
+
+#include "kernels/format/hd.h"
+#include "kernels/format/page_layout.h"
+
+namespace indexer {
+namespace gpu {
+
+struct EntryRef {
+  const uint8_t* page;  // start of the page holding the entry
+  int32_t e;            // entry index inside the page
+};
+
+// Entry `pos` of the sequence whose block table row is `block_row`.
+// REQUIRES: pos within the sequence's entries (validated by the host).
+INDEXER_HD EntryRef LocateEntry(const PageLayout& layout, const uint8_t* pool,
+                                const int32_t* block_row, int32_t pos) {
+  const int32_t lp = pos / layout.page_entries;
+  return {pool + layout.PageOffset(block_row[lp]), pos - lp * layout.page_entries};
+}
+
+// fp32 scale of an FP8 entry (little-endian word at ScaleOffset(e, 0); the
+// scale region keeps it 4-byte aligned since E * D is a multiple of 4).
+INDEXER_HD float Fp8EntryScale(const PageLayout& layout, EntryRef r) {
+  return *reinterpret_cast<const float*>(r.page + layout.ScaleOffset(r.e, 0));
+}
+
+}  // namespace gpu
+}  // namespace indexer

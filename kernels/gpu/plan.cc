@@ -1,0 +1,83 @@
+#include "kernels/gpu/plan.h"
+
+#include <algorithm>
+
+#include "absl/strings/str_cat.h"
+
+namespace indexer {
+namespace gpu {
+namespace {
+
+int64_t RoundUp(int64_t x, int64_t m) { return (x + m - 1) / m * m; }
+
+// Entries per work unit: about four units per multiprocessor over the whole
+// sub-chunk, in whole 64-entry tiles, between 256 and 2048 entries.
+int32_t UnitEntries(int64_t total_entries, int32_t num_sms) {
+  const int64_t target = total_entries / (4 * std::max(num_sms, 1));
+  return static_cast<int32_t>(std::clamp<int64_t>(RoundUp(target, 64), 256, 2048));
+}
+
+}  // namespace
+
+absl::StatusOr<StepPlan> PlanStep(const StepRows& rows,
+                                  const PlanLimits& limits) {
+  StepPlan plan;
+  std::vector<std::pair<int32_t, int32_t>> chunks = rows.chunks;
+  if (chunks.empty() && rows.num_rows > 0) chunks.push_back({0, rows.num_rows});
+
+  // Sub-chunks: greedy over each server chunk under the workspace limits.
+  for (const auto& [cb, ce] : chunks) {
+    int32_t r = cb;
+    while (r < ce) {
+      SubChunk sc{r, r, 0, 0, 0, 0, 0};
+      while (sc.row_end < ce) {
+        const int32_t v = std::max(sc.max_visible, rows.row_visible[sc.row_end]);
+        const int64_t stride = RoundUp(std::max(v, 1), 4);
+        const int64_t n = sc.row_end - sc.row_begin + 1;
+        if (n > 1 && (n > limits.max_rows || n * stride > limits.logits_floats)) break;
+        if (n == 1 && stride > limits.logits_floats) {
+          return absl::ResourceExhaustedError(absl::StrCat(
+              "row_visible[", sc.row_end, "]: ", v,
+              " entries exceed the gpu logits workspace of ",
+              limits.logits_floats, " floats"));
+        }
+        sc.max_visible = v;
+        sc.stride = stride;
+        ++sc.row_end;
+      }
+      plan.chunks.push_back(sc);
+      r = sc.row_end;
+    }
+  }
+
+  // Row groups and units per sub-chunk.
+  for (SubChunk& sc : plan.chunks) {
+    const size_t g0 = plan.groups.size();
+    int64_t total = 0;
+    int32_t r = sc.row_begin;
+    while (r < sc.row_end) {
+      const int32_t s = rows.row_seq[r];
+      const int32_t seq_end = std::min(rows.seq_row_begin[s + 1], sc.row_end);
+      const int32_t n = std::min(kMaxGroupRows, seq_end - r);
+      LogitsGroup g{s, r, n, 0};
+      for (int32_t i = r; i < r + n; ++i) g.extent = std::max(g.extent, rows.row_visible[i]);
+      total += g.extent;
+      sc.max_group_rows = std::max(sc.max_group_rows, n);
+      plan.groups.push_back(g);
+      r += n;
+    }
+    const int32_t unit = UnitEntries(total, limits.num_sms);
+    sc.unit_begin = static_cast<int32_t>(plan.units.size());
+    for (size_t gi = g0; gi < plan.groups.size(); ++gi) {
+      const LogitsGroup& g = plan.groups[gi];
+      for (int32_t e = 0; e < g.extent; e += unit) {
+        plan.units.push_back({static_cast<int32_t>(gi), e, std::min(e + unit, g.extent)});
+      }
+    }
+    sc.unit_end = static_cast<int32_t>(plan.units.size());
+  }
+  return plan;
+}
+
+}  // namespace gpu
+}  // namespace indexer

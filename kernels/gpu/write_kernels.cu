@@ -1,0 +1,107 @@
+// K write (SPEC §3, §4): the step's new entries quantized (fp32 / bf16) or
+// copied (pre-quantized) into their pages. One warp per entry; codes come
+// from the same INDEXER_HD codecs as the cpu backend, so pages are
+// bit-identical.
+#include "kernels/format/fp8.h"
+#include "kernels/format/mxfp4.h"
+#include "kernels/format/numeric.h"
+#include "kernels/gpu/gpu_compat.h"
+#include "kernels/gpu/paged.h"
+#include "kernels/gpu/params.h"
+
+namespace indexer {
+namespace gpu {
+namespace {
+
+constexpr int kWriteThreads = 256;
+static_assert(kWriteThreads % kWarpSize == 0, "whole warps per block");
+constexpr int kEntriesPerBlock = kWriteThreads / kWarpSize;
+
+__device__ float WarpMax(float v) {
+  for (int m = kWarpSize / 2; m > 0; m /= 2) v = fmaxf(v, ShflXor(v, m));
+  return v;
+}
+
+// Max over aligned groups of 32 lanes (one MXFP4 block).
+__device__ float Max32(float v) {
+  for (int m = 16; m > 0; m /= 2) v = fmaxf(v, ShflXor(v, m));
+  return v;
+}
+
+// Element d of staged row `local`.
+__device__ float LoadInput(const WriteParams& p, int64_t local, int32_t d) {
+  const int64_t at = local * p.layout.head_dim + d;
+  if (p.source == KSource::kFloat32) return static_cast<const float*>(p.src)[at];
+  return Bf16ToFloat(static_cast<const uint16_t*>(p.src)[at]);
+}
+
+__global__ void __launch_bounds__(kWriteThreads)
+    WriteEntriesKernel(const WriteParams p) {
+  const int64_t local = static_cast<int64_t>(blockIdx.x) * kEntriesPerBlock + WarpId();
+  if (local >= p.num_entries) return;
+  const int64_t i = p.entry_base + local;  // K row of the step
+  const int lane = LaneId();
+  const PageLayout& l = p.layout;
+
+  // ---- where the entry goes: its sequence, position, page ----------------
+  int32_t lo = 0, hi = p.step.num_seqs;  // seq_k_begin[lo] <= i < [hi]
+  while (hi - lo > 1) {
+    const int32_t mid = (lo + hi) / 2;
+    if (p.step.seq_k_begin[mid] <= i) lo = mid; else hi = mid;
+  }
+  const int32_t pos = p.step.seq_old[lo] + static_cast<int32_t>(i - p.step.seq_k_begin[lo]);
+  const EntryRef ref = LocateEntry(l, p.pool, p.step.block_table +
+                                                  static_cast<int64_t>(lo) * p.step.max_pages, pos);
+  uint8_t* page = const_cast<uint8_t*>(ref.page);
+  const int32_t vb = l.value_bytes(), sb = l.scale_bytes();
+
+  // ---- pre-quantized: copy bytes through the layout ----------------------
+  if (p.source == KSource::kQuantized) {
+    const uint8_t* src = static_cast<const uint8_t*>(p.src) + local * (vb + sb);
+    for (int32_t b = lane; b < vb; b += kWarpSize) page[l.ValueOffset(ref.e, b)] = src[b];
+    for (int32_t s = lane; s < sb; s += kWarpSize) page[l.ScaleOffset(ref.e, s)] = src[vb + s];
+    return;
+  }
+
+  const int32_t dim = l.head_dim;
+  if (l.format == KvFormat::kFp8) {
+    // ---- FP8: one scale per entry --------------------------------------
+    float amax = 0.f;
+    for (int32_t d = lane; d < dim; d += kWarpSize) amax = fmaxf(amax, fabsf(LoadInput(p, local, d)));
+    amax = WarpMax(amax);
+    const float scale = Fp8KScale(amax, p.ue8m0);
+    for (int32_t d = lane; d < dim; d += kWarpSize) {
+      page[l.ValueOffset(ref.e, d)] = EncodeE4m3(LoadInput(p, local, d) / scale);
+    }
+    const uint32_t bits = FloatToBits(scale);
+    if (lane < 4) page[l.ScaleOffset(ref.e, lane)] = static_cast<uint8_t>(bits >> (8 * lane));
+    return;
+  }
+
+  // ---- MXFP4: one block of 32 elements at a time -------------------------
+  // Lanes 32..63 of a 64-wide wave mirror lanes 0..31 and store nothing.
+  const int32_t j = lane % kMxBlock;
+  for (int32_t blk = 0; blk < dim / kMxBlock; ++blk) {
+    const float x = LoadInput(p, local, blk * kMxBlock + j);
+    const int32_t e = MxBlockExponent(Max32(fabsf(x)));
+    const uint32_t nib = EncodeE2m1(x * format_internal::ExactPow2(-e));
+    const uint32_t hi_nib = ShflDown(nib, 1);
+    if (lane < kMxBlock && (j & 1) == 0) {
+      page[l.ValueOffset(ref.e, blk * (kMxBlock / 2) + j / 2)] =
+          static_cast<uint8_t>(nib | (hi_nib << 4));
+    }
+    if (lane == 0) page[l.ScaleOffset(ref.e, blk)] = static_cast<uint8_t>(e + 127);
+  }
+}
+
+}  // namespace
+
+absl::Status LaunchWriteEntries(const WriteParams& p, Stream stream) {
+  if (p.num_entries == 0) return absl::OkStatus();
+  const int blocks = (p.num_entries + kEntriesPerBlock - 1) / kEntriesPerBlock;
+  GPU_LAUNCH(WriteEntriesKernel, blocks, kWriteThreads, 0, stream, p);
+  return absl::OkStatus();
+}
+
+}  // namespace gpu
+}  // namespace indexer

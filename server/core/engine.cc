@@ -1,0 +1,449 @@
+#include "server/core/engine.h"
+
+#include <algorithm>
+#include <chrono>
+
+#include "absl/container/flat_hash_set.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "kernels/common/status_macros.h"
+#include "server/core/layer_inputs.h"
+#include "server/core/step_rows.h"
+
+namespace indexer {
+namespace {
+
+double MicrosSince(std::chrono::steady_clock::time_point t0) {
+  return std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0)
+      .count();
+}
+
+}  // namespace
+
+SeqName SeqName::Numeric(uint64_t id, const std::string& ns) {
+  return {absl::StrCat(ns, "#", id), absl::StrCat(id)};
+}
+
+SeqName SeqName::Named(const std::string& name, const std::string& ns) {
+  return {absl::StrCat(ns, "$", name), absl::StrCat("\"", name, "\"")};
+}
+
+// ------------------------------------------------------------------ Engine --
+
+Engine::Engine(Model model, std::unique_ptr<Backend> backend)
+    : model_(std::move(model)), backend_(std::move(backend)) {}
+
+absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(
+    Model model, std::unique_ptr<Backend> backend) {
+  std::unique_ptr<Engine> e(new Engine(std::move(model), std::move(backend)));
+  e->pools_.assign(e->model_.num_layers(), nullptr);
+  absl::MutexLock lock(&e->mu_);
+  for (const GroupSpec& g : e->model_.groups) {
+    e->allocators_.emplace_back(g.pages);
+    for (int32_t layer : g.layers) {
+      auto pool = e->backend_->AllocatePool(g.layout, g.pages);
+      if (!pool.ok()) {
+        return absl::ResourceExhaustedError(absl::StrCat(
+            "K pool of layer ", layer, " (", g.pages, " pages of ",
+            g.layout.page_bytes(), " B): ", pool.status().message()));
+      }
+      e->pools_[layer] = *pool;
+    }
+  }
+  return e;
+}
+
+absl::StatusOr<std::unique_ptr<Step>> Engine::BeginStep(const StepSpec& spec) {
+  const config::ServerConfig& cfg = model_.config;
+  const size_t n = spec.seqs.size();
+  if (n == 0) {
+    return absl::InvalidArgumentError("header.sequences: expected at least one sequence");
+  }
+  if (n > cfg.max_batch()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "header.sequences: ", n, " sequences; expected at most max_batch = ", cfg.max_batch()));
+  }
+  absl::flat_hash_map<std::string, size_t> first_at;
+  for (size_t i = 0; i < n; ++i) {
+    const StepSequenceSpec& s = spec.seqs[i];
+    const std::string f = absl::StrCat("header.sequences[", i, "]");
+    if (s.q_len < 1 || s.q_len > cfg.max_q_len()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          f, ".q_len: expected 1..", cfg.max_q_len(), ", got ", s.q_len));
+    }
+    auto [it, inserted] = first_at.emplace(s.name.key, i);
+    if (!inserted) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          f, ".id: sequence ", s.name.display,
+          " appears twice in the step (first at header.sequences[", it->second,
+          "]); expected each sequence at most once"));
+    }
+  }
+
+  std::unique_ptr<Step> step(new Step(this));
+  step->id_ = spec.request_id.empty() ? absl::StrCat("step-", ++step_counter_)
+                                      : spec.request_id;
+  const size_t G = model_.groups.size();
+  std::vector<StepRowsInput> inputs(n);
+  std::vector<std::vector<StepRowsInput>> per_group(G, inputs);
+  {
+    absl::MutexLock lock(&mu_);
+    if (open_steps_.load() >= static_cast<int32_t>(cfg.max_open_steps())) {
+      return absl::ResourceExhaustedError(absl::StrCat(
+          "admission: ", open_steps_.load(), " steps open; max_open_steps = ",
+          cfg.max_open_steps()));
+    }
+    std::vector<const Sequence*> found(n, nullptr);
+    for (size_t i = 0; i < n; ++i) {
+      const StepSequenceSpec& s = spec.seqs[i];
+      const std::string f = absl::StrCat("header.sequences[", i, "]");
+      auto it = seqs_.find(s.name.key);
+      if (s.create) {
+        if (it != seqs_.end()) {
+          return absl::AlreadyExistsError(absl::StrCat(
+              f, ".id: sequence ", s.name.display,
+              " already exists; expected a new id with create = true"));
+        }
+      } else {
+        if (it == seqs_.end()) {
+          return absl::NotFoundError(absl::StrCat(
+              f, ".id: unknown sequence ", s.name.display,
+              "; set create = true to start one"));
+        }
+        if (it->second->busy) {
+          return absl::FailedPreconditionError(absl::StrCat(
+              f, ".id: sequence ", s.name.display, " is in another open step"));
+        }
+        found[i] = it->second.get();
+      }
+      const int64_t old_len = found[i] ? found[i]->len : 0;
+      if (old_len + s.q_len > static_cast<int64_t>(cfg.max_seq_len())) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            f, ".q_len: sequence would hold ", old_len + s.q_len,
+            " tokens; expected at most max_seq_len = ", cfg.max_seq_len()));
+      }
+    }
+
+    // Pages, all groups or none.
+    static const std::vector<int32_t> kNoPages;
+    std::vector<std::vector<std::vector<int32_t>>> taken(n, std::vector<std::vector<int32_t>>(G));
+    std::vector<int64_t> need(G, 0);
+    for (size_t g = 0; g < G; ++g) {
+      const GroupSpec& gs = model_.groups[g];
+      for (size_t i = 0; i < n; ++i) {
+        const int64_t old_len = found[i] ? found[i]->len : 0;
+        const int64_t have = found[i] ? static_cast<int64_t>(found[i]->pages[g].size()) : 0;
+        const int64_t want = PagesFor(EntriesFor(old_len + spec.seqs[i].q_len, gs.compress_ratio),
+                                      gs.layout.page_entries);
+        need[g] += want - have;
+      }
+      if (need[g] > allocators_[g].free()) {
+        return absl::ResourceExhaustedError(absl::StrCat(
+            "pages: layer group '", gs.name, "' needs ", need[g], " more pages, ",
+            allocators_[g].free(), " of ", allocators_[g].total(), " free"));
+      }
+    }
+    for (size_t g = 0; g < G; ++g) {
+      const GroupSpec& gs = model_.groups[g];
+      for (size_t i = 0; i < n; ++i) {
+        const int64_t old_len = found[i] ? found[i]->len : 0;
+        const int64_t have = found[i] ? static_cast<int64_t>(found[i]->pages[g].size()) : 0;
+        const int64_t want = PagesFor(EntriesFor(old_len + spec.seqs[i].q_len, gs.compress_ratio),
+                                      gs.layout.page_entries);
+        // Cannot fail: the loop above checked the group's total.
+        taken[i][g] = std::move(allocators_[g].Allocate(want - have)).value();
+      }
+    }
+
+    // Lock the sequences; new ones enter the registry busy and empty.
+    for (size_t i = 0; i < n; ++i) {
+      const StepSequenceSpec& s = spec.seqs[i];
+      Sequence* seq;
+      if (s.create) {
+        auto fresh = std::make_unique<Sequence>();
+        fresh->pages.resize(G);
+        seq = fresh.get();
+        seqs_.emplace(s.name.key, std::move(fresh));
+      } else {
+        seq = seqs_.find(s.name.key)->second.get();
+      }
+      seq->busy = true;
+      step->keys_.push_back(s.name.key);
+      step->names_.push_back(s.name);
+      step->created_.push_back(s.create);
+      step->new_len_.push_back(seq->len + s.q_len);
+      for (size_t g = 0; g < G; ++g) {
+        per_group[g][i] = {seq->len, s.q_len, &seq->pages[g], &taken[i][g]};
+      }
+    }
+    step->new_pages_ = std::move(taken);
+    // The old block tables are only read below: the sequences are now busy,
+    // so nothing else touches them until the step ends.
+    for (size_t g = 0; g < G; ++g) {
+      for (size_t i = 0; i < n; ++i) per_group[g][i].new_pages = &step->new_pages_[i][g];
+    }
+    open_steps_.fetch_add(1);
+  }
+
+  for (size_t g = 0; g < G; ++g) {
+    const GroupSpec& gs = model_.groups[g];
+    step->rows_.push_back(
+        BuildStepRows(per_group[g], gs.compress_ratio, model_.logits_budget_bytes()));
+    auto ctx = backend_->PrepareStep(gs.layout, step->rows_.back());
+    if (!ctx.ok()) return ctx.status();  // ~Step rolls back
+    step->ctx_.push_back(std::move(ctx).value());
+  }
+  step->layer_done_.assign(model_.num_layers(), false);
+  return step;
+}
+
+void Engine::FinishStep(Step* step, bool commit) {
+  absl::MutexLock lock(&mu_);
+  for (size_t i = 0; i < step->keys_.size(); ++i) {
+    auto it = seqs_.find(step->keys_[i]);
+    Sequence* seq = it->second.get();
+    if (commit) {
+      seq->len = step->new_len_[i];
+      for (size_t g = 0; g < seq->pages.size(); ++g) {
+        auto& fresh = step->new_pages_[i][g];
+        seq->pages[g].insert(seq->pages[g].end(), fresh.begin(), fresh.end());
+      }
+      seq->busy = false;
+    } else {
+      for (size_t g = 0; g < allocators_.size(); ++g) {
+        allocators_[g].Free(step->new_pages_[i][g]);
+      }
+      if (step->created_[i]) {
+        seqs_.erase(it);
+      } else {
+        seq->busy = false;
+      }
+    }
+  }
+  open_steps_.fetch_sub(1);
+}
+
+absl::StatusOr<int64_t> Engine::Release(const std::vector<SeqName>& names) {
+  absl::MutexLock lock(&mu_);
+  for (size_t i = 0; i < names.size(); ++i) {
+    auto it = seqs_.find(names[i].key);
+    if (it == seqs_.end()) {
+      return absl::NotFoundError(
+          absl::StrCat("ids[", i, "]: unknown sequence ", names[i].display));
+    }
+    if (it->second->busy) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "ids[", i, "]: sequence ", names[i].display, " is in an open step"));
+    }
+  }
+  int64_t freed = 0;
+  for (const SeqName& name : names) {
+    auto it = seqs_.find(name.key);
+    if (it == seqs_.end()) continue;  // named twice in the request
+    for (size_t g = 0; g < allocators_.size(); ++g) {
+      allocators_[g].Free(it->second->pages[g]);
+      freed += static_cast<int64_t>(it->second->pages[g].size());
+    }
+    seqs_.erase(it);
+  }
+  return freed;
+}
+
+absl::StatusOr<int64_t> Engine::Import(
+    const SeqName& name, bool create, int64_t num_tokens,
+    const std::vector<std::pair<int32_t, TensorView>>& layers) {
+  StepSpec spec;
+  spec.seqs.push_back({name, num_tokens, create});
+  spec.request_id = absl::StrCat("import-", ++step_counter_);
+  // Check the layer list before taking pages.
+  std::vector<bool> seen(model_.num_layers(), false);
+  for (size_t i = 0; i < layers.size(); ++i) {
+    const int32_t l = layers[i].first;
+    if (l < 0 || l >= model_.num_layers()) {
+      return absl::NotFoundError(absl::StrCat("layers[", i, "].layer: unknown layer ", l,
+                                              "; expected 0..", model_.num_layers() - 1));
+    }
+    if (seen[l]) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("layers[", i, "].layer: layer ", l, " appears twice"));
+    }
+    seen[l] = true;
+  }
+  for (int32_t l = 0; l < model_.num_layers(); ++l) {
+    if (!seen[l]) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "layers: layer ", l, " is missing; expected entries for every layer 0..",
+          model_.num_layers() - 1));
+    }
+  }
+  ASSIGN_OR_RETURN(std::unique_ptr<Step> step, BeginStep(spec));
+  for (size_t i = 0; i < layers.size(); ++i) {
+    absl::Status s = step->WriteLayer(layers[i].first, layers[i].second);
+    if (!s.ok()) {
+      return absl::Status(s.code(), absl::StrCat("layers[", i, "].", s.message()));
+    }
+  }
+  ASSIGN_OR_RETURN(std::vector<int64_t> lens, step->Commit());
+  return lens[0];
+}
+
+std::vector<GroupUsage> Engine::Usage() const {
+  absl::MutexLock lock(&mu_);
+  std::vector<GroupUsage> out;
+  for (const PageAllocator& a : allocators_) out.push_back({a.total(), a.free()});
+  return out;
+}
+
+int64_t Engine::num_sequences() const {
+  absl::MutexLock lock(&mu_);
+  return static_cast<int64_t>(seqs_.size());
+}
+
+absl::StatusOr<int64_t> Engine::SequenceLength(const SeqName& name) const {
+  absl::MutexLock lock(&mu_);
+  auto it = seqs_.find(name.key);
+  if (it == seqs_.end()) return absl::NotFoundError(absl::StrCat("unknown sequence ", name.display));
+  return it->second->len;
+}
+
+absl::StatusOr<std::vector<int32_t>> Engine::SequencePages(const SeqName& name,
+                                                           int32_t group) const {
+  absl::MutexLock lock(&mu_);
+  auto it = seqs_.find(name.key);
+  if (it == seqs_.end()) return absl::NotFoundError(absl::StrCat("unknown sequence ", name.display));
+  return it->second->pages[group];
+}
+
+absl::Status Engine::CheckInvariants() const {
+  absl::MutexLock lock(&mu_);
+  for (size_t g = 0; g < allocators_.size(); ++g) {
+    RETURN_IF_ERROR(allocators_[g].CheckInvariant());
+    const GroupSpec& gs = model_.groups[g];
+    int64_t held = 0;
+    bool any_busy = false;
+    for (const auto& [key, seq] : seqs_) {
+      held += static_cast<int64_t>(seq->pages[g].size());
+      any_busy |= seq->busy;
+      const int64_t want = PagesFor(EntriesFor(seq->len, gs.compress_ratio), gs.layout.page_entries);
+      if (static_cast<int64_t>(seq->pages[g].size()) != want) {
+        return absl::InternalError(absl::StrCat("sequence ", key, " holds ",
+                                                seq->pages[g].size(), " pages in group ",
+                                                gs.name, "; expected ", want));
+      }
+    }
+    // Open steps hold pages not yet in any block table.
+    if (!any_busy && held != allocators_[g].used()) {
+      return absl::InternalError(absl::StrCat("group ", gs.name, ": sequences hold ", held,
+                                              " pages, allocator has ",
+                                              allocators_[g].used(), " used"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+// -------------------------------------------------------------------- Step --
+
+Step::Step(Engine* engine) : engine_(engine) {}
+
+Step::~Step() { Abort(); }
+
+int32_t Step::num_rows() const { return rows_.empty() ? 0 : rows_[0].num_rows; }
+
+void Step::Abort() {
+  if (finished_ || keys_.empty()) {
+    finished_ = true;
+    return;
+  }
+  finished_ = true;
+  ctx_.clear();
+  engine_->FinishStep(this, /*commit=*/false);
+}
+
+absl::Status Step::CheckLayer(int32_t layer) const {
+  if (finished_) return absl::FailedPreconditionError("step: already finished");
+  const Model& m = engine_->model_;
+  if (layer < 0 || layer >= m.num_layers()) {
+    return absl::NotFoundError(absl::StrCat("layer: unknown layer ", layer,
+                                            "; expected 0..", m.num_layers() - 1));
+  }
+  if (layer_done_[layer]) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("layer: layer ", layer, " was already sent in this step"));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Step::WriteK(int32_t group, int32_t layer, const TensorView& k,
+                          double* write_us) {
+  const GroupSpec& g = engine_->model_.groups[group];
+  const StepRows& rows = rows_[group];
+  ASSIGN_OR_RETURN(KInput kin, ValidateK(g, rows.NewEntries(), k));
+  if (rows.NewEntries() == 0) return absl::OkStatus();
+  ASSIGN_OR_RETURN(*write_us,
+                   engine_->backend_->WriteEntries(g.layout, engine_->pools_[layer], rows,
+                                                   ctx_[group].get(), kin));
+  return absl::OkStatus();
+}
+
+absl::Status Step::WriteLayer(int32_t layer, const TensorView& k) {
+  RETURN_IF_ERROR(CheckLayer(layer));
+  double write_us = 0;
+  const int32_t group = engine_->model_.layer_group[layer];
+  RETURN_IF_ERROR(WriteK(group, layer, k, &write_us));
+  layer_done_[layer] = true;
+  return absl::OkStatus();
+}
+
+absl::StatusOr<LayerOutput> Step::RunLayer(const LayerInput& in) {
+  const auto t0 = std::chrono::steady_clock::now();
+  RETURN_IF_ERROR(CheckLayer(in.layer));
+  const int32_t group = engine_->model_.layer_group[in.layer];
+  const GroupSpec& g = engine_->model_.groups[group];
+  const StepRows& rows = rows_[group];
+
+  // Validate everything before the first byte is written.
+  QScratch scratch{std::move(q_values_), std::move(q_scales_), std::move(weights_)};
+  ASSIGN_OR_RETURN(KInput kin, ValidateK(g, rows.NewEntries(), in.k));
+  (void)kin;
+  auto q = PrepareQ(g, rows.num_rows, in.q, in.q_scale, in.weights, &scratch);
+  if (!q.ok()) return q.status();
+
+  LayerOutput out;
+  out.validate_us = MicrosSince(t0);
+  RETURN_IF_ERROR(WriteK(group, in.layer, in.k, &out.timings.write_us));
+  out.rows = rows.num_rows;
+  out.topk = g.topk;
+  out.indices.resize(static_cast<size_t>(out.rows) * out.topk);
+  ASSIGN_OR_RETURN(LayerTimings t,
+                   engine_->backend_->DenseTopk(g.layout, engine_->pools_[in.layer], rows,
+                                                ctx_[group].get(), *q, g.topk,
+                                                out.indices.data()));
+  out.timings.logits_us = t.logits_us;
+  out.timings.topk_us = t.topk_us;
+  layer_done_[in.layer] = true;
+  q_values_ = std::move(scratch.values);
+  q_scales_ = std::move(scratch.scales);
+  weights_ = std::move(scratch.weights);
+  return out;
+}
+
+absl::StatusOr<std::vector<int64_t>> Step::Commit() {
+  if (finished_) return absl::FailedPreconditionError("step: already finished");
+  std::vector<int32_t> missing;
+  for (size_t l = 0; l < layer_done_.size(); ++l) {
+    if (!layer_done_[l]) missing.push_back(static_cast<int32_t>(l));
+  }
+  if (!missing.empty()) {
+    if (missing.size() > 8) missing.resize(8);
+    return absl::FailedPreconditionError(absl::StrCat(
+        "commit: ", std::count(layer_done_.begin(), layer_done_.end(), false),
+        " layers not sent in this step (first: ", absl::StrJoin(missing, ", "),
+        "); expected every layer 0..", layer_done_.size() - 1, " before commit"));
+  }
+  finished_ = true;
+  ctx_.clear();
+  engine_->FinishStep(this, /*commit=*/true);
+  return new_len_;
+}
+
+}  // namespace indexer

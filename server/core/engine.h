@@ -1,0 +1,174 @@
+// The daemon's core: sequence registry, page allocators, K pools and steps
+// (SPEC §4, §6). No gRPC here; server/rpc is a thin transport over it.
+//
+// Atomicity: a Step allocates its pages up front and writes new entries only
+// past each sequence's committed length, so abort just returns the pages and
+// unlocks the sequences: every sequence is left exactly as it was.
+//
+// Thread safety: Engine is thread-safe. A Step is used by one caller at a
+// time (one gRPC stream); steps over other sequences run concurrently.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "kernels/backend.h"
+#include "server/core/model.h"
+#include "server/core/page_allocator.h"
+#include "server/core/tensor.h"
+
+namespace indexer {
+
+// A client-named sequence. `key` is the registry key (namespace + id), and
+// `display` the form used in messages ("7", "\"chat-3\"").
+struct SeqName {
+  std::string key;
+  std::string display;
+  static SeqName Numeric(uint64_t id, const std::string& ns = "");
+  static SeqName Named(const std::string& name, const std::string& ns = "");
+};
+
+struct StepSequenceSpec {
+  SeqName name;
+  int64_t q_len = 0;
+  bool create = false;
+};
+
+struct StepSpec {
+  std::vector<StepSequenceSpec> seqs;
+  std::string request_id;  // for logs
+};
+
+struct LayerInput {
+  int32_t layer = -1;
+  TensorView k;        // new entries
+  TensorView q;        // index queries
+  TensorView q_scale;  // MXFP4 Q scales
+  TensorView weights;  // head weights
+};
+
+struct LayerOutput {
+  int32_t rows = 0;
+  int32_t topk = 0;
+  std::vector<int32_t> indices;  // [rows, topk], -1 = no entry
+  double validate_us = 0;
+  LayerTimings timings;
+};
+
+class Engine;
+
+class Step {
+ public:
+  Step(const Step&) = delete;
+  Step& operator=(const Step&) = delete;
+  ~Step();  // aborts unless committed
+
+  const std::string& id() const { return id_; }
+  int32_t num_rows() const;
+
+  // Validates the layer's inputs, writes its new entries and returns its
+  // top-k. On error nothing visible changes (the step itself stays open; the
+  // transport aborts it).
+  absl::StatusOr<LayerOutput> RunLayer(const LayerInput& in);
+  // Writes the layer's new entries only (bulk import).
+  absl::Status WriteLayer(int32_t layer, const TensorView& k);
+  // Commits: FAILED_PRECONDITION unless every layer ran. Returns the
+  // sequences' lengths after the step, in spec order.
+  absl::StatusOr<std::vector<int64_t>> Commit();
+  // Rolls back. Idempotent.
+  void Abort();
+
+ private:
+  friend class Engine;
+  explicit Step(Engine* engine);
+
+  absl::Status CheckLayer(int32_t layer) const;
+  absl::Status WriteK(int32_t group, int32_t layer, const TensorView& k,
+                      double* write_us);
+
+  Engine* engine_;
+  std::string id_;
+  bool finished_ = false;
+  std::vector<std::string> keys_;          // registry keys, spec order
+  std::vector<SeqName> names_;
+  std::vector<bool> created_;
+  std::vector<int64_t> new_len_;
+  // [seq][group] pages allocated by this step.
+  std::vector<std::vector<std::vector<int32_t>>> new_pages_;
+  std::vector<StepRows> rows_;                       // [group]
+  std::vector<std::unique_ptr<StepContext>> ctx_;    // [group]
+  std::vector<bool> layer_done_;                     // [layer]
+  // Reused per layer: quantized Q, scales and scaled weights.
+  std::vector<uint8_t> q_values_, q_scales_;
+  std::vector<float> weights_;
+};
+
+struct GroupUsage {
+  int64_t total_pages = 0;
+  int64_t free_pages = 0;
+};
+
+class Engine {
+ public:
+  // Allocates every K pool up front.
+  static absl::StatusOr<std::unique_ptr<Engine>> Create(
+      Model model, std::unique_ptr<Backend> backend);
+
+  // Validates the batch, locks its sequences, allocates its pages and builds
+  // the per-step metadata of every group. Errors change nothing.
+  absl::StatusOr<std::unique_ptr<Step>> BeginStep(const StepSpec& spec);
+
+  // Drops sequences (all or none): NOT_FOUND for an unknown one,
+  // FAILED_PRECONDITION for one in an open step. Returns pages freed.
+  absl::StatusOr<int64_t> Release(const std::vector<SeqName>& names);
+
+  // Bulk import: appends `num_tokens` tokens with one K tensor per layer.
+  absl::StatusOr<int64_t> Import(const SeqName& name, bool create,
+                                 int64_t num_tokens,
+                                 const std::vector<std::pair<int32_t, TensorView>>& layers);
+
+  const Model& model() const { return model_; }
+  Backend& backend() { return *backend_; }
+  std::vector<GroupUsage> Usage() const;
+  int64_t num_sequences() const;
+  int32_t open_steps() const { return open_steps_.load(); }
+  // Tokens held by a sequence; NOT_FOUND if unknown.
+  absl::StatusOr<int64_t> SequenceLength(const SeqName& name) const;
+  // Allocator invariants plus: pages held by sequences and open steps equal
+  // used pages; every sequence holds exactly ceil(entries / E) pages.
+  absl::Status CheckInvariants() const;
+  // Pool base of a layer (tests read entries back through the backend).
+  const uint8_t* pool(int32_t layer) const { return pools_[layer]; }
+  // Physical pages of a committed sequence in a group, for tests.
+  absl::StatusOr<std::vector<int32_t>> SequencePages(const SeqName& name,
+                                                     int32_t group) const;
+
+ private:
+  friend class Step;
+  struct Sequence {
+    int64_t len = 0;                          // tokens
+    std::vector<std::vector<int32_t>> pages;  // [group] block table
+    bool busy = false;                        // in an open step
+  };
+  Engine(Model model, std::unique_ptr<Backend> backend);
+  void FinishStep(Step* step, bool commit);
+
+  const Model model_;
+  const std::unique_ptr<Backend> backend_;
+  std::vector<uint8_t*> pools_;  // [layer]
+  std::atomic<int32_t> open_steps_{0};
+  std::atomic<uint64_t> step_counter_{0};
+
+  mutable absl::Mutex mu_;
+  std::vector<PageAllocator> allocators_ ABSL_GUARDED_BY(mu_);  // [group]
+  absl::flat_hash_map<std::string, std::unique_ptr<Sequence>> seqs_
+      ABSL_GUARDED_BY(mu_);
+};
+
+}  // namespace indexer

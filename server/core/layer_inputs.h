@@ -1,0 +1,37 @@
+// Validation and conversion of one layer's inputs (SPEC §3, §6). Errors name
+// the field and the expected shape, dtype and byte count.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "kernels/backend.h"
+#include "server/core/model.h"
+#include "server/core/tensor.h"
+
+namespace indexer {
+
+// The new entries of a layer: [n_new, D] FP32/BF16, or [n_new, VB + SB]
+// UINT8 linear entries whose FP8 codes and scales are finite (scale > 0) and
+// whose e8m0 scales are not NaN (0xff).
+absl::StatusOr<KInput> ValidateK(const GroupSpec& g, int64_t n_new,
+                                 const TensorView& k);
+
+// Buffers reused from layer to layer of a step.
+struct QScratch {
+  std::vector<uint8_t> values;
+  std::vector<uint8_t> scales;
+  std::vector<float> weights;
+};
+
+// Validates q / q_scale / weights for `rows` rows and returns them in the
+// group's K format: FP8 layers take FP8_E4M3 or FP32/BF16 Q (quantized per
+// (row, head), the power-of-two scale folded into the weight); MXFP4 layers
+// take UINT8 packed Q with UINT8 q_scale, or FP32/BF16 Q (quantized per
+// 32-element block). The returned pointers point into `in` or `scratch`.
+absl::StatusOr<QInput> PrepareQ(const GroupSpec& g, int32_t rows,
+                                const TensorView& q, const TensorView& q_scale,
+                                const TensorView& weights, QScratch* scratch);
+
+}  // namespace indexer

@@ -1,0 +1,166 @@
+#include "server/core/model.h"
+
+#include <fstream>
+#include <sstream>
+
+#include "absl/strings/str_cat.h"
+#include "google/protobuf/text_format.h"
+#include "kernels/common/status_macros.h"
+
+namespace indexer {
+namespace {
+
+absl::StatusOr<KvFormat> ParseFormat(const std::string& field,
+                                     const std::string& s) {
+  if (s == "fp8") return KvFormat::kFp8;
+  if (s == "mxfp4") return KvFormat::kMxfp4;
+  return absl::InvalidArgumentError(
+      absl::StrCat(field, ": expected \"fp8\" or \"mxfp4\", got \"", s, "\""));
+}
+
+}  // namespace
+
+absl::StatusOr<config::ServerConfig> LoadConfigFile(const std::string& path) {
+  std::ifstream in(path);
+  if (!in) return absl::NotFoundError(absl::StrCat("config: cannot open ", path));
+  std::stringstream ss;
+  ss << in.rdbuf();
+  config::ServerConfig cfg;
+  if (!google::protobuf::TextFormat::ParseFromString(ss.str(), &cfg)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("config: ", path, " is not a valid text-format ServerConfig"));
+  }
+  return cfg;
+}
+
+absl::StatusOr<Model> BuildModel(config::ServerConfig cfg) {
+  if (cfg.next_n() == 0) cfg.set_next_n(1);
+  if (cfg.logits_budget_mb() == 0) cfg.set_logits_budget_mb(512);
+  if (cfg.max_message_mb() == 0) cfg.set_max_message_mb(256);
+  if (cfg.max_open_steps() == 0) cfg.set_max_open_steps(64);
+  if (cfg.max_batch() == 0) cfg.set_max_batch(1024);
+  if (cfg.max_q_len() == 0) cfg.set_max_q_len(65536);
+  if (cfg.cache_mb() == 0) cfg.set_cache_mb(2048);
+  if (cfg.listen().empty()) cfg.set_listen("0.0.0.0:50061");
+  if (cfg.device().empty()) cfg.set_device("auto");
+  if (cfg.max_seq_len() == 0) cfg.set_max_seq_len(1 << 20);
+  if (cfg.next_n() > 4) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("next_n: expected 1..4, got ", cfg.next_n()));
+  }
+  if (cfg.max_seq_len() > (1u << 30)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "max_seq_len: expected <= 1073741824, got ", cfg.max_seq_len()));
+  }
+  if (cfg.groups_size() == 0) {
+    return absl::InvalidArgumentError("groups: expected at least one layer group");
+  }
+
+  Model m;
+  std::vector<int32_t> owner;
+  int64_t total_layer_bytes_per_page_set = 0;  // sum over layers of page_bytes
+  for (int gi = 0; gi < cfg.groups_size(); ++gi) {
+    const config::LayerGroup& g = cfg.groups(gi);
+    const std::string f = absl::StrCat("groups[", gi, "]");
+    GroupSpec s;
+    s.name = g.name().empty() ? absl::StrCat("group", gi) : g.name();
+    ASSIGN_OR_RETURN(KvFormat fmt, ParseFormat(f + ".kv_format", g.kv_format()));
+    const auto& t = g.tiling();
+    auto layout = PageLayout::Make(fmt, static_cast<int32_t>(g.head_dim()),
+                                   static_cast<int32_t>(g.page_entries()),
+                                   static_cast<int32_t>(t.n_per_tile()),
+                                   static_cast<int32_t>(t.d_per_tile()),
+                                   t.scale_lanes() == 0 ? 1 : static_cast<int32_t>(t.scale_lanes()));
+    if (!layout.ok()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(f, ": ", layout.status().message()));
+    }
+    s.layout = *layout;
+    s.layout_name = s.layout.tiled()
+                        ? absl::StrCat("tiled(", t.n_per_tile(), ",", t.d_per_tile(),
+                                       ",", s.layout.scale_lanes, ")")
+                        : "linear";
+    s.compress_ratio = g.compress_ratio() == 0 ? 1 : static_cast<int32_t>(g.compress_ratio());
+    s.ue8m0 = g.has_ue8m0() ? g.ue8m0() : true;
+    s.num_heads = static_cast<int32_t>(g.num_heads());
+    s.topk = static_cast<int32_t>(g.topk());
+    s.role = g.role();
+    if (s.num_heads < 1 || s.num_heads > 256) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(f, ".num_heads: expected 1..256, got ", g.num_heads()));
+    }
+    if (s.topk < 1 || s.topk > 65536) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(f, ".topk: expected 1..65536, got ", g.topk()));
+    }
+    if (s.compress_ratio > 1024) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          f, ".compress_ratio: expected 1..1024, got ", s.compress_ratio));
+    }
+    if (s.role != config::DENSE) {
+      return absl::UnimplementedError(absl::StrCat(
+          f, ".role: ", config::LayerRole_Name(s.role),
+          " layers are not served by this version; expected DENSE"));
+    }
+    for (const auto& r : g.layers()) {
+      if (r.end() <= r.begin() || r.end() > 4096) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            f, ".layers: expected a range begin < end <= 4096, got [", r.begin(),
+            ", ", r.end(), ")"));
+      }
+      for (uint32_t l = r.begin(); l < r.end(); ++l) {
+        if (owner.size() <= l) owner.resize(l + 1, -1);
+        if (owner[l] != -1) {
+          return absl::InvalidArgumentError(absl::StrCat(
+              f, ".layers: layer ", l, " is already in groups[", owner[l], "]"));
+        }
+        owner[l] = gi;
+        s.layers.push_back(static_cast<int32_t>(l));
+      }
+    }
+    if (s.layers.empty()) {
+      return absl::InvalidArgumentError(absl::StrCat(f, ".layers: expected at least one layer"));
+    }
+    std::sort(s.layers.begin(), s.layers.end());
+    s.pages = static_cast<int64_t>(g.pages());
+    if (s.pages == 0) {
+      total_layer_bytes_per_page_set +=
+          static_cast<int64_t>(s.layers.size()) * s.layout.page_bytes();
+    }
+    m.groups.push_back(std::move(s));
+  }
+  for (size_t l = 0; l < owner.size(); ++l) {
+    if (owner[l] == -1) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "groups: layer ", l, " is in no group; expected layer ids 0..",
+          owner.size() - 1, " each in exactly one group"));
+    }
+  }
+  m.layer_group = owner;
+
+  // Pools of groups without an explicit size share what the explicit ones
+  // leave of cache_mb, with the same page count for every such layer.
+  int64_t budget = static_cast<int64_t>(cfg.cache_mb()) << 20;
+  for (const GroupSpec& s : m.groups) {
+    if (s.pages > 0) budget -= s.pages * s.layout.page_bytes() * static_cast<int64_t>(s.layers.size());
+  }
+  for (GroupSpec& s : m.groups) {
+    if (s.pages > 0) continue;
+    s.pages = total_layer_bytes_per_page_set > 0 ? budget / total_layer_bytes_per_page_set : 0;
+    if (s.pages < 1) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "cache_mb: ", cfg.cache_mb(), " MiB leaves no page for group '", s.name,
+          "'; expected a larger cache"));
+    }
+  }
+  for (const GroupSpec& s : m.groups) {
+    if (s.pages > (int64_t{1} << 31) - 1) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "group '", s.name, "': ", s.pages, " pages; expected < 2^31"));
+    }
+  }
+  m.config = std::move(cfg);
+  return m;
+}
+
+}  // namespace indexer

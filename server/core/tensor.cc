@@ -1,0 +1,114 @@
+#include "server/core/tensor.h"
+
+#include <cmath>
+#include <cstring>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "kernels/format/numeric.h"
+
+namespace indexer {
+
+const char* DTypeName(DType d) {
+  switch (d) {
+    case DType::kFp32: return "FP32";
+    case DType::kBf16: return "BF16";
+    case DType::kFp16: return "FP16";
+    case DType::kInt32: return "INT32";
+    case DType::kUint8: return "UINT8";
+    case DType::kFp8E4m3: return "FP8_E4M3";
+    default: return "UNSPECIFIED";
+  }
+}
+
+int DTypeSize(DType d) {
+  switch (d) {
+    case DType::kFp32:
+    case DType::kInt32: return 4;
+    case DType::kBf16:
+    case DType::kFp16: return 2;
+    case DType::kUint8:
+    case DType::kFp8E4m3: return 1;
+    default: return 0;
+  }
+}
+
+int64_t TensorView::NumElements() const {
+  int64_t n = 1;
+  for (int64_t d : shape) n *= d;
+  return n;
+}
+
+std::string TensorView::ShapeString() const {
+  return absl::StrCat("[", absl::StrJoin(shape, ", "), "]");
+}
+
+absl::Status ExpectTensor(absl::string_view field, const TensorView& t,
+                          DType dtype, std::initializer_list<int64_t> shape) {
+  const int64_t want_bytes = [&] {
+    int64_t n = DTypeSize(dtype);
+    for (int64_t d : shape) n *= d;
+    return n;
+  }();
+  auto describe = [](absl::Span<const int64_t> s, DType d, int64_t bytes) {
+    return absl::StrCat("[", absl::StrJoin(s, ", "), "] ", DTypeName(d), " (",
+                        bytes, " bytes)");
+  };
+  const std::string want =
+      describe(absl::MakeConstSpan(shape.begin(), shape.size()), dtype, want_bytes);
+  if (!t.present) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(field, ": expected ", want, ", got nothing"));
+  }
+  for (int64_t d : t.shape) {
+    if (d < 0) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          field, ": expected ", want, ", got negative dimension in ",
+          t.ShapeString()));
+    }
+  }
+  const bool same_shape =
+      t.shape.size() == shape.size() &&
+      std::equal(t.shape.begin(), t.shape.end(), shape.begin());
+  if (t.dtype != dtype || !same_shape ||
+      static_cast<int64_t>(t.data.size()) != want_bytes) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        field, ": expected ", want, ", got ",
+        describe(t.shape, t.dtype, static_cast<int64_t>(t.data.size()))));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CheckTensorFinite(absl::string_view field, const TensorView& t) {
+  const char* p = t.data.data();
+  const int64_t n = static_cast<int64_t>(t.data.size()) / std::max(1, DTypeSize(t.dtype));
+  for (int64_t i = 0; i < n; ++i) {
+    bool bad = false;
+    switch (t.dtype) {
+      case DType::kFp32: {
+        float f;
+        memcpy(&f, p + 4 * i, 4);
+        bad = !std::isfinite(f);
+        break;
+      }
+      case DType::kBf16: {
+        uint16_t h;
+        memcpy(&h, p + 2 * i, 2);
+        bad = (h & 0x7f80) == 0x7f80;
+        break;
+      }
+      case DType::kFp8E4m3:
+        bad = (static_cast<uint8_t>(p[i]) & 0x7f) == 0x7f;
+        break;
+      default:
+        return absl::OkStatus();
+    }
+    if (bad) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          field, ": element ", i, " is NaN or Inf; expected finite values"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace indexer

@@ -1,0 +1,118 @@
+// indexerd: serves the sparse-attention indexer of one model profile.
+//
+//   indexerd --profile demo [--device auto|cpu|gpu:N] [--listen ADDR]
+//            [--cache-mb N] [--threads N] [--config FILE]
+#include <csignal>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <pthread.h>
+
+#include "CLI/CLI.hpp"
+#include "kernels/backend.h"
+#include "server/core/engine.h"
+#include "server/core/model.h"
+#include "server/rpc/server.h"
+#include "spdlog/spdlog.h"
+
+#ifndef INDEXER_CONFIG_DIR
+#define INDEXER_CONFIG_DIR "deploy/configs"
+#endif
+
+namespace {
+
+std::string ResolveConfig(const std::string& config, const std::string& profile,
+                          const std::string& dir) {
+  if (!config.empty()) return config;
+  return (std::filesystem::path(dir) / (profile + ".textproto")).string();
+}
+
+int Run(int argc, char** argv) {
+  CLI::App app{"indexerd: sparse-attention indexer daemon (gRPC, indexer.v1)"};
+  std::string config, profile = "demo", listen, device, log_level = "info", port_file;
+  const char* env_dir = std::getenv("INDEXERD_CONFIG_DIR");
+  std::string config_dir = env_dir ? env_dir : INDEXER_CONFIG_DIR;
+  uint64_t cache_mb = 0;
+  int threads = -1;
+  int grace_ms = 10000;
+  app.add_option("--profile", profile, "Model profile: a file <name>.textproto in --config-dir")
+      ->capture_default_str();
+  app.add_option("--config", config, "Config file (text-format ServerConfig); overrides --profile");
+  app.add_option("--config-dir", config_dir, "Where profiles live (env INDEXERD_CONFIG_DIR)")
+      ->capture_default_str();
+  app.add_option("--listen", listen, "host:port to listen on (port 0 = any); default from config");
+  app.add_option("--device", device, "auto, cpu, gpu or gpu:N; default from config (auto)");
+  app.add_option("--cache-mb", cache_mb, "K cache size over all layers, MiB; default from config");
+  app.add_option("--threads", threads, "cpu backend threads (0 = all cores)");
+  app.add_option("--port-file", port_file, "Write the bound port to this file once serving");
+  app.add_option("--drain-ms", grace_ms, "Grace period for open steps on SIGTERM")
+      ->capture_default_str();
+  app.add_option("--log-level", log_level, "trace, debug, info, warn, error")
+      ->capture_default_str();
+  CLI11_PARSE(app, argc, argv);
+  spdlog::set_level(spdlog::level::from_str(log_level));
+  spdlog::set_pattern("%Y-%m-%dT%H:%M:%S.%e %^%l%$ %v");
+
+  // Signals are taken by sigwait below, so block them in every thread.
+  sigset_t sigs;
+  sigemptyset(&sigs);
+  sigaddset(&sigs, SIGINT);
+  sigaddset(&sigs, SIGTERM);
+  pthread_sigmask(SIG_BLOCK, &sigs, nullptr);
+
+  const std::string path = ResolveConfig(config, profile, config_dir);
+  auto cfg = indexer::LoadConfigFile(path);
+  if (!cfg.ok()) {
+    spdlog::error("{}", cfg.status().ToString());
+    return 2;
+  }
+  if (!listen.empty()) cfg->set_listen(listen);
+  if (!device.empty()) cfg->set_device(device);
+  if (cache_mb) cfg->set_cache_mb(cache_mb);
+  if (threads >= 0) cfg->set_threads(static_cast<uint32_t>(threads));
+  auto model = indexer::BuildModel(*std::move(cfg));
+  if (!model.ok()) {
+    spdlog::error("config {}: {}", path, model.status().ToString());
+    return 2;
+  }
+  auto backend = indexer::MakeBackend(model->config.device(),
+                                      static_cast<int>(model->config.threads()));
+  if (!backend.ok()) {
+    spdlog::error("{}", backend.status().ToString());
+    return 2;
+  }
+  const std::string device_desc = (*backend)->Describe();
+  const std::string listen_addr = model->config.listen();
+  const std::string profile_name = model->config.profile();
+  auto engine = indexer::Engine::Create(*std::move(model), *std::move(backend));
+  if (!engine.ok()) {
+    spdlog::error("{}", engine.status().ToString());
+    return 2;
+  }
+  for (const auto& g : (*engine)->model().groups) {
+    spdlog::info("group {}: {} layers, {} D={} E={} r={} {}, {} pages/layer ({:.1f} MiB)",
+                 g.name, g.layers.size(), indexer::KvFormatName(g.layout.format),
+                 g.layout.head_dim, g.layout.page_entries, g.compress_ratio, g.layout_name,
+                 g.pages, g.pages * g.layout.page_bytes() * g.layers.size() / 1048576.0);
+  }
+  auto server = indexer::StartServer(*std::move(engine), listen_addr);
+  if (!server.ok()) {
+    spdlog::error("{}", server.status().ToString());
+    return 2;
+  }
+  const int port = (*server)->port();
+  spdlog::info("indexerd serving profile '{}' on {} (port {}) with device {}", profile_name,
+               listen_addr, port, device_desc);
+  if (!port_file.empty()) std::ofstream(port_file) << port << "\n";
+
+  int sig = 0;
+  sigwait(&sigs, &sig);
+  spdlog::info("signal {}: draining (up to {} ms)", sig, grace_ms);
+  (*server)->Shutdown(grace_ms);
+  spdlog::info("stopped");
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) { return Run(argc, argv); }

@@ -1,0 +1,49 @@
+#include "server/rpc/server.h"
+
+#include <chrono>
+
+#include "absl/strings/str_cat.h"
+#include "grpcpp/grpcpp.h"
+#include "grpcpp/health_check_service_interface.h"
+#include "server/rpc/service.h"
+#include "spdlog/spdlog.h"
+
+namespace indexer {
+
+RunningServer::~RunningServer() { Shutdown(0); }
+
+void RunningServer::Shutdown(int grace_ms) {
+  if (shut_down_ || !server_) return;
+  shut_down_ = true;
+  if (auto* health = server_->GetHealthCheckService()) health->SetServingStatus(false);
+  server_->Shutdown(std::chrono::system_clock::now() + std::chrono::milliseconds(grace_ms));
+  server_->Wait();
+}
+
+void RunningServer::Wait() {
+  if (server_) server_->Wait();
+}
+
+absl::StatusOr<std::unique_ptr<RunningServer>> StartServer(
+    std::unique_ptr<Engine> engine, const std::string& listen) {
+  std::unique_ptr<RunningServer> rs(new RunningServer());
+  rs->engine_ = std::move(engine);
+  rs->service_ = std::make_unique<IndexerService>(rs->engine_.get());
+  grpc::EnableDefaultHealthCheckService(true);
+  grpc::ServerBuilder builder;
+  builder.AddListeningPort(listen, grpc::InsecureServerCredentials(), &rs->port_);
+  const int max_bytes =
+      static_cast<int>(std::min<uint64_t>(rs->engine_->model().config.max_message_mb() << 20,
+                                          (1u << 31) - 1));
+  builder.SetMaxReceiveMessageSize(max_bytes);
+  builder.SetMaxSendMessageSize(max_bytes);
+  builder.RegisterService(rs->service_.get());
+  rs->server_ = builder.BuildAndStart();
+  if (!rs->server_ || rs->port_ == 0) {
+    return absl::UnavailableError(absl::StrCat("listen: cannot bind ", listen));
+  }
+  rs->server_->GetHealthCheckService()->SetServingStatus(true);
+  return rs;
+}
+
+}  // namespace indexer

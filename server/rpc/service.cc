@@ -1,0 +1,289 @@
+#include "server/rpc/service.h"
+
+#include <chrono>
+#include <memory>
+
+#include "absl/strings/str_cat.h"
+#include "kernels/common/status_macros.h"
+#include "server/rpc/grpc_status.h"
+#include "spdlog/spdlog.h"
+
+#ifndef INDEXER_VERSION
+#define INDEXER_VERSION "0.0.0"
+#endif
+#ifndef INDEXER_BUILD
+#define INDEXER_BUILD "unknown"
+#endif
+
+namespace indexer {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double MicrosBetween(Clock::time_point a, Clock::time_point b) {
+  return std::chrono::duration<double, std::micro>(b - a).count();
+}
+
+TensorView View(bool present, const v1::Tensor& t) {
+  TensorView v;
+  v.present = present;
+  v.dtype = static_cast<DType>(t.dtype());
+  v.shape.assign(t.shape().begin(), t.shape().end());
+  v.data = t.data();
+  return v;
+}
+
+absl::StatusOr<SeqName> ToSeqName(const std::string& field, const v1::SequenceId& id) {
+  switch (id.id_case()) {
+    case v1::SequenceId::kNum:
+      return SeqName::Numeric(id.num());
+    case v1::SequenceId::kName:
+      if (id.name().empty() || id.name().size() > 256) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            field, ".name: expected 1..256 bytes, got ", id.name().size()));
+      }
+      return SeqName::Named(id.name());
+    default:
+      return absl::InvalidArgumentError(
+          absl::StrCat(field, ": expected num or name to be set"));
+  }
+}
+
+grpc::ServerUnaryReactor* Respond(grpc::CallbackServerContext* ctx,
+                                  const absl::Status& s) {
+  auto* reactor = ctx->DefaultReactor();
+  reactor->Finish(ToGrpcStatus(s));
+  return reactor;
+}
+
+const char* RoleName(config::LayerRole r) {
+  switch (r) {
+    case config::DENSE: return "dense";
+    case config::CANDIDATE_SOURCE: return "candidate_source";
+    case config::CANDIDATE_CONSUMER: return "candidate_consumer";
+    case config::BLOCK: return "block";
+    default: return "unknown";
+  }
+}
+
+// One Step stream: header, layers, commit. Messages are handled one at a
+// time (read, work, write, read ...); the open Step rolls back in OnDone
+// unless it committed, which covers errors, cancellation and lost clients.
+class StepReactor final
+    : public grpc::ServerBidiReactor<v1::StepRequest, v1::StepResponse> {
+ public:
+  StepReactor(Engine* engine, grpc::CallbackServerContext* ctx)
+      : engine_(engine), ctx_(ctx) {
+    StartRead(&req_);
+  }
+
+  void OnReadDone(bool ok) override {
+    if (!ok) {
+      // Half-close or cancellation before commit.
+      if (step_) spdlog::info("[{}] closed before commit: rolled back", step_->id());
+      Finish(grpc::Status(grpc::StatusCode::ABORTED,
+                          "step: stream closed before commit; rolled back"));
+      return;
+    }
+    received_ = Clock::now();
+    absl::Status s = Handle();
+    if (!s.ok()) {
+      spdlog::warn("[{}] {}: {}", step_ ? step_->id() : std::string("step"),
+                   absl::StatusCodeToString(s.code()), std::string(s.message()));
+      Finish(ToGrpcStatus(s));
+    }
+  }
+
+  void OnWriteDone(bool ok) override {
+    if (!ok) {
+      Finish(grpc::Status(grpc::StatusCode::CANCELLED, "step: reply not delivered"));
+      return;
+    }
+    if (committed_) {
+      Finish(grpc::Status::OK);
+      return;
+    }
+    StartRead(&req_);
+  }
+
+  void OnDone() override {
+    step_.reset();  // aborts unless committed
+    delete this;
+  }
+
+ private:
+  absl::Status Handle() {
+    switch (req_.kind_case()) {
+      case v1::StepRequest::kHeader:
+        RETURN_IF_ERROR(Begin(req_.header()));
+        StartRead(&req_);
+        return absl::OkStatus();
+      case v1::StepRequest::kLayer:
+        return Layer(req_.layer());
+      case v1::StepRequest::kCommit:
+        return Commit();
+      default:
+        return absl::InvalidArgumentError(
+            "request: expected one of header, layer, commit to be set");
+    }
+  }
+
+  absl::Status Begin(const v1::StepHeader& h) {
+    if (step_) {
+      return absl::FailedPreconditionError("header: already received; expected layer or commit");
+    }
+    StepSpec spec;
+    spec.request_id = h.request_id();
+    for (int i = 0; i < h.sequences_size(); ++i) {
+      const v1::StepSequence& s = h.sequences(i);
+      ASSIGN_OR_RETURN(SeqName name,
+                       ToSeqName(absl::StrCat("header.sequences[", i, "].id"), s.id()));
+      spec.seqs.push_back({std::move(name), static_cast<int64_t>(s.q_len()), s.create()});
+    }
+    ASSIGN_OR_RETURN(step_, engine_->BeginStep(spec));
+    spdlog::debug("[{}] begin: {} sequences, {} rows, peer {}", step_->id(),
+                  spec.seqs.size(), step_->num_rows(), ctx_->peer());
+    return absl::OkStatus();
+  }
+
+  absl::Status Layer(const v1::LayerRequest& r) {
+    if (!step_) return absl::FailedPreconditionError("layer: expected the header first");
+    LayerInput in;
+    in.layer = static_cast<int32_t>(r.layer());
+    in.k = View(r.has_k(), r.k());
+    in.q = View(r.has_q(), r.q());
+    in.q_scale = View(r.has_q_scale(), r.q_scale());
+    in.weights = View(r.has_weights(), r.weights());
+    const Clock::time_point start = Clock::now();
+    auto out = step_->RunLayer(in);
+    if (!out.ok()) {
+      return absl::Status(out.status().code(),
+                          absl::StrCat("layer ", r.layer(), ": ", out.status().message()));
+    }
+    resp_.Clear();
+    v1::LayerReply* reply = resp_.mutable_layer();
+    reply->set_layer(r.layer());
+    v1::Tensor* t = reply->mutable_topk();
+    t->set_dtype(v1::INT32);
+    t->add_shape(out->rows);
+    t->add_shape(out->topk);
+    t->set_data(reinterpret_cast<const char*>(out->indices.data()),
+                out->indices.size() * sizeof(int32_t));
+    v1::LayerTimings* tm = reply->mutable_timings();
+    tm->set_queue_us(MicrosBetween(received_, start));
+    tm->set_validate_us(out->validate_us);
+    tm->set_write_us(out->timings.write_us);
+    tm->set_logits_us(out->timings.logits_us);
+    tm->set_topk_us(out->timings.topk_us);
+    tm->set_total_us(MicrosBetween(received_, Clock::now()));
+    StartWrite(&resp_);
+    return absl::OkStatus();
+  }
+
+  absl::Status Commit() {
+    if (!step_) return absl::FailedPreconditionError("commit: expected the header first");
+    ASSIGN_OR_RETURN(std::vector<int64_t> lens, step_->Commit());
+    resp_.Clear();
+    for (int64_t l : lens) resp_.mutable_committed()->add_seq_lens(static_cast<uint64_t>(l));
+    spdlog::debug("[{}] committed", step_->id());
+    committed_ = true;
+    StartWrite(&resp_);
+    return absl::OkStatus();
+  }
+
+  Engine* engine_;
+  grpc::CallbackServerContext* ctx_;
+  v1::StepRequest req_;
+  v1::StepResponse resp_;
+  std::unique_ptr<indexer::Step> step_;
+  Clock::time_point received_;
+  bool committed_ = false;
+};
+
+}  // namespace
+
+grpc::ServerUnaryReactor* IndexerService::GetServerInfo(
+    grpc::CallbackServerContext* ctx, const v1::GetServerInfoRequest*,
+    v1::ServerInfo* resp) {
+  const Model& m = engine_->model();
+  resp->set_version(INDEXER_VERSION);
+  resp->set_build(INDEXER_BUILD);
+  resp->set_device(engine_->backend().Describe());
+  resp->set_profile(m.config.profile());
+  resp->set_next_n(m.config.next_n());
+  for (const char* f : {"dense", "fp8", "mxfp4", "linear", "tiled", "fp32_q", "bf16_q",
+                        "prequantized_k", "import", "release", "health"}) {
+    resp->add_features(f);
+  }
+  const std::vector<GroupUsage> usage = engine_->Usage();
+  for (size_t g = 0; g < m.groups.size(); ++g) {
+    const GroupSpec& gs = m.groups[g];
+    v1::LayerGroupInfo* gi = resp->add_groups();
+    gi->set_name(gs.name);
+    gi->set_kv_format(KvFormatName(gs.layout.format));
+    gi->set_head_dim(gs.layout.head_dim);
+    gi->set_page_entries(gs.layout.page_entries);
+    gi->set_compress_ratio(gs.compress_ratio);
+    gi->set_ue8m0(gs.ue8m0);
+    gi->set_layout(gs.layout_name);
+    gi->set_entry_bytes(gs.layout.entry_bytes());
+    gi->set_total_pages(usage[g].total_pages);
+    gi->set_free_pages(usage[g].free_pages);
+    for (int32_t l : gs.layers) gi->add_layers(l);
+  }
+  for (int32_t l = 0; l < m.num_layers(); ++l) {
+    const GroupSpec& gs = m.groups[m.layer_group[l]];
+    v1::LayerInfo* li = resp->add_layers();
+    li->set_layer(l);
+    li->set_group(gs.name);
+    li->set_role(RoleName(gs.role));
+    li->set_num_heads(gs.num_heads);
+    li->set_topk(gs.topk);
+  }
+  resp->set_max_message_bytes(m.config.max_message_mb() << 20);
+  resp->set_logits_budget_bytes(m.logits_budget_bytes());
+  resp->set_open_steps(engine_->open_steps());
+  resp->set_sequences(engine_->num_sequences());
+  return Respond(ctx, absl::OkStatus());
+}
+
+grpc::ServerUnaryReactor* IndexerService::Release(grpc::CallbackServerContext* ctx,
+                                                  const v1::ReleaseRequest* req,
+                                                  v1::ReleaseResponse* resp) {
+  std::vector<SeqName> names;
+  for (int i = 0; i < req->ids_size(); ++i) {
+    auto name = ToSeqName(absl::StrCat("ids[", i, "]"), req->ids(i));
+    if (!name.ok()) return Respond(ctx, name.status());
+    names.push_back(*std::move(name));
+  }
+  auto freed = engine_->Release(names);
+  if (freed.ok()) resp->set_released_pages(*freed);
+  return Respond(ctx, freed.status());
+}
+
+grpc::ServerUnaryReactor* IndexerService::WriteEntries(
+    grpc::CallbackServerContext* ctx, const v1::WriteEntriesRequest* req,
+    v1::WriteEntriesResponse* resp) {
+  auto name = ToSeqName("id", req->id());
+  if (!name.ok()) return Respond(ctx, name.status());
+  std::vector<std::pair<int32_t, TensorView>> layers;
+  for (const v1::LayerEntries& le : req->layers()) {
+    layers.emplace_back(static_cast<int32_t>(le.layer()), View(le.has_k(), le.k()));
+  }
+  if (req->num_tokens() < 1 || req->num_tokens() > engine_->model().config.max_q_len()) {
+    return Respond(ctx, absl::InvalidArgumentError(absl::StrCat(
+                            "num_tokens: expected 1..", engine_->model().config.max_q_len(),
+                            ", got ", req->num_tokens())));
+  }
+  auto len = engine_->Import(*name, req->create(), static_cast<int64_t>(req->num_tokens()),
+                             layers);
+  if (len.ok()) resp->set_seq_len(*len);
+  return Respond(ctx, len.status());
+}
+
+grpc::ServerBidiReactor<v1::StepRequest, v1::StepResponse>* IndexerService::Step(
+    grpc::CallbackServerContext* ctx) {
+  return new StepReactor(engine_, ctx);
+}
+
+}  // namespace indexer

@@ -1,0 +1,407 @@
+// The core on the cpu backend, without gRPC: steps, atomic commit and
+// rollback, every bad-input case of the step and the allocator invariant
+// under seeded random operation sequences.
+#include "server/core/engine.h"
+
+#include <functional>
+#include <map>
+#include <set>
+#include <random>
+
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "kernels/cpu/cpu_backend.h"
+#include "tests/integration/test_config.h"
+
+namespace indexer::testing {
+namespace {
+
+using ::testing::HasSubstr;
+
+TensorView View(DType dtype, std::vector<int64_t> shape, const void* data, size_t bytes) {
+  TensorView v;
+  v.present = true;
+  v.dtype = dtype;
+  v.shape = std::move(shape);
+  v.data = absl::string_view(static_cast<const char*>(data), bytes);
+  return v;
+}
+
+class EngineTest : public ::testing::Test {
+ protected:
+  void Init(const config::ServerConfig& cfg) {
+    auto model = BuildModel(cfg);
+    ASSERT_TRUE(model.ok()) << model.status();
+    layers_ = TestLayers(*model);
+    auto engine = Engine::Create(*std::move(model), std::make_unique<CpuBackend>(2));
+    ASSERT_TRUE(engine.ok()) << engine.status();
+    engine_ = *std::move(engine);
+    shadow_ = std::make_unique<Shadow>(layers_, 1234);
+  }
+  void SetUp() override { Init(MakeConfig({{.format = "fp8"}, {.format = "mxfp4", .compress_ratio = 4, .tiled = true}})); }
+
+  StepSpec Spec(const std::vector<SeqStep>& seqs) {
+    StepSpec spec;
+    for (const auto& [s, q] : seqs) {
+      spec.seqs.push_back({SeqName::Named(s), q, shadow_->len(s) == 0 && !known_.count(s)});
+    }
+    return spec;
+  }
+
+  // Float K and Q for even layers, pre-quantized / native for odd ones.
+  LayerInput Input(size_t li, const LayerData& d) {
+    const TestLayer& t = layers_[li];
+    const PageLayout& L = t.layout;
+    const int64_t D = L.head_dim, H = t.num_heads;
+    LayerInput in;
+    in.layer = t.layer;
+    if (li % 2 == 0) {
+      in.k = View(DType::kFp32, {d.n_new, D}, d.k_float.data(), d.k_float.size() * 4);
+      in.q = View(DType::kFp32, {d.rows, H, D}, d.q_float.data(), d.q_float.size() * 4);
+      in.weights = View(DType::kFp32, {d.rows, H}, d.weights.data(), d.weights.size() * 4);
+    } else {
+      in.k = View(DType::kUint8, {d.n_new, L.entry_bytes()}, d.k_quant.data(), d.k_quant.size());
+      if (L.format == KvFormat::kFp8) {
+        in.q = View(DType::kFp8E4m3, {d.rows, H, D}, d.q_codes.data(), d.q_codes.size());
+      } else {
+        in.q = View(DType::kUint8, {d.rows, H, D / 2}, d.q_codes.data(), d.q_codes.size());
+        in.q_scale = View(DType::kUint8, {d.rows, H, D / 32}, d.q_scales.data(), d.q_scales.size());
+      }
+      in.weights = View(DType::kFp32, {d.rows, H}, d.w_folded.data(), d.w_folded.size() * 4);
+    }
+    return in;
+  }
+
+  // Runs a full step through every layer, checking each top-k, and commits.
+  void RunStep(const std::vector<SeqStep>& seqs) {
+    auto step = engine_->BeginStep(Spec(seqs));
+    ASSERT_TRUE(step.ok()) << step.status();
+    std::vector<LayerData> data = shadow_->Make(seqs);
+    for (size_t li = 0; li < layers_.size(); ++li) {
+      auto out = (*step)->RunLayer(Input(li, data[li]));
+      ASSERT_TRUE(out.ok()) << out.status();
+      ASSERT_EQ(out->rows, data[li].rows);
+      shadow_->Check(li, seqs, data[li], out->indices.data());
+    }
+    auto lens = (*step)->Commit();
+    ASSERT_TRUE(lens.ok()) << lens.status();
+    shadow_->Commit(seqs, data);
+    for (size_t i = 0; i < seqs.size(); ++i) {
+      EXPECT_EQ((*lens)[i], shadow_->len(seqs[i].first));
+      known_.insert(seqs[i].first);
+    }
+    ASSERT_TRUE(engine_->CheckInvariants().ok()) << engine_->CheckInvariants();
+  }
+
+  // Everything a failed call must leave alone: lengths, block tables, the
+  // committed entries of every layer, free pages.
+  std::string Digest() {
+    std::string out;
+    for (const GroupUsage& u : engine_->Usage()) out += std::to_string(u.free_pages) + ";";
+    for (const std::string& s : known_) {
+      auto len = engine_->SequenceLength(SeqName::Named(s));
+      out += s + ":" + (len.ok() ? std::to_string(*len) : "gone") + ";";
+      if (!len.ok()) continue;
+      for (const TestLayer& t : layers_) {
+        const int32_t g = engine_->model().layer_group[t.layer];
+        auto pages = engine_->SequencePages(SeqName::Named(s), g);
+        const int64_t n = *len / t.compress_ratio;
+        std::vector<uint8_t> buf(t.layout.entry_bytes());
+        for (int64_t e = 0; e < n; ++e) {
+          const int32_t page = (*pages)[e / t.layout.page_entries];
+          EXPECT_TRUE(engine_->backend()
+                          .ReadEntries(t.layout, engine_->pool(t.layer), page,
+                                       e % t.layout.page_entries, 1, buf.data())
+                          .ok());
+          out.append(buf.begin(), buf.end());
+        }
+      }
+    }
+    return out;
+  }
+
+  // Expects `s` to fail with `code`, its message naming `field`, and the
+  // cache exactly as `before`.
+  void ExpectRejected(const absl::Status& s, absl::StatusCode code, const std::string& field,
+                      const std::string& before) {
+    EXPECT_EQ(s.code(), code) << s;
+    EXPECT_THAT(std::string(s.message()), HasSubstr(field));
+    EXPECT_EQ(Digest(), before) << "cache changed by a failed call: " << s;
+    EXPECT_TRUE(engine_->CheckInvariants().ok()) << engine_->CheckInvariants();
+    EXPECT_EQ(engine_->open_steps(), 0);
+  }
+
+  std::vector<TestLayer> layers_;
+  std::unique_ptr<Engine> engine_;
+  std::unique_ptr<Shadow> shadow_;
+  std::set<std::string> known_;
+};
+
+TEST_F(EngineTest, PrefillThenDecodeMatchesReference) {
+  RunStep({{"a", 37}, {"b", 5}});
+  RunStep({{"a", 1}, {"b", 1}});
+  RunStep({{"b", 2}, {"a", 1}, {"c", 9}});  // mixed: decode, prefill chunk, new
+}
+
+// A layer's failure after other layers wrote their entries leaves nothing.
+TEST_F(EngineTest, FailedLayerMidStepRollsBack) {
+  RunStep({{"a", 20}});
+  const std::string before = Digest();
+  auto step = engine_->BeginStep(Spec({{"a", 30}}));
+  ASSERT_TRUE(step.ok());
+  std::vector<LayerData> data = shadow_->Make({{"a", 30}});
+  ASSERT_TRUE((*step)->RunLayer(Input(0, data[0])).ok());
+  LayerInput bad = Input(1, data[1]);
+  bad.weights.shape = {1};
+  auto out = (*step)->RunLayer(bad);
+  EXPECT_EQ(out.status().code(), absl::StatusCode::kInvalidArgument);
+  step->reset();
+  ExpectRejected(out.status(), absl::StatusCode::kInvalidArgument, "weights", before);
+}
+
+struct BadCase {
+  std::string name;
+  absl::StatusCode code;
+  std::string field;
+};
+
+TEST_F(EngineTest, BadLayerInputs) {
+  RunStep({{"a", 40}, {"b", 3}});
+  const std::string before = Digest();
+  const std::vector<SeqStep> seqs = {{"a", 2}, {"b", 1}};
+  std::vector<LayerData> data = shadow_->Make(seqs);
+  std::vector<std::pair<BadCase, std::function<void(LayerInput&)>>> cases = {
+      {{"wrong q dtype", absl::StatusCode::kInvalidArgument, "q: expected"},
+       [](LayerInput& in) { in.q.dtype = DType::kInt32; }},
+      {{"q shape", absl::StatusCode::kInvalidArgument, "q: expected"},
+       [](LayerInput& in) { in.q.shape[2] -= 1; }},
+      {{"q bytes", absl::StatusCode::kInvalidArgument, "bytes"},
+       [](LayerInput& in) { in.q.data.remove_suffix(4); }},
+      {{"k rows", absl::StatusCode::kInvalidArgument, "k: expected"},
+       [](LayerInput& in) { in.k.shape[0] += 1; }},
+      {{"k dtype", absl::StatusCode::kInvalidArgument, "k: expected"},
+       [](LayerInput& in) { in.k.dtype = DType::kFp16; }},
+      {{"weights missing", absl::StatusCode::kInvalidArgument, "weights: expected"},
+       [](LayerInput& in) { in.weights.present = false; }},
+      {{"unknown layer", absl::StatusCode::kNotFound, "layer"},
+       [](LayerInput& in) { in.layer = 99; }},
+      {{"negative layer", absl::StatusCode::kNotFound, "layer"},
+       [](LayerInput& in) { in.layer = -1; }},
+  };
+  for (auto& [c, mutate] : cases) {
+    SCOPED_TRACE(c.name);
+    auto step = engine_->BeginStep(Spec(seqs));
+    ASSERT_TRUE(step.ok()) << step.status();
+    LayerInput in = Input(0, data[0]);
+    mutate(in);
+    auto out = (*step)->RunLayer(in);
+    step->reset();
+    ExpectRejected(out.status(), c.code, c.field, before);
+  }
+}
+
+TEST_F(EngineTest, NonFiniteInputsRejected) {
+  RunStep({{"a", 10}});
+  const std::string before = Digest();
+  std::vector<LayerData> data = shadow_->Make({{"a", 8}});
+  for (int which = 0; which < 3; ++which) {
+    auto step = engine_->BeginStep(Spec({{"a", 8}}));
+    ASSERT_TRUE(step.ok());
+    std::vector<LayerData> d = data;
+    const char* field = which == 0 ? "k" : which == 1 ? "q" : "weights";
+    (which == 0 ? d[0].k_float : which == 1 ? d[0].q_float : d[0].weights)[3] = NAN;
+    auto out = (*step)->RunLayer(Input(0, d[0]));
+    step->reset();
+    ExpectRejected(out.status(), absl::StatusCode::kInvalidArgument,
+                   std::string(field) + ": element 3 is NaN", before);
+  }
+  // A pre-quantized FP8 entry with an e4m3 NaN code.
+  auto step = engine_->BeginStep(Spec({{"a", 8}}));
+  std::vector<LayerData> d = data;
+  d[1].k_quant[5] = 0x7f;
+  auto out = (*step)->RunLayer(Input(1, d[1]));
+  step->reset();
+  ExpectRejected(out.status(), absl::StatusCode::kInvalidArgument, "k: entry 0", before);
+}
+
+TEST_F(EngineTest, LayerSentTwice) {
+  RunStep({{"a", 10}});
+  const std::string before = Digest();
+  auto step = engine_->BeginStep(Spec({{"a", 1}}));
+  std::vector<LayerData> data = shadow_->Make({{"a", 1}});
+  ASSERT_TRUE((*step)->RunLayer(Input(0, data[0])).ok());
+  auto again = (*step)->RunLayer(Input(0, data[0]));
+  step->reset();
+  ExpectRejected(again.status(), absl::StatusCode::kFailedPrecondition, "layer 0 was already sent",
+                 before);
+}
+
+TEST_F(EngineTest, CommitNeedsEveryLayer) {
+  RunStep({{"a", 10}});
+  const std::string before = Digest();
+  auto step = engine_->BeginStep(Spec({{"a", 1}}));
+  std::vector<LayerData> data = shadow_->Make({{"a", 1}});
+  ASSERT_TRUE((*step)->RunLayer(Input(0, data[0])).ok());
+  auto lens = (*step)->Commit();
+  step->reset();
+  ExpectRejected(lens.status(), absl::StatusCode::kFailedPrecondition, "commit: 3 layers not sent",
+                 before);
+}
+
+TEST_F(EngineTest, BadHeaders) {
+  config::ServerConfig cfg = MakeConfig({{.format = "fp8"}, {.format = "mxfp4", .compress_ratio = 4}});
+  cfg.set_max_seq_len(12);
+  Init(cfg);
+  RunStep({{"a", 10}, {"b", 4}});
+  const std::string before = Digest();
+  const int64_t max_q = engine_->model().config.max_q_len();
+  struct HeaderCase {
+    BadCase c;
+    StepSpec spec;
+  };
+  auto named = [](const std::string& s, int64_t q, bool create = false) {
+    return StepSequenceSpec{SeqName::Named(s), q, create};
+  };
+  std::vector<HeaderCase> cases = {
+      {{"empty", absl::StatusCode::kInvalidArgument, "header.sequences: expected at least one"}, {}},
+      {{"q_len 0", absl::StatusCode::kInvalidArgument, "header.sequences[1].q_len: expected 1.."},
+       {{named("a", 1), named("b", 0)}}},
+      {{"q_len too big", absl::StatusCode::kInvalidArgument, "header.sequences[0].q_len"},
+       {{named("a", max_q + 1)}}},
+      {{"past max_seq_len", absl::StatusCode::kInvalidArgument, "max_seq_len"},
+       {{named("b", 1), named("a", 3)}}},
+      {{"unknown", absl::StatusCode::kNotFound, "header.sequences[1].id: unknown sequence \"zz\""},
+       {{named("a", 1), named("zz", 1)}}},
+      {{"create existing", absl::StatusCode::kAlreadyExists, "header.sequences[0].id"},
+       {{named("a", 1, true)}}},
+      {{"twice", absl::StatusCode::kInvalidArgument, "header.sequences[2].id: sequence \"a\" appears twice"},
+       {{named("a", 1), named("b", 1), named("a", 1)}}},
+  };
+  for (auto& [c, spec] : cases) {
+    SCOPED_TRACE(c.name);
+    auto step = engine_->BeginStep(spec);
+    ASSERT_FALSE(step.ok());
+    ExpectRejected(step.status(), c.code, c.field, before);
+  }
+}
+
+TEST_F(EngineTest, SequenceInTwoOpenSteps) {
+  RunStep({{"a", 10}, {"b", 4}});
+  const std::string before = Digest();
+  auto first = engine_->BeginStep(Spec({{"a", 1}}));
+  ASSERT_TRUE(first.ok());
+  auto second = engine_->BeginStep(Spec({{"b", 1}, {"a", 1}}));
+  ASSERT_FALSE(second.ok());
+  EXPECT_EQ(second.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(std::string(second.status().message()),
+              HasSubstr("header.sequences[1].id: sequence \"a\" is in another open step"));
+  // Release of a busy sequence is refused too.
+  auto rel = engine_->Release({SeqName::Named("a")});
+  EXPECT_EQ(rel.status().code(), absl::StatusCode::kFailedPrecondition);
+  first->reset();
+  ExpectRejected(second.status(), absl::StatusCode::kFailedPrecondition, "another open step", before);
+}
+
+TEST_F(EngineTest, PoolExhaustedAllocatesNothing) {
+  RunStep({{"a", 100}});
+  const std::string before = Digest();
+  // 64 pages of 16 entries per layer: 1024 entries in group 0.
+  auto step = engine_->BeginStep(Spec({{"a", 500}, {"new", 500}}));
+  ASSERT_FALSE(step.ok());
+  ExpectRejected(step.status(), absl::StatusCode::kResourceExhausted,
+                 "pages: layer group 'g0' needs", before);
+  EXPECT_FALSE(engine_->SequenceLength(SeqName::Named("new")).ok());
+}
+
+TEST_F(EngineTest, AbortedStepLeavesNothing) {
+  RunStep({{"a", 17}});
+  const std::string before = Digest();
+  {
+    auto step = engine_->BeginStep(Spec({{"a", 40}, {"fresh", 33}}));
+    ASSERT_TRUE(step.ok());
+    std::vector<LayerData> data = shadow_->Make({{"a", 40}, {"fresh", 33}});
+    for (size_t li = 0; li < layers_.size(); ++li) {
+      ASSERT_TRUE((*step)->RunLayer(Input(li, data[li])).ok());
+    }
+    // Dropped without Commit, as when a client goes away.
+  }
+  EXPECT_EQ(Digest(), before);
+  EXPECT_FALSE(engine_->SequenceLength(SeqName::Named("fresh")).ok());
+  EXPECT_TRUE(engine_->CheckInvariants().ok());
+  RunStep({{"a", 1}});  // the sequence is usable again
+}
+
+TEST_F(EngineTest, ReleaseReturnsAllPages) {
+  const std::vector<GroupUsage> empty = engine_->Usage();
+  RunStep({{"a", 70}, {"b", 3}});
+  auto unknown = engine_->Release({SeqName::Named("a"), SeqName::Named("nope")});
+  EXPECT_EQ(unknown.status().code(), absl::StatusCode::kNotFound);
+  EXPECT_THAT(std::string(unknown.status().message()), HasSubstr("ids[1]"));
+  auto freed = engine_->Release({SeqName::Named("a"), SeqName::Named("b")});
+  ASSERT_TRUE(freed.ok());
+  // g0: ceil(70/16) + ceil(3/16); g1 (r = 4): ceil(17/16) + 0.
+  // g0 (E = 16, r = 1): 5 + 1 pages; g1 (r = 4): 17 entries -> 2 pages + 0.
+  EXPECT_EQ(*freed, 8);
+  const std::vector<GroupUsage> after = engine_->Usage();
+  for (size_t g = 0; g < after.size(); ++g) EXPECT_EQ(after[g].free_pages, empty[g].free_pages);
+}
+
+// Seeded random sequences of steps (commit or abort), releases and steps
+// that cannot get pages; the invariant and the lengths hold after each.
+TEST_F(EngineTest, RandomOperationsKeepInvariant) {
+  Init(MakeConfig({{.format = "fp8", .page_entries = 3, .num_layers = 1, .heads = 2, .topk = 4,
+                    .pages = 40},
+                   {.format = "mxfp4", .page_entries = 5, .compress_ratio = 2, .num_layers = 1,
+                    .heads = 2, .topk = 4, .pages = 30}}));
+  std::mt19937 rng(7);
+  std::map<std::string, int64_t> lens;
+  for (int op = 0; op < 300; ++op) {
+    const int kind = rng() % 10;
+    if (kind < 2 && !lens.empty()) {  // release one
+      auto it = std::next(lens.begin(), rng() % lens.size());
+      ASSERT_TRUE(engine_->Release({SeqName::Named(it->first)}).ok());
+      lens.erase(it);
+      continue;
+    }
+    std::vector<StepSequenceSpec> seqs;
+    std::vector<std::string> names;
+    const int n = 1 + rng() % 3;
+    for (int i = 0; i < n; ++i) {
+      const std::string s = "s" + std::to_string(rng() % 8);
+      if (std::find(names.begin(), names.end(), s) != names.end()) continue;
+      names.push_back(s);
+      seqs.push_back({SeqName::Named(s), 1 + static_cast<int64_t>(rng() % (kind == 9 ? 200 : 20)),
+                      !lens.count(s)});
+    }
+    StepSpec spec;
+    spec.seqs = seqs;
+    auto step = engine_->BeginStep(spec);
+    if (!step.ok()) {
+      ASSERT_EQ(step.status().code(), absl::StatusCode::kResourceExhausted) << step.status();
+    } else if (rng() % 3 == 0) {
+      step->reset();  // rollback
+    } else {
+      // Write every layer (import-style) and commit.
+      for (const TestLayer& t : layers_) {
+        int64_t n_new = 0;
+        for (size_t i = 0; i < seqs.size(); ++i) {
+          const int64_t old = lens.count(names[i]) ? lens[names[i]] : 0;
+          n_new += (old + seqs[i].q_len) / t.compress_ratio - old / t.compress_ratio;
+        }
+        std::vector<float> k(n_new * t.layout.head_dim, 0.5f);
+        ASSERT_TRUE((*step)->WriteLayer(t.layer, View(DType::kFp32, {n_new, t.layout.head_dim},
+                                                      k.data(), k.size() * 4))
+                        .ok());
+      }
+      ASSERT_TRUE((*step)->Commit().ok());
+      for (size_t i = 0; i < seqs.size(); ++i) lens[names[i]] += seqs[i].q_len;
+    }
+    ASSERT_TRUE(engine_->CheckInvariants().ok()) << "op " << op << ": " << engine_->CheckInvariants();
+    for (const auto& [s, len] : lens) {
+      ASSERT_EQ(*engine_->SequenceLength(SeqName::Named(s)), len) << "op " << op;
+    }
+  }
+}
+
+}  // namespace
+}  // namespace indexer::testing

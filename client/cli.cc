@@ -10,6 +10,7 @@
 #include <cstdio>
 #include <random>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include <CLI/CLI.hpp>
@@ -44,7 +45,17 @@ absl::StatusOr<uint64_t> OwnedSequences::ReleaseAll() {
   if (ids_.empty()) return 0;
   std::vector<v1::SequenceId> ids;
   ids.swap(ids_);
-  return client_->Release(ids);
+  // A step that was just aborted may still hold the sequences for a moment
+  // on the daemon's side (FAILED_PRECONDITION): retry briefly.
+  absl::StatusOr<uint64_t> released = client_->Release(ids);
+  for (int delay_ms = 10; delay_ms <= 640 && !released.ok() &&
+                          released.status().code() ==
+                              absl::StatusCode::kFailedPrecondition;
+       delay_ms *= 2) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(delay_ms));
+    released = client_->Release(ids);
+  }
+  return released;
 }
 
 std::string RunTag() {

@@ -4,7 +4,10 @@
 #include <bit>
 #include <chrono>
 #include <climits>
+#include <condition_variable>
 #include <cstring>
+#include <mutex>
+#include <thread>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -41,10 +44,12 @@ std::string ShapeString(absl::Span<const int64_t> shape) {
 
 StepSession::StepSession(std::shared_ptr<grpc::Channel> channel,
                          std::unique_ptr<grpc::ClientContext> context,
-                         std::unique_ptr<Stream> stream)
+                         std::unique_ptr<Stream> stream,
+                         absl::Duration abort_grace)
     : channel_(std::move(channel)),
       context_(std::move(context)),
-      stream_(std::move(stream)) {}
+      stream_(std::move(stream)),
+      abort_grace_(abort_grace) {}
 
 StepSession::~StepSession() {
   if (!finished_) Abort();
@@ -62,7 +67,10 @@ absl::Status StepSession::FailStream(const char* what) {
   finished_ = true;
   // The daemon ended the stream (a failed Write or Read means it is closed):
   // drain it and take the daemon's status, which names the bad field.
-  stream_->WritesDone();
+  if (!writes_done_) {
+    writes_done_ = true;
+    stream_->WritesDone();
+  }
   v1::StepResponse ignored;
   while (stream_->Read(&ignored)) {
   }
@@ -88,7 +96,7 @@ absl::StatusOr<v1::LayerReply> StepSession::RunLayer(
     return FailStream(absl::StrCat("waiting for layer ", layer).c_str());
   }
   if (!response.has_layer() || response.layer().layer() != layer) {
-    Abort();
+    Cancel();
     return absl::InternalError(absl::StrCat(
         "step stream: expected the reply of layer ", layer, ", got ",
         response.has_layer()
@@ -102,13 +110,13 @@ absl::StatusOr<v1::StepCommitted> StepSession::Commit() {
   RETURN_IF_ERROR(CheckOpen());
   v1::StepRequest message;
   message.mutable_commit();
-  if (!stream_->Write(message) || !stream_->WritesDone()) {
-    return FailStream("sending the commit");
-  }
+  if (!stream_->Write(message)) return FailStream("sending the commit");
+  writes_done_ = true;
+  if (!stream_->WritesDone()) return FailStream("sending the commit");
   v1::StepResponse response;
   if (!stream_->Read(&response)) return FailStream("waiting for the commit");
   if (!response.has_committed()) {
-    Abort();
+    Cancel();
     return absl::InternalError(absl::StrCat(
         "step stream: expected StepCommitted, got the reply of layer ",
         response.layer().layer()));
@@ -122,6 +130,37 @@ absl::StatusOr<v1::StepCommitted> StepSession::Commit() {
 }
 
 void StepSession::Abort() {
+  if (finished_) return;
+  finished_ = true;
+  // The daemon answers a half-close without commit by rolling the step back
+  // and ending the stream; the watchdog covers a daemon that does not.
+  std::mutex mu;
+  std::condition_variable cv;
+  bool done = false;
+  std::thread watchdog([&] {
+    std::unique_lock<std::mutex> lock(mu);
+    if (!cv.wait_for(lock, absl::ToChronoMilliseconds(abort_grace_),
+                     [&] { return done; })) {
+      context_->TryCancel();
+    }
+  });
+  if (!writes_done_) {
+    writes_done_ = true;
+    stream_->WritesDone();
+  }
+  v1::StepResponse ignored;
+  while (stream_->Read(&ignored)) {
+  }
+  stream_->Finish().IgnoreError();
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    done = true;
+  }
+  cv.notify_one();
+  watchdog.join();
+}
+
+void StepSession::Cancel() {
   if (finished_) return;
   finished_ = true;
   context_->TryCancel();
@@ -217,7 +256,8 @@ absl::StatusOr<std::unique_ptr<StepSession>> IndexerClient::OpenStep(
   SetDeadline(*context, options_.step_timeout);
   std::unique_ptr<StepSession::Stream> stream = stub_->Step(context.get());
   std::unique_ptr<StepSession> session(
-      new StepSession(channel_, std::move(context), std::move(stream)));
+      new StepSession(channel_, std::move(context), std::move(stream),
+                      options_.abort_grace));
   v1::StepRequest message;
   *message.mutable_header() = header;
   if (!session->stream_->Write(message)) {

@@ -1,6 +1,7 @@
 #include "kernels/cpu/cpu_backend.h"
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cstdlib>
 #include <cstring>
@@ -56,6 +57,36 @@ absl::Status CheckPages(const PageLayout& layout, const StepRows& rows,
                  absl::StrCat("a page in [0, ", num_pages, ")"), page);
     }
   }
+  return absl::OkStatus();
+}
+
+// The cpu backend's step state: which pool size the step's pages have
+// already been checked against, so that the layers after the first skip the
+// O(sequences x pages) walk.
+class CpuStepContext : public StepContext {
+ public:
+  explicit CpuStepContext(const StepRows* rows) : rows_(rows) {}
+  bool Checked(const StepRows& rows, int64_t num_pages) const {
+    return &rows == rows_ && checked_pages_.load() == num_pages;
+  }
+  void MarkChecked(const StepRows& rows, int64_t num_pages) {
+    if (&rows == rows_) checked_pages_.store(num_pages);
+  }
+
+ private:
+  const StepRows* const rows_;
+  std::atomic<int64_t> checked_pages_{-1};
+};
+
+// ValidateStepRows, once per step and pool size when `ctx` is ours.
+absl::Status ValidateOnce(const PageLayout& layout, const StepRows& rows,
+                          StepContext* ctx, int64_t num_pages) {
+  auto* cpu_ctx = dynamic_cast<CpuStepContext*>(ctx);
+  if (cpu_ctx != nullptr && cpu_ctx->Checked(rows, num_pages)) {
+    return absl::OkStatus();
+  }
+  RETURN_IF_ERROR(ValidateStepRows(layout, rows, num_pages));
+  if (cpu_ctx != nullptr) cpu_ctx->MarkChecked(rows, num_pages);
   return absl::OkStatus();
 }
 
@@ -199,17 +230,17 @@ absl::StatusOr<std::unique_ptr<StepContext>> CpuBackend::PrepareStep(
     const PageLayout& layout, const StepRows& rows) {
   // Pages are checked against the pool by each call; the shape here.
   RETURN_IF_ERROR(ValidateStepRows(layout, rows, INT64_MAX));
-  return std::make_unique<StepContext>();
+  return std::make_unique<CpuStepContext>(&rows);
 }
 
 absl::StatusOr<double> CpuBackend::WriteEntries(const PageLayout& layout,
                                                 uint8_t* pool,
                                                 const StepRows& rows,
-                                                StepContext* /*ctx*/,
+                                                StepContext* ctx,
                                                 const KInput& k) {
   const Clock::time_point t0 = Clock::now();
   ASSIGN_OR_RETURN(const Pool p, FindPool(pool, layout));
-  RETURN_IF_ERROR(ValidateStepRows(layout, rows, p.num_pages));
+  RETURN_IF_ERROR(ValidateOnce(layout, rows, ctx, p.num_pages));
   const int64_t n = rows.NewEntries();
   if (n == 0) return MicrosSince(t0);
   if (k.data == nullptr) {
@@ -263,9 +294,9 @@ absl::StatusOr<double> CpuBackend::WriteEntries(const PageLayout& layout,
 
 absl::StatusOr<LayerTimings> CpuBackend::DenseTopk(
     const PageLayout& layout, const uint8_t* pool, const StepRows& rows,
-    StepContext* /*ctx*/, const QInput& q, int32_t topk, int32_t* out) {
+    StepContext* ctx, const QInput& q, int32_t topk, int32_t* out) {
   ASSIGN_OR_RETURN(const Pool p, FindPool(pool, layout));
-  RETURN_IF_ERROR(ValidateStepRows(layout, rows, p.num_pages));
+  RETURN_IF_ERROR(ValidateOnce(layout, rows, ctx, p.num_pages));
   if (topk < 0) return Bad("topk", ">= 0", topk);
   if (q.num_heads < 1) return Bad("q.num_heads", ">= 1", q.num_heads);
   LayerTimings timings;

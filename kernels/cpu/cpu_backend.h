@@ -6,6 +6,11 @@
 // Memory: pools are zeroed host allocations owned by the backend and freed
 // when it is destroyed.
 //
+// PrepareStep checks the rows' shape; each call checks their pages against
+// its pool, once per step and pool size when given the step's context.
+// REQUIRES: a call given a context passes the very StepRows object (same
+// address, unchanged) that PrepareStep made it from, or a null context.
+//
 // Thread safety: as Backend. WriteEntries / DenseTopk / ReadEntries may run
 // concurrently from several threads (they share the arena); AllocatePool is
 // start-up only but is also safe to call concurrently.

@@ -9,10 +9,11 @@
 // MXFP4: each k32 step is one 32-element block; e2m1 is widened exactly to
 // e4m3, the block's partial product is exact in fp32, then scaled by
 // 2^(eq + ek) and accumulated.
+#include "kernels/gpu/gpu_compat.h"  // first: the runtime defines __device__ & co.
+
 #include "kernels/format/fp8.h"
 #include "kernels/format/mxfp4.h"
 #include "kernels/gpu/dispatch.h"
-#include "kernels/gpu/gpu_compat.h"
 #include "kernels/gpu/mma_sm90.h"
 #include "kernels/gpu/paged.h"
 #include "kernels/gpu/params.h"

@@ -4,9 +4,10 @@
 //   MXFP4: the same with sum_b 2^(eq + ek) * (q_b . k_b) and no kscale.
 // One block per work unit (a row group and an entry range); one thread per
 // entry; the group's Q, dequantized to fp32, sits in shared memory.
+#include "kernels/gpu/gpu_compat.h"  // first: the runtime defines __device__ & co.
+
 #include "kernels/format/fp8.h"
 #include "kernels/format/mxfp4.h"
-#include "kernels/gpu/gpu_compat.h"
 #include "kernels/gpu/paged.h"
 #include "kernels/gpu/params.h"
 

@@ -7,10 +7,11 @@
 // Long rows at small batch: the row is cut into slices, each slice's block
 // selects its own top-k candidates, one block per row then selects from the
 // candidates.
+#include "kernels/gpu/gpu_compat.h"  // first: the runtime defines __device__ & co.
+
 #include <algorithm>
 
 #include "kernels/format/numeric.h"
-#include "kernels/gpu/gpu_compat.h"
 #include "kernels/gpu/params.h"
 
 namespace indexer {
@@ -23,8 +24,9 @@ static_assert(kTopkThreads % kWarpSize == 0, "whole warps per block");
 static_assert(kBins % kTopkThreads == 0, "each thread owns whole bins");
 constexpr int kBinsPerThread = kBins / kTopkThreads;
 constexpr int kWarps = kTopkThreads / kWarpSize;
-constexpr int kPassShift[3] = {21, 10, 0};
-constexpr uint32_t kPassBins[3] = {2048, 2048, 1024};
+// Pass p looks at bits [shift, shift + log2(bins)): 31..21, 20..10, 9..0.
+__device__ __forceinline__ int PassShift(int pass) { return pass == 0 ? 21 : pass == 1 ? 10 : 0; }
+__device__ __forceinline__ uint32_t PassBins(int pass) { return pass == 2 ? 1024u : 2048u; }
 
 // Larger key = larger logit; -0.0 folded onto +0.0. Finite keys are >= 1,
 // so key 0 pads candidate lists.
@@ -51,8 +53,8 @@ __device__ void BlockSelect(SelectShared& sh, int32_t n, int32_t k,
   uint32_t kk = static_cast<uint32_t>(k);  // keys still to take at the prefix
   const int lane = LaneId(), warp = WarpId();
   for (int pass = 0; pass < 3; ++pass) {
-    const int shift = kPassShift[pass];
-    const uint32_t bins = kPassBins[pass];
+    const int shift = PassShift(pass);
+    const uint32_t bins = PassBins(pass);
     for (int b = threadIdx.x; b < kBins; b += kTopkThreads) sh.hist[b] = 0;
     __syncthreads();
     for (int32_t i = threadIdx.x; i < n; i += kTopkThreads) {

@@ -2,10 +2,11 @@
 // copied (pre-quantized) into their pages. One warp per entry; codes come
 // from the same INDEXER_HD codecs as the cpu backend, so pages are
 // bit-identical.
+#include "kernels/gpu/gpu_compat.h"  // first: the runtime defines __device__ & co.
+
 #include "kernels/format/fp8.h"
 #include "kernels/format/mxfp4.h"
 #include "kernels/format/numeric.h"
-#include "kernels/gpu/gpu_compat.h"
 #include "kernels/gpu/paged.h"
 #include "kernels/gpu/params.h"
 

@@ -355,12 +355,14 @@ TEST_F(EngineTest, RandomOperationsKeepInvariant) {
                     .heads = 2, .topk = 4, .pages = 30}}));
   std::mt19937 rng(7);
   std::map<std::string, int64_t> lens;
+  int releases = 0, exhausted = 0, rollbacks = 0, commits = 0;
   for (int op = 0; op < 300; ++op) {
     const int kind = rng() % 10;
     if (kind < 2 && !lens.empty()) {  // release one
       auto it = std::next(lens.begin(), rng() % lens.size());
       ASSERT_TRUE(engine_->Release({SeqName::Named(it->first)}).ok());
       lens.erase(it);
+      ++releases;
       continue;
     }
     std::vector<StepSequenceSpec> seqs;
@@ -378,8 +380,10 @@ TEST_F(EngineTest, RandomOperationsKeepInvariant) {
     auto step = engine_->BeginStep(spec);
     if (!step.ok()) {
       ASSERT_EQ(step.status().code(), absl::StatusCode::kResourceExhausted) << step.status();
+      ++exhausted;
     } else if (rng() % 3 == 0) {
       step->reset();  // rollback
+      ++rollbacks;
     } else {
       // Write every layer (import-style) and commit.
       for (const TestLayer& t : layers_) {
@@ -395,12 +399,18 @@ TEST_F(EngineTest, RandomOperationsKeepInvariant) {
       }
       ASSERT_TRUE((*step)->Commit().ok());
       for (size_t i = 0; i < seqs.size(); ++i) lens[names[i]] += seqs[i].q_len;
+      ++commits;
     }
     ASSERT_TRUE(engine_->CheckInvariants().ok()) << "op " << op << ": " << engine_->CheckInvariants();
     for (const auto& [s, len] : lens) {
       ASSERT_EQ(*engine_->SequenceLength(SeqName::Named(s)), len) << "op " << op;
     }
   }
+  // The seed exercises every kind of operation.
+  EXPECT_GT(releases, 10);
+  EXPECT_GT(exhausted, 5);
+  EXPECT_GT(rollbacks, 10);
+  EXPECT_GT(commits, 20);
 }
 
 }  // namespace

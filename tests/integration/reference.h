@@ -18,46 +18,51 @@
 
 namespace indexer::testing {
 
-// Entry scale of a linear FP8 entry.
-inline double Fp8EntryScale(const PageLayout& L, const uint8_t* entry) {
-  float s;
-  memcpy(&s, entry + L.value_bytes(), 4);
-  return s;
-}
-
-// q: one head in the layer's Q form (FP8 codes, or packed e2m1 + scales).
-inline double HeadDot(const PageLayout& L, const uint8_t* q, const uint8_t* q_scales,
-                      const uint8_t* entry) {
+// Element values of one vector in the layer's format, in double: FP8 codes
+// decoded; MXFP4 e2m1 elements times their block's 2^(e8m0 - 127) (exact).
+// `scales`: the D/32 e8m0 bytes (MXFP4 only).
+inline std::vector<double> DecodeVector(const PageLayout& L, const uint8_t* values,
+                                        const uint8_t* scales) {
   const int D = L.head_dim;
-  if (L.format == KvFormat::kFp8) {
-    double acc = 0;
-    for (int d = 0; d < D; ++d) acc += double(DecodeE4m3(q[d])) * DecodeE4m3(entry[d]);
-    return acc;
-  }
-  double acc = 0;
-  for (int b = 0; b < D / 32; ++b) {
-    double block = 0;
-    for (int i = b * 32; i < b * 32 + 32; ++i) {
-      const double qi = DecodeE2m1(q[i / 2] >> (4 * (i % 2)));
-      const double ki = DecodeE2m1(entry[i / 2] >> (4 * (i % 2)));
-      block += qi * ki;
+  std::vector<double> out(D);
+  for (int d = 0; d < D; ++d) {
+    if (L.format == KvFormat::kFp8) {
+      out[d] = DecodeE4m3(values[d]);
+    } else {
+      out[d] = std::ldexp(double(DecodeE2m1(values[d / 2] >> (4 * (d % 2)))),
+                          int(scales[d / 32]) - 127);
     }
-    const int e = int(q_scales[b]) - 127 + int(entry[L.value_bytes() + b]) - 127;
-    acc += std::ldexp(block, e);
   }
-  return acc;
+  return out;
 }
 
-// Logit of one row against one linear entry.
-inline double RefLogit(const PageLayout& L, int H, const uint8_t* q_row,
-                       const uint8_t* qs_row, const float* w_row, const uint8_t* entry) {
-  const int vb = L.value_bytes(), sb = L.head_dim / 32;
-  double sum = 0;
-  for (int h = 0; h < H; ++h) {
-    const double dot = HeadDot(L, q_row + h * vb, qs_row ? qs_row + h * sb : nullptr, entry);
-    sum += double(w_row[h]) * std::max(dot, 0.0);
+// A linear entry decoded: its elements and its scale (1 for MXFP4).
+struct RefEntry {
+  std::vector<double> k;
+  double scale = 1;
+};
+
+inline RefEntry DecodeEntry(const PageLayout& L, const uint8_t* entry) {
+  RefEntry e;
+  e.k = DecodeVector(L, entry, entry + L.value_bytes());
+  if (L.format == KvFormat::kFp8) {
+    float s;
+    memcpy(&s, entry + L.value_bytes(), 4);
+    e.scale = s;
   }
-  return L.format == KvFormat::kFp8 ? sum * Fp8EntryScale(L, entry) : sum;
+  return e;
+}
+
+// SPEC §5: scale * sum_h w[h] * ReLU(q[h] . k), with q [H][D] decoded.
+inline double RefLogit(const std::vector<std::vector<double>>& q, const float* w,
+                       const RefEntry& e) {
+  double sum = 0;
+  for (size_t h = 0; h < q.size(); ++h) {
+    double dot = 0;
+    for (size_t d = 0; d < e.k.size(); ++d) dot += q[h][d] * e.k[d];
+    sum += double(w[h]) * std::max(dot, 0.0);
+  }
+  return sum * e.scale;
 }
 
 // Checks one output row against reference logits of its n visible entries:

@@ -92,15 +92,22 @@ class Shadow {
       const int64_t n = (old + q_len) / t.compress_ratio - old / t.compress_ratio;
       all.insert(all.end(), d.k_quant.begin() + k * eb, d.k_quant.begin() + (k + n) * eb);
       k += n;
+      std::vector<RefEntry> decoded;
+      for (size_t e = 0; e * eb < all.size(); ++e) decoded.push_back(DecodeEntry(L, &all[e * eb]));
       for (int64_t j = 0; j < q_len; ++j, ++row) {
         const int64_t p = old + j;
         const int64_t visible = (p + 1) / t.compress_ratio;
-        std::vector<double> logits(visible);
         const int64_t rh = row * t.num_heads;
+        std::vector<std::vector<double>> q;
+        for (int h = 0; h < t.num_heads; ++h) {
+          q.push_back(DecodeVector(L, d.q_codes.data() + (rh + h) * vb,
+                                   L.format == KvFormat::kMxfp4
+                                       ? d.q_scales.data() + (rh + h) * sb
+                                       : nullptr));
+        }
+        std::vector<double> logits(visible);
         for (int64_t e = 0; e < visible; ++e) {
-          logits[e] = RefLogit(L, t.num_heads, d.q_codes.data() + rh * vb,
-                               L.format == KvFormat::kMxfp4 ? d.q_scales.data() + rh * sb : nullptr,
-                               d.w_folded.data() + rh, all.data() + e * eb);
+          logits[e] = RefLogit(q, d.w_folded.data() + rh, decoded[e]);
         }
         ExpectTopkRow(logits, topk + row * t.topk, t.topk,
                       "layer " + std::to_string(t.layer) + " seq " + s + " row " +

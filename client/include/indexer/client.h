@@ -48,6 +48,9 @@ struct ClientOptions {
   absl::Duration rpc_timeout = absl::Seconds(300);
   // Deadline of a whole Step stream; InfiniteDuration() = none.
   absl::Duration step_timeout = absl::InfiniteDuration();
+  // StepSession::Abort waits this long for the daemon to end the step before
+  // it cancels the stream outright.
+  absl::Duration abort_grace = absl::Seconds(5);
   // null: insecure channel.
   std::shared_ptr<grpc::ChannelCredentials> credentials;
 };
@@ -77,8 +80,11 @@ class StepSession {
   // returns the sequence lengths after it. The session is finished afterwards.
   absl::StatusOr<v1::StepCommitted> Commit();
 
-  // Cancels the stream: the daemon rolls the step back. Idempotent; a no-op
-  // on a finished session.
+  // Ends the step without committing: half-closes the stream and waits for
+  // the daemon's final status, so that the sequences are free again when it
+  // returns (given a daemon that rolls back before it answers). Cancels the
+  // stream if the daemon has not answered within ClientOptions::abort_grace.
+  // Idempotent; a no-op on a finished session.
   void Abort();
 
   // True once committed, aborted or failed.
@@ -90,7 +96,10 @@ class StepSession {
 
   StepSession(std::shared_ptr<grpc::Channel> channel,
               std::unique_ptr<grpc::ClientContext> context,
-              std::unique_ptr<Stream> stream);
+              std::unique_ptr<Stream> stream, absl::Duration abort_grace);
+
+  // Cancels at once (the daemon broke the protocol) and ends the stream.
+  void Cancel();
 
   // Ends a broken stream and returns why it broke; `what` names the failed
   // operation when the daemon's status is OK (the stream ended early).
@@ -100,6 +109,8 @@ class StepSession {
   std::shared_ptr<grpc::Channel> channel_;  // keeps the channel alive
   std::unique_ptr<grpc::ClientContext> context_;
   std::unique_ptr<Stream> stream_;
+  absl::Duration abort_grace_;
+  bool writes_done_ = false;  // half-closed: WritesDone may be called once
   bool finished_ = false;
 };
 

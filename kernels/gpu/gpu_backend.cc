@@ -1,0 +1,427 @@
+#include "kernels/gpu/gpu_backend.h"
+
+#include <algorithm>
+#include <cstdlib>
+#include <cstring>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "kernels/common/status_macros.h"
+#include "kernels/cpu/cpu_backend.h"  // ValidateStepRows: one set of rules
+#include "kernels/gpu/gpu_backend_impl.h"
+
+namespace indexer {
+namespace gpu {
+namespace {
+
+absl::Status Bad(absl::string_view field, absl::string_view expected,
+                 int64_t got) {
+  return absl::InvalidArgumentError(
+      absl::StrCat(field, ": expected ", expected, ", got ", got));
+}
+
+int64_t EnvMegabytes(const char* name, int64_t dflt) {
+  const char* v = std::getenv(name);
+  if (v == nullptr || *v == '\0') return dflt;
+  const int64_t mb = std::atoll(v);
+  return mb > 0 ? mb : dflt;
+}
+
+// Appends `v` to the int32 metadata image, 64-byte aligned; returns the
+// word offset.
+template <class T>
+int64_t Append(std::vector<int32_t>& img, const T* v, size_t n) {
+  static_assert(sizeof(T) % sizeof(int32_t) == 0, "int32 records only");
+  while (img.size() % 16 != 0) img.push_back(0);
+  const int64_t at = static_cast<int64_t>(img.size());
+  const size_t words = n * sizeof(T) / sizeof(int32_t);
+  img.resize(img.size() + words);
+  if (words > 0) std::memcpy(img.data() + at, v, words * sizeof(int32_t));
+  return at;
+}
+
+}  // namespace
+
+// Device state of one step: the metadata image in the arena and the plan.
+class GpuBackend::Step : public StepContext {
+ public:
+  Step(DeviceArena* arena, uint8_t* meta, StepPlan plan, DeviceStepRows dev,
+       int32_t num_rows, int32_t num_seqs)
+      : arena_(arena), meta_(meta), plan_(std::move(plan)), dev_(dev),
+        num_rows_(num_rows), num_seqs_(num_seqs) {}
+  ~Step() override { arena_->Release(meta_); }
+
+  const StepPlan& plan() const { return plan_; }
+  const DeviceStepRows& dev() const { return dev_; }
+  bool Matches(const StepRows& rows) const {
+    return rows.num_rows == num_rows_ && rows.num_seqs == num_seqs_;
+  }
+
+ private:
+  DeviceArena* const arena_;
+  uint8_t* const meta_;
+  const StepPlan plan_;
+  const DeviceStepRows dev_;
+  const int32_t num_rows_, num_seqs_;
+};
+
+GpuBackend::GpuBackend(int ordinal, const DeviceProp& props)
+    : ordinal_(ordinal), props_(props) {}
+
+absl::StatusOr<std::unique_ptr<GpuBackend>> GpuBackend::Create(int ordinal) {
+  int n = 0;
+  GPU_RETURN_IF_ERROR(GetDeviceCount(&n));
+  if (ordinal < 0 || ordinal >= n) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "device: expected gpu:N with N in [0, ", n, "), got gpu:", ordinal));
+  }
+  GPU_RETURN_IF_ERROR(SetDevice(ordinal));
+  DeviceProp props;
+  GPU_RETURN_IF_ERROR(GetDeviceProperties(&props, ordinal));
+  std::unique_ptr<GpuBackend> b(new GpuBackend(ordinal, props));
+  RETURN_IF_ERROR(b->Init());
+  return b;
+}
+
+absl::Status GpuBackend::Init() {
+  absl::MutexLock lock(&mu_);
+  ws_.logits_floats = EnvMegabytes("INDEXER_GPU_LOGITS_MB", 1024) * (1 << 20) / 4;
+  ws_.q_bytes = static_cast<int64_t>(ws_.max_rows) * ws_.max_heads * 128;
+  ws_.k_bytes = int64_t{256} << 20;
+  ws_.out_ints = static_cast<int64_t>(ws_.max_rows) * 2048;
+  ws_.cand = int64_t{32} << 20;
+  ws_.arena_bytes = int64_t{256} << 20;
+  GPU_RETURN_IF_ERROR(StreamCreate(&stream_));
+  for (Event& e : ev_) GPU_RETURN_IF_ERROR(EventCreate(&e));
+  auto take = [&](int64_t bytes, auto** p) -> absl::Status {
+    void* v = nullptr;
+    GPU_RETURN_IF_ERROR(Malloc(&v, static_cast<size_t>(bytes)));
+    allocations_.push_back(v);
+    *p = static_cast<std::remove_reference_t<decltype(*p)>>(v);
+    return absl::OkStatus();
+  };
+  RETURN_IF_ERROR(take(ws_.logits_floats * 4, &logits_));
+  RETURN_IF_ERROR(take(ws_.q_bytes, &q_values_));
+  RETURN_IF_ERROR(take(ws_.q_bytes / 8, &q_scales_));
+  RETURN_IF_ERROR(take(static_cast<int64_t>(ws_.max_rows) * ws_.max_heads * 4, &q_weights_));
+  RETURN_IF_ERROR(take(ws_.k_bytes, &k_stage_));
+  RETURN_IF_ERROR(take(ws_.out_ints * 4, &out_));
+  RETURN_IF_ERROR(take(ws_.cand * 4, &cand_keys_));
+  RETURN_IF_ERROR(take(ws_.cand * 4, &cand_pos_));
+  RETURN_IF_ERROR(take(ws_.arena_bytes, &arena_base_));
+  arena_ = std::make_unique<DeviceArena>(arena_base_, ws_.arena_bytes);
+  return absl::OkStatus();
+}
+
+GpuBackend::~GpuBackend() {
+  absl::MutexLock lock(&mu_);
+  if (stream_ != nullptr) (void)StreamSynchronize(stream_);
+  for (Pool& p : pools_) (void)Free(p.data);
+  for (void* v : allocations_) (void)Free(v);
+  for (Event e : ev_) {
+    if (e != nullptr) (void)EventDestroy(e);
+  }
+  if (stream_ != nullptr) (void)StreamDestroy(stream_);
+}
+
+std::string GpuBackend::Describe() const {
+  return absl::StrCat(kRuntimeName, ":", ordinal_, " ", props_.name, " (",
+                      props_.multiProcessorCount, " SMs, cc ", props_.major,
+                      ".", props_.minor, ")");
+}
+
+std::string GpuBackend::last_logits_path() const {
+  absl::MutexLock lock(&mu_);
+  return last_path_;
+}
+
+void GpuBackend::set_force_portable(bool v) {
+  absl::MutexLock lock(&mu_);
+  force_portable_ = v;
+}
+
+absl::StatusOr<uint8_t*> GpuBackend::AllocatePool(const PageLayout& layout,
+                                                  int64_t num_pages) {
+  const int64_t page_bytes = layout.page_bytes();
+  if (num_pages < 1) return Bad("num_pages", ">= 1", num_pages);
+  if (page_bytes < 1 || num_pages > (int64_t{1} << 40) / page_bytes) {
+    return Bad("num_pages", "a pool size that fits in 2^40 bytes", num_pages);
+  }
+  absl::MutexLock lock(&mu_);
+  void* v = nullptr;
+  const size_t bytes = static_cast<size_t>(num_pages * page_bytes);
+  const Error err = Malloc(&v, bytes);
+  if (err != kSuccess) {
+    (void)GetLastError();
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "pool: cannot allocate ", num_pages, " pages of ", page_bytes,
+        " bytes on ", Describe(), " (", ErrorString(err), ")"));
+  }
+  pools_.push_back({static_cast<uint8_t*>(v), num_pages, page_bytes});
+  GPU_RETURN_IF_ERROR(MemsetAsync(v, 0, bytes, stream_));
+  GPU_RETURN_IF_ERROR(StreamSynchronize(stream_));
+  return static_cast<uint8_t*>(v);
+}
+
+absl::StatusOr<GpuBackend::Pool> GpuBackend::FindPool(
+    const uint8_t* data, const PageLayout& layout) const {
+  absl::MutexLock lock(&mu_);
+  for (const Pool& p : pools_) {
+    if (p.data != data) continue;
+    if (p.page_bytes != layout.page_bytes()) {
+      return Bad("pool page bytes",
+                 absl::StrCat(layout.page_bytes(), " (", layout.DebugString(), ")"),
+                 p.page_bytes);
+    }
+    return p;
+  }
+  return absl::InvalidArgumentError("pool: expected a pool allocated by this backend");
+}
+
+absl::StatusOr<std::unique_ptr<GpuBackend::Step>> GpuBackend::MakeStep(
+    const PageLayout& layout, const StepRows& rows) {
+  RETURN_IF_ERROR(ValidateStepRows(layout, rows, INT64_MAX));
+  const int32_t vb = std::max(layout.value_bytes(), 1);
+  const PlanLimits limits{
+      ws_.logits_floats,
+      static_cast<int32_t>(std::min<int64_t>(ws_.max_rows, ws_.q_bytes / (int64_t{ws_.max_heads} * vb))),
+      props_.multiProcessorCount};
+  ASSIGN_OR_RETURN(StepPlan plan, PlanStep(rows, limits));
+
+  std::vector<int32_t> img;
+  const int64_t o_bt = Append(img, rows.block_table.data(), rows.block_table.size());
+  const int64_t o_old = Append(img, rows.seq_old_entries.data(), rows.seq_old_entries.size());
+  const int64_t o_kb = Append(img, rows.seq_k_begin.data(), rows.seq_k_begin.size());
+  const int64_t o_rv = Append(img, rows.row_visible.data(), rows.row_visible.size());
+  const int64_t o_g = Append(img, plan.groups.data(), plan.groups.size());
+  const int64_t o_u = Append(img, plan.units.data(), plan.units.size());
+  const int64_t bytes = static_cast<int64_t>(img.size()) * 4;
+  ASSIGN_OR_RETURN(uint8_t* meta, arena_->Allocate(bytes, "step metadata"));
+  auto step_or = [&]() -> absl::Status {
+    absl::MutexLock lock(&mu_);
+    GPU_RETURN_IF_ERROR(CopyH2D(meta, img.data(), static_cast<size_t>(bytes), stream_));
+    GPU_RETURN_IF_ERROR(StreamSynchronize(stream_));
+    return absl::OkStatus();
+  }();
+  if (!step_or.ok()) {
+    arena_->Release(meta);
+    return step_or;
+  }
+  const int32_t* w = reinterpret_cast<const int32_t*>(meta);
+  DeviceStepRows dev{rows.num_seqs,
+                     rows.num_rows,
+                     rows.max_pages,
+                     w + o_bt,
+                     w + o_old,
+                     w + o_kb,
+                     w + o_rv,
+                     reinterpret_cast<const LogitsGroup*>(w + o_g),
+                     reinterpret_cast<const LogitsUnit*>(w + o_u)};
+  return std::make_unique<Step>(arena_.get(), meta, std::move(plan), dev,
+                                rows.num_rows, rows.num_seqs);
+}
+
+absl::StatusOr<std::unique_ptr<StepContext>> GpuBackend::PrepareStep(
+    const PageLayout& layout, const StepRows& rows) {
+  ASSIGN_OR_RETURN(std::unique_ptr<Step> s, MakeStep(layout, rows));
+  return std::unique_ptr<StepContext>(std::move(s));
+}
+
+absl::StatusOr<GpuBackend::Step*> GpuBackend::StepFor(
+    const PageLayout& layout, const StepRows& rows, StepContext* ctx,
+    std::unique_ptr<Step>* owned) {
+  if (ctx == nullptr) {
+    ASSIGN_OR_RETURN(*owned, MakeStep(layout, rows));
+    return owned->get();
+  }
+  Step* s = dynamic_cast<Step*>(ctx);
+  if (s == nullptr || !s->Matches(rows)) {
+    return absl::InvalidArgumentError(
+        "ctx: expected the StepContext this gpu backend prepared for these rows");
+  }
+  return s;
+}
+
+absl::StatusOr<float> GpuBackend::ElapsedUs(Event a, Event b) {
+  float ms = 0.f;
+  GPU_RETURN_IF_ERROR(EventElapsedMs(&ms, a, b));
+  return ms * 1000.f;
+}
+
+absl::StatusOr<double> GpuBackend::WriteEntries(const PageLayout& layout,
+                                                uint8_t* pool,
+                                                const StepRows& rows,
+                                                StepContext* ctx,
+                                                const KInput& k) {
+  ASSIGN_OR_RETURN(const Pool p, FindPool(pool, layout));
+  RETURN_IF_ERROR(ValidateStepRows(layout, rows, p.num_pages));
+  const int64_t n = rows.NewEntries();
+  if (n == 0) return 0.0;
+  if (k.data == nullptr) return absl::InvalidArgumentError("k.data: expected a tensor, got null");
+  std::unique_ptr<Step> owned;
+  ASSIGN_OR_RETURN(Step * step, StepFor(layout, rows, ctx, &owned));
+
+  WriteParams wp{};
+  wp.layout = layout;
+  wp.pool = pool;
+  wp.step = step->dev();
+  wp.ue8m0 = k.ue8m0;
+  int64_t row_bytes = 0;
+  switch (k.kind) {
+    case KInput::Kind::kFloat32: wp.source = KSource::kFloat32; row_bytes = 4 * layout.head_dim; break;
+    case KInput::Kind::kBf16: wp.source = KSource::kBf16; row_bytes = 2 * layout.head_dim; break;
+    case KInput::Kind::kQuantized: wp.source = KSource::kQuantized; row_bytes = layout.entry_bytes(); break;
+  }
+  const int64_t piece = std::max<int64_t>(1, ws_.k_bytes / row_bytes);
+  absl::MutexLock lock(&mu_);
+  double us = 0;
+  for (int64_t b = 0; b < n; b += piece) {
+    const int64_t m = std::min(piece, n - b);
+    GPU_RETURN_IF_ERROR(CopyH2D(k_stage_, static_cast<const uint8_t*>(k.data) + b * row_bytes,
+                                static_cast<size_t>(m * row_bytes), stream_));
+    wp.src = k_stage_;
+    wp.entry_base = static_cast<int32_t>(b);
+    wp.num_entries = static_cast<int32_t>(m);
+    GPU_RETURN_IF_ERROR(EventRecord(ev_[0], stream_));
+    RETURN_IF_ERROR(LaunchWriteEntries(wp, stream_));
+    GPU_RETURN_IF_ERROR(EventRecord(ev_[1], stream_));
+    GPU_RETURN_IF_ERROR(StreamSynchronize(stream_));
+    ASSIGN_OR_RETURN(const float t, ElapsedUs(ev_[0], ev_[1]));
+    us += t;
+  }
+  return us;
+}
+
+absl::StatusOr<LayerTimings> GpuBackend::DenseTopk(
+    const PageLayout& layout, const uint8_t* pool, const StepRows& rows,
+    StepContext* ctx, const QInput& q, int32_t topk, int32_t* out) {
+  ASSIGN_OR_RETURN(const Pool p, FindPool(pool, layout));
+  RETURN_IF_ERROR(ValidateStepRows(layout, rows, p.num_pages));
+  if (topk < 0) return Bad("topk", ">= 0", topk);
+  if (q.num_heads < 1 || q.num_heads > ws_.max_heads) {
+    return Bad("q.num_heads", absl::StrCat("in [1, ", ws_.max_heads, "]"), q.num_heads);
+  }
+  LayerTimings timings;
+  if (rows.num_rows == 0 || topk == 0) return timings;
+  const bool mx = layout.format == KvFormat::kMxfp4;
+  if (q.values == nullptr || q.weights == nullptr || (mx && q.scales == nullptr)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "q: expected values, weights", mx ? " and scales" : "", " tensors, got null"));
+  }
+  if (out == nullptr) return absl::InvalidArgumentError("out: expected a buffer, got null");
+  std::unique_ptr<Step> owned;
+  ASSIGN_OR_RETURN(Step * step, StepFor(layout, rows, ctx, &owned));
+
+  const int64_t h = q.num_heads;
+  const int64_t vb = layout.value_bytes(), nb = layout.head_dim / kMxBlock;
+  absl::MutexLock lock(&mu_);
+  for (const SubChunk& sc : step->plan().chunks) {
+    const int64_t rb = sc.row_begin, nr = sc.row_end - sc.row_begin;
+    // ---- Q of the sub-chunk ---------------------------------------------
+    GPU_RETURN_IF_ERROR(CopyH2D(q_values_, q.values + rb * h * vb, static_cast<size_t>(nr * h * vb), stream_));
+    if (mx) {
+      GPU_RETURN_IF_ERROR(CopyH2D(q_scales_, q.scales + rb * h * nb, static_cast<size_t>(nr * h * nb), stream_));
+    }
+    GPU_RETURN_IF_ERROR(CopyH2D(q_weights_, q.weights + rb * h, static_cast<size_t>(nr * h * 4), stream_));
+
+    // ---- logits ------------------------------------------------------------
+    LogitsParams lp{};
+    lp.layout = layout;
+    lp.pool = pool;
+    lp.step = step->dev();
+    lp.unit_begin = sc.unit_begin;
+    lp.unit_end = sc.unit_end;
+    lp.row_base = sc.row_begin;
+    lp.num_heads = q.num_heads;
+    lp.max_group_rows = sc.max_group_rows;
+    lp.q_values = q_values_;
+    lp.q_scales = mx ? q_scales_ : nullptr;
+    lp.weights = q_weights_;
+    lp.logits = logits_;
+    lp.stride = sc.stride;
+    const char* which = "portable";
+    GPU_RETURN_IF_ERROR(EventRecord(ev_[0], stream_));
+    if (force_portable_) {
+      RETURN_IF_ERROR(LaunchDenseLogitsPortable(lp, stream_));
+    } else {
+      RETURN_IF_ERROR(LaunchDenseLogits(lp, props_.major, props_.minor, stream_, &which));
+    }
+    last_path_ = which;
+    GPU_RETURN_IF_ERROR(EventRecord(ev_[1], stream_));
+
+    // ---- top-k, in pieces of rows that fit the output staging -------------
+    const int64_t piece = std::max<int64_t>(1, ws_.out_ints / topk);
+    float topk_us = 0.f;
+    for (int64_t a = 0; a < nr; a += piece) {
+      const int64_t m = std::min(piece, nr - a);
+      TopkParams tp{};
+      tp.logits = logits_ + a * sc.stride;
+      tp.stride = sc.stride;
+      tp.row_visible = step->dev().row_visible + rb + a;
+      tp.num_rows = static_cast<int32_t>(m);
+      tp.topk = topk;
+      tp.out = out_;
+      tp.cand_keys = cand_keys_;
+      tp.cand_pos = cand_pos_;
+      PlanTopkSplit(tp.num_rows, sc.max_visible, topk, props_.multiProcessorCount, ws_.cand, &tp);
+      GPU_RETURN_IF_ERROR(EventRecord(ev_[2], stream_));
+      RETURN_IF_ERROR(LaunchTopk(tp, stream_));
+      GPU_RETURN_IF_ERROR(EventRecord(ev_[3], stream_));
+      GPU_RETURN_IF_ERROR(CopyD2H(out + (rb + a) * topk, out_, static_cast<size_t>(m * topk * 4), stream_));
+      GPU_RETURN_IF_ERROR(StreamSynchronize(stream_));
+      ASSIGN_OR_RETURN(const float t, ElapsedUs(ev_[2], ev_[3]));
+      topk_us += t;
+    }
+    ASSIGN_OR_RETURN(const float lu, ElapsedUs(ev_[0], ev_[1]));
+    timings.logits_us += lu;
+    timings.topk_us += topk_us;
+  }
+  return timings;
+}
+
+absl::Status GpuBackend::ReadEntries(const PageLayout& layout,
+                                     const uint8_t* pool, int32_t page,
+                                     int32_t first, int32_t count,
+                                     uint8_t* out) {
+  ASSIGN_OR_RETURN(const Pool p, FindPool(pool, layout));
+  if (page < 0 || page >= p.num_pages) {
+    return Bad("page", absl::StrCat("a page in [0, ", p.num_pages, ")"), page);
+  }
+  if (first < 0 || count < 0 || static_cast<int64_t>(first) + count > layout.page_entries) {
+    return Bad("first + count",
+               absl::StrCat("entries within [0, ", layout.page_entries,
+                            ") with first, count >= 0 (first = ", first, ")"),
+               static_cast<int64_t>(first) + count);
+  }
+  if (count == 0) return absl::OkStatus();
+  if (out == nullptr) return absl::InvalidArgumentError("out: expected a buffer, got null");
+  std::vector<uint8_t> host(static_cast<size_t>(p.page_bytes));
+  {
+    absl::MutexLock lock(&mu_);
+    GPU_RETURN_IF_ERROR(CopyD2H(host.data(), pool + layout.PageOffset(page), host.size(), stream_));
+    GPU_RETURN_IF_ERROR(StreamSynchronize(stream_));
+  }
+  for (int32_t i = 0; i < count; ++i) {
+    LoadEntry(layout, host.data(), first + i, out + static_cast<int64_t>(i) * layout.entry_bytes());
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace gpu
+
+int GpuDeviceCount() {
+  int n = 0;
+  if (gpu::GetDeviceCount(&n) != gpu::kSuccess) {
+    (void)gpu::GetLastError();
+    return 0;
+  }
+  return n;
+}
+
+absl::StatusOr<std::unique_ptr<Backend>> MakeGpuBackend(int ordinal,
+                                                        int /*threads*/) {
+  ASSIGN_OR_RETURN(std::unique_ptr<gpu::GpuBackend> b, gpu::GpuBackend::Create(ordinal));
+  return std::unique_ptr<Backend>(std::move(b));
+}
+
+}  // namespace indexer

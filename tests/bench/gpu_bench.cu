@@ -1,0 +1,360 @@
+// Benchmark of the gpu backend's dense path (SPEC §8 method): per shape the
+// L2 is flushed (a 1 GiB buffer zeroed) before each DenseTopk call, the
+// backend's CUDA events time its logits and top-k kernels, and the median
+// of 30 calls is reported beside the ceilings measured here: device copy
+// bandwidth (bytes read + written) and the mma.sync e4m3 rate the logits
+// kernel is built on (the datasheet's dense FP8 wgmma peak alongside).
+//
+// Usage: indexer_gpu_bench [--quick] [--markdown FILE] [--iters N]
+#include "kernels/gpu/gpu_compat.h"  // first: the runtime defines __device__ & co.
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <memory>
+#include <numeric>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "kernels/backend.h"
+#include "kernels/gpu/gpu_backend.h"
+#include "kernels/gpu/gpu_backend_impl.h"
+#include "kernels/gpu/mma_sm90.h"
+
+namespace indexer {
+namespace {
+
+#define CHECK_GPU(expr)                                                     \
+  do {                                                                      \
+    const gpu::Error _e = (expr);                                           \
+    if (_e != gpu::kSuccess) {                                              \
+      std::fprintf(stderr, "%s failed: %s (%s:%d)\n", #expr,                \
+                   gpu::ErrorString(_e), __FILE__, __LINE__);               \
+      std::exit(1);                                                         \
+    }                                                                       \
+  } while (0)
+#define CHECK_OK(expr)                                                      \
+  do {                                                                      \
+    const auto& _s = (expr);                                                \
+    if (!_s.ok()) {                                                         \
+      std::fprintf(stderr, "%s failed: %s (%s:%d)\n", #expr,                \
+                   std::string(_s.status().ToString()).c_str(), __FILE__,   \
+                   __LINE__);                                               \
+      std::exit(1);                                                         \
+    }                                                                       \
+  } while (0)
+
+constexpr double kDatasheetFp8Tflops = 1979.0;  // H200 SXM dense FP8 (wgmma)
+
+// Random, valid pages: e4m3 codes without NaN and power-of-two scales, or
+// e2m1 nibbles and e8m0 scales near 2^0. Hash of the byte index, so any
+// pool size fills in one pass.
+__global__ void FillPoolKernel(uint8_t* pool, int64_t bytes, PageLayout l,
+                               uint32_t seed) {
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < bytes;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    uint32_t h = static_cast<uint32_t>(i) * 2654435761u ^ seed ^ static_cast<uint32_t>(i >> 32);
+    h ^= h >> 15;
+    h *= 2246822519u;
+    h ^= h >> 13;
+    const int64_t in_page = i % l.page_bytes();
+    uint8_t v = static_cast<uint8_t>(h);
+    if (in_page >= l.scale_region()) {
+      const int64_t s = in_page - l.scale_region();
+      if (l.format == KvFormat::kFp8) {
+        // fp32 scale 2^-(4..11): byte 3 of the word is 0x3a..0x3d.
+        const int b = static_cast<int>(s % 4);
+        v = b < 2 ? 0 : b == 2 ? static_cast<uint8_t>(0x80 & h) : static_cast<uint8_t>(0x3a + (h % 4));
+      } else {
+        v = static_cast<uint8_t>(124 + h % 7);
+      }
+    } else if (l.format == KvFormat::kFp8 && (v & 0x7f) == 0x7f) {
+      v ^= 1;
+    }
+    pool[i] = v;
+  }
+}
+
+// The mma.sync m16n8k32 e4m3 rate: independent accumulator chains per warp.
+__global__ void MmaPeakKernel(float* sink, int iters) {
+#if INDEXER_GPU_MMA_FP8
+  float c[4][4] = {};
+  const uint32_t a = 0x38383838u + threadIdx.x, b = 0x30303030u;
+  for (int i = 0; i < iters; ++i) {
+#pragma unroll
+    for (int j = 0; j < 4; ++j) gpu::MmaE4m3(c[j], a, a ^ j, a, a, b, b ^ i);
+  }
+  float s = 0;
+  for (int j = 0; j < 4; ++j) s += c[j][0] + c[j][1] + c[j][2] + c[j][3];
+  if (s == 1234.5f) sink[threadIdx.x] = s;
+#endif
+}
+
+double Median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v.empty() ? 0 : v[v.size() / 2];
+}
+
+struct Ceilings {
+  double copy_gbs = 0;
+  double mma_tflops = 0;
+};
+
+Ceilings MeasureCeilings() {
+  Ceilings c;
+  const size_t bytes = size_t{1} << 31;
+  void *a = nullptr, *b = nullptr;
+  CHECK_GPU(gpu::Malloc(&a, bytes));
+  CHECK_GPU(gpu::Malloc(&b, bytes));
+  CHECK_GPU(gpu::MemsetAsync(a, 1, bytes, nullptr));
+  gpu::Event e0, e1;
+  CHECK_GPU(gpu::EventCreate(&e0));
+  CHECK_GPU(gpu::EventCreate(&e1));
+  std::vector<double> t;
+  for (int i = 0; i < 12; ++i) {
+    CHECK_GPU(gpu::EventRecord(e0, nullptr));
+    CHECK_GPU(gpu::CopyD2D(b, a, bytes, nullptr));
+    CHECK_GPU(gpu::EventRecord(e1, nullptr));
+    CHECK_GPU(gpu::StreamSynchronize(nullptr));
+    float ms = 0;
+    CHECK_GPU(gpu::EventElapsedMs(&ms, e0, e1));
+    if (i >= 2) t.push_back(ms);
+  }
+  c.copy_gbs = 2.0 * bytes / (Median(t) * 1e-3) / 1e9;
+  CHECK_GPU(gpu::Free(a));
+  CHECK_GPU(gpu::Free(b));
+#if defined(INDEXER_GPU_CUDA)
+  gpu::DeviceProp prop;
+  CHECK_GPU(gpu::GetDeviceProperties(&prop, 0));
+  float* sink = nullptr;
+  CHECK_GPU(gpu::Malloc(reinterpret_cast<void**>(&sink), 4096));
+  const int iters = 20000, blocks = prop.multiProcessorCount * 4, threads = 256;
+  t.clear();
+  for (int i = 0; i < 5; ++i) {
+    CHECK_GPU(gpu::EventRecord(e0, nullptr));
+    MmaPeakKernel<<<blocks, threads>>>(sink, iters);
+    CHECK_GPU(gpu::GetLastError());
+    CHECK_GPU(gpu::EventRecord(e1, nullptr));
+    CHECK_GPU(gpu::StreamSynchronize(nullptr));
+    float ms = 0;
+    CHECK_GPU(gpu::EventElapsedMs(&ms, e0, e1));
+    if (i >= 1) t.push_back(ms);
+  }
+  const double flops = 2.0 * 16 * 8 * 32 * 4.0 * iters * (blocks * threads / 32);
+  c.mma_tflops = flops / (Median(t) * 1e-3) / 1e12;
+  CHECK_GPU(gpu::Free(sink));
+#endif
+  return c;
+}
+
+struct BenchShape {
+  std::string name;
+  KvFormat format;
+  int32_t batch;
+  int32_t q_len;     // next_n (decode) or prefill rows
+  int32_t entries;   // entries of each sequence after the step
+  int32_t topk = 2048;
+  std::string target;
+};
+
+struct Result {
+  BenchShape shape;
+  std::string path;
+  double logits_us, topk_us, layer_us, call_us, gbs, tflops;
+};
+
+Result RunShape(const BenchShape& bs, const Ceilings& ceil, int iters,
+                void* flush, size_t flush_bytes) {
+  const int32_t kHeads = 64, kPage = 64;
+  const PageLayout layout = *PageLayout::Make(bs.format, 128, kPage);
+  auto made = gpu::GpuBackend::Create(0);
+  CHECK_OK(made);
+  std::unique_ptr<gpu::GpuBackend> be = std::move(*made);
+
+  const int32_t per_seq = (bs.entries + kPage - 1) / kPage;
+  const int64_t pages = static_cast<int64_t>(bs.batch) * per_seq;
+  auto pool_or = be->AllocatePool(layout, pages);
+  CHECK_OK(pool_or);
+  uint8_t* pool = *pool_or;
+  FillPoolKernel<<<1024, 256>>>(pool, pages * layout.page_bytes(), layout, 12345u);
+  CHECK_GPU(gpu::GetLastError());
+  CHECK_GPU(gpu::StreamSynchronize(nullptr));
+
+  std::mt19937 rng(42);
+  std::vector<int32_t> perm(pages);
+  std::iota(perm.begin(), perm.end(), 0);
+  std::shuffle(perm.begin(), perm.end(), rng);
+  StepRows rows;
+  rows.num_seqs = bs.batch;
+  rows.max_pages = per_seq;
+  rows.block_table = perm;
+  rows.seq_row_begin = {0};
+  rows.seq_k_begin = {0};
+  for (int32_t s = 0; s < bs.batch; ++s) {
+    rows.seq_old_entries.push_back(bs.entries - bs.q_len);
+    rows.seq_new_entries.push_back(bs.entries);
+    rows.seq_k_begin.push_back(rows.seq_k_begin.back() + bs.q_len);
+    for (int32_t j = 0; j < bs.q_len; ++j) {
+      rows.row_visible.push_back(bs.entries - bs.q_len + j + 1);
+      rows.row_seq.push_back(s);
+    }
+    rows.seq_row_begin.push_back(static_cast<int32_t>(rows.row_visible.size()));
+  }
+  rows.num_rows = static_cast<int32_t>(rows.row_visible.size());
+  rows.max_visible = bs.entries;
+  // The server's chunks under a 512 MiB logits budget (vLLM's default).
+  const int64_t per_chunk = std::max<int64_t>(1, (int64_t{512} << 20) / (4 * int64_t{bs.entries}));
+  for (int32_t b = 0; b < rows.num_rows; b += static_cast<int32_t>(per_chunk)) {
+    rows.chunks.push_back({b, static_cast<int32_t>(std::min<int64_t>(rows.num_rows, b + per_chunk))});
+  }
+  auto ctx_or = be->PrepareStep(layout, rows);
+  CHECK_OK(ctx_or);
+  std::unique_ptr<StepContext> ctx = std::move(*ctx_or);
+
+  const int64_t nq = static_cast<int64_t>(rows.num_rows) * kHeads;
+  std::vector<uint8_t> qv(static_cast<size_t>(nq * layout.value_bytes())), qs;
+  for (auto& v : qv) {
+    v = static_cast<uint8_t>(rng());
+    if (bs.format == KvFormat::kFp8 && (v & 0x7f) == 0x7f) v ^= 1;
+  }
+  if (bs.format == KvFormat::kMxfp4) {
+    qs.resize(static_cast<size_t>(nq * 4));
+    for (auto& v : qs) v = static_cast<uint8_t>(124 + rng() % 7);
+  }
+  std::vector<float> w(static_cast<size_t>(nq));
+  for (auto& x : w) x = static_cast<float>(rng() % 2000) / 1000.f - 1.f;
+  QInput q;
+  q.num_heads = kHeads;
+  q.values = qv.data();
+  q.scales = qs.empty() ? nullptr : qs.data();
+  q.weights = w.data();
+  std::vector<int32_t> out(static_cast<size_t>(rows.num_rows) * bs.topk);
+
+  std::vector<double> lt, tt, yt, ct;
+  for (int i = 0; i < iters + 2; ++i) {
+    CHECK_GPU(gpu::MemsetAsync(flush, 0, flush_bytes, nullptr));
+    CHECK_GPU(gpu::StreamSynchronize(nullptr));
+    const auto t0 = std::chrono::steady_clock::now();
+    auto t = be->DenseTopk(layout, pool, rows, ctx.get(), q, bs.topk, out.data());
+    const double call = std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count();
+    CHECK_OK(t);
+    if (i < 2) continue;  // warm-up
+    lt.push_back(t->logits_us);
+    tt.push_back(t->topk_us);
+    yt.push_back(t->logits_us + t->topk_us);
+    ct.push_back(call);
+  }
+  Result r{bs, be->last_logits_path(), Median(lt), Median(tt), Median(yt), Median(ct), 0, 0};
+  // Bytes: each row group reads its sequence's K once; Q and the logits.
+  double k_bytes = 0, flops = 0, logit_bytes = 0;
+  const int32_t groups_per_seq = (bs.q_len + gpu::kMaxGroupRows - 1) / gpu::kMaxGroupRows;
+  k_bytes = static_cast<double>(bs.batch) * groups_per_seq * bs.entries * layout.entry_bytes();
+  for (int32_t n : rows.row_visible) {
+    flops += 2.0 * n * kHeads * 128;
+    logit_bytes += 4.0 * n;
+  }
+  const double bytes = k_bytes + logit_bytes + static_cast<double>(qv.size() + qs.size() + 4 * w.size());
+  r.gbs = bytes / (r.logits_us * 1e-6) / 1e9;
+  r.tflops = flops / (r.logits_us * 1e-6) / 1e12;
+  (void)ceil;
+  return r;
+}
+
+}  // namespace
+}  // namespace indexer
+
+int main(int argc, char** argv) {
+  using namespace indexer;
+  std::string markdown;
+  int iters = 30;
+  bool quick = false;
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    if (a == "--markdown" && i + 1 < argc) markdown = argv[++i];
+    else if (a == "--iters" && i + 1 < argc) iters = std::atoi(argv[++i]);
+    else if (a == "--quick") quick = true;
+    else {
+      std::fprintf(stderr, "usage: %s [--quick] [--iters N] [--markdown FILE]\n", argv[0]);
+      return 2;
+    }
+  }
+  if (GpuDeviceCount() == 0) {
+    std::printf("no GPU: nothing to benchmark\n");
+    return 0;
+  }
+  gpu::DeviceProp prop;
+  CHECK_GPU(gpu::GetDeviceProperties(&prop, 0));
+  const Ceilings ceil = MeasureCeilings();
+  const size_t flush_bytes = size_t{1} << 30;
+  void* flush = nullptr;
+  CHECK_GPU(gpu::Malloc(&flush, flush_bytes));
+
+  const KvFormat f8 = KvFormat::kFp8, mx = KvFormat::kMxfp4;
+  std::vector<BenchShape> shapes;
+  for (int32_t n : {8192, 32768, 131072}) {
+    for (int32_t b : {1, 8, 64, 128}) {
+      for (int32_t nn : {1, 2}) {
+        if (quick && !(n == 32768 || b == 1 || b == 128)) continue;
+        std::string target;
+        if (b == 64 && n == 32768 && nn == 1) target = "logits <= 81, layer <= 95";
+        if (b == 64 && n == 32768 && nn == 2) target = "layer <= 1.1x next_n=1";
+        if (b == 128 && n == 131072 && nn == 1) target = "layer <= 600";
+        if (b == 1 && n == 131072 && nn == 1) target = "layer <= 30";
+        shapes.push_back({"decode fp8 B=" + std::to_string(b) + " next_n=" + std::to_string(nn) +
+                              " n=" + std::to_string(n / 1024) + "k",
+                          f8, b, nn, n, 2048, target});
+      }
+    }
+  }
+  shapes.push_back({"decode mxfp4 B=64 next_n=1 n=32k", mx, 64, 1, 32768, 2048, "layer <= 0.6x fp8"});
+  shapes.push_back({"decode mxfp4 B=64 next_n=2 n=32k", mx, 64, 2, 32768, 2048, ""});
+  shapes.push_back({"decode mxfp4 B=1 next_n=1 n=128k", mx, 1, 1, 131072, 2048, ""});
+  shapes.push_back({"decode mxfp4 B=128 next_n=1 n=128k", mx, 128, 1, 131072, 2048, ""});
+  shapes.push_back({"prefill fp8 4k rows n=32k", f8, 1, 4096, 32768, 2048, ">= 800 TFLOP/s"});
+  shapes.push_back({"prefill mxfp4 4k rows n=32k", mx, 1, 4096, 32768, 2048, ""});
+  if (!quick) shapes.push_back({"prefill fp8 16k rows n=32k", f8, 1, 16384, 32768, 2048, ""});
+
+  std::vector<Result> results;
+  for (const BenchShape& bs : shapes) {
+    results.push_back(RunShape(bs, ceil, iters, flush, flush_bytes));
+    const Result& r = results.back();
+    std::printf("%-36s %-8s logits %9.1f us  %7.0f GB/s  %6.1f TFLOP/s  topk %8.1f us  layer %9.1f us  call %9.1f us\n",
+                bs.name.c_str(), r.path.c_str(), r.logits_us, r.gbs, r.tflops, r.topk_us, r.layer_us, r.call_us);
+    std::fflush(stdout);
+  }
+
+  std::string md;
+  char line[512];
+  std::snprintf(line, sizeof line,
+                "Device: %s, %d SMs. Ceilings measured here: copy %.0f GB/s (device-to-device, read + write); "
+                "mma.sync m16n8k32 e4m3 %.0f TFLOP/s; datasheet dense FP8 (wgmma) %.0f TFLOP/s.\n"
+                "Method: L2 flushed (1 GiB zeroed) before each call, backend CUDA events around the "
+                "logits and top-k kernels of one DenseTopk call, median of %d; H = 64, D = 128, "
+                "page 64 entries, top-k 2048, random block tables. layer = logits + top-k kernels; "
+                "call = host wall time of DenseTopk (Q upload, kernels, output download).\n\n",
+                prop.name, prop.multiProcessorCount, ceil.copy_gbs, ceil.mma_tflops, kDatasheetFp8Tflops, iters);
+  md += line;
+  md += "| shape | kernel | logits us | GB/s (% copy) | TFLOP/s (% mma.sync, % datasheet) | top-k us | layer us | call us | target |\n";
+  md += "|---|---|---:|---:|---:|---:|---:|---:|---|\n";
+  for (const Result& r : results) {
+    std::snprintf(line, sizeof line, "| %s | %s | %.1f | %.0f (%.0f%%) | %.1f (%.0f%%, %.0f%%) | %.1f | %.1f | %.1f | %s |\n",
+                  r.shape.name.c_str(), r.path.c_str(), r.logits_us, r.gbs, 100 * r.gbs / ceil.copy_gbs,
+                  r.tflops, ceil.mma_tflops > 0 ? 100 * r.tflops / ceil.mma_tflops : 0.0,
+                  100 * r.tflops / kDatasheetFp8Tflops, r.topk_us, r.layer_us, r.call_us, r.shape.target.c_str());
+    md += line;
+  }
+  std::printf("\n%s", md.c_str());
+  if (!markdown.empty()) {
+    FILE* f = std::fopen(markdown.c_str(), "w");
+    if (f == nullptr) {
+      std::fprintf(stderr, "cannot write %s\n", markdown.c_str());
+      return 1;
+    }
+    std::fputs(md.c_str(), f);
+    std::fclose(f);
+  }
+  CHECK_GPU(gpu::Free(flush));
+  return 0;
+}

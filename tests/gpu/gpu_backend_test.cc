@@ -1,0 +1,482 @@
+// The gpu backend against the cpu backend (indexer::CpuBackend) on the same
+// inputs: K pages bit-exact after every write, top-k by the SPEC §5 rule
+// (right count, every index scores >= the reference's k-th score minus a
+// tolerance for fp32 summation order), both for the tensor-core and the
+// portable logits kernels. Skips without a GPU.
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstdlib>
+#include <memory>
+#include <random>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "gtest/gtest.h"
+#include "kernels/backend.h"
+#include "kernels/cpu/cpu_backend.h"
+#include "kernels/format/fp8.h"
+#include "kernels/format/mxfp4.h"
+#include "kernels/format/numeric.h"
+#include "kernels/gpu/gpu_backend.h"
+#include "kernels/gpu/gpu_backend_impl.h"
+#include "kernels/gpu/gpu_compat.h"
+
+namespace indexer {
+namespace {
+
+#define SKIP_WITHOUT_GPU()                                               \
+  if (GpuDeviceCount() == 0) {                                           \
+    GTEST_SKIP() << "no GPU: GpuDeviceCount() == 0 on this machine";     \
+  }
+
+struct Shape {
+  KvFormat format;
+  int32_t page_entries;
+  bool tiled;
+  int32_t seqs;
+  int32_t q_len_min, q_len_max;   // rows per sequence
+  int32_t hist_min, hist_max;     // entries before the step
+  int32_t heads;
+  int32_t topk;
+  bool portable;                  // force the portable logits kernel
+  KInput::Kind k_kind = KInput::Kind::kFloat32;
+  bool ue8m0 = true;
+  int32_t chunk_rows = 0;         // server chunks of this many rows (0: one)
+};
+
+std::string Name(const Shape& s) {
+  return std::string(s.format == KvFormat::kFp8 ? "fp8" : "mxfp4") + "_E" +
+         std::to_string(s.page_entries) + (s.tiled ? "_tiled" : "") + "_B" +
+         std::to_string(s.seqs) + "_q" + std::to_string(s.q_len_min) + "to" +
+         std::to_string(s.q_len_max) + "_n" + std::to_string(s.hist_max) +
+         "_H" + std::to_string(s.heads) + "_k" + std::to_string(s.topk) +
+         (s.portable ? "_portable" : "") +
+         (s.k_kind == KInput::Kind::kBf16 ? "_bf16" : "") +
+         (s.k_kind == KInput::Kind::kQuantized ? "_quantized" : "") +
+         (s.ue8m0 ? "" : "_plain") +
+         (s.chunk_rows ? "_chunk" + std::to_string(s.chunk_rows) : "");
+}
+
+PageLayout MakeLayout(const Shape& s) {
+  // Tiled: the gfx942 preshuffle (16 entries x 16 bytes), 4 scale lanes.
+  auto l = s.tiled ? PageLayout::Make(s.format, 128, s.page_entries, 16, 16,
+                                      s.format == KvFormat::kMxfp4 ? 2 : 1)
+                   : PageLayout::Make(s.format, 128, s.page_entries);
+  EXPECT_TRUE(l.ok()) << l.status();
+  return *l;
+}
+
+// Two backends with one pool each, same page numbering.
+struct Pair {
+  std::unique_ptr<CpuBackend> cpu;
+  std::unique_ptr<Backend> gpu;
+  uint8_t* cpu_pool = nullptr;
+  uint8_t* gpu_pool = nullptr;
+  int64_t pages = 0;
+};
+
+Pair MakePair(const PageLayout& layout, int64_t pages) {
+  Pair p;
+  p.cpu = std::make_unique<CpuBackend>(0);
+  auto g = MakeGpuBackend(0, 0);
+  EXPECT_TRUE(g.ok()) << g.status();
+  p.gpu = std::move(*g);
+  p.pages = pages;
+  p.cpu_pool = *p.cpu->AllocatePool(layout, pages);
+  auto gp = p.gpu->AllocatePool(layout, pages);
+  EXPECT_TRUE(gp.ok()) << gp.status();
+  p.gpu_pool = *gp;
+  return p;
+}
+
+// Raw pool bytes of the gpu pool.
+std::vector<uint8_t> GpuPoolBytes(const Pair& p, const PageLayout& layout) {
+  std::vector<uint8_t> host(static_cast<size_t>(p.pages * layout.page_bytes()));
+  EXPECT_EQ(gpu::CopyD2H(host.data(), p.gpu_pool, host.size(), nullptr), gpu::kSuccess);
+  EXPECT_EQ(gpu::StreamSynchronize(nullptr), gpu::kSuccess);
+  return host;
+}
+
+void ExpectPoolsEqual(const Pair& p, const PageLayout& layout) {
+  const std::vector<uint8_t> g = GpuPoolBytes(p, layout);
+  int64_t diffs = 0, first = -1;
+  for (size_t i = 0; i < g.size(); ++i) {
+    if (g[i] != p.cpu_pool[i]) {
+      if (first < 0) first = static_cast<int64_t>(i);
+      ++diffs;
+    }
+  }
+  EXPECT_EQ(diffs, 0) << "pool bytes differ, first at byte " << first
+                      << " (page " << first / std::max<int64_t>(1, layout.page_bytes())
+                      << "): gpu " << (first >= 0 ? int(g[first]) : 0)
+                      << " cpu " << (first >= 0 ? int(p.cpu_pool[first]) : 0);
+}
+
+// A step over `lens` (entries after the step) with `q_lens` rows each;
+// pages drawn from a shuffled pool so block tables are not contiguous.
+StepRows MakeStep(const std::vector<int32_t>& old_e,
+                  const std::vector<int32_t>& new_e,
+                  const std::vector<int32_t>& q_lens, int32_t page_entries,
+                  const std::vector<std::vector<int32_t>>& pages,
+                  int32_t chunk_rows) {
+  StepRows r;
+  r.num_seqs = static_cast<int32_t>(new_e.size());
+  r.seq_row_begin = {0};
+  r.seq_k_begin = {0};
+  r.seq_old_entries = old_e;
+  r.seq_new_entries = new_e;
+  r.max_pages = 0;
+  for (const auto& p : pages) r.max_pages = std::max<int32_t>(r.max_pages, p.size());
+  r.block_table.assign(static_cast<size_t>(r.num_seqs) * r.max_pages, -1);
+  for (int32_t s = 0; s < r.num_seqs; ++s) {
+    r.seq_k_begin.push_back(r.seq_k_begin.back() + new_e[s] - old_e[s]);
+    for (size_t i = 0; i < pages[s].size(); ++i) r.block_table[s * r.max_pages + i] = pages[s][i];
+    for (int32_t j = 0; j < q_lens[s]; ++j) {
+      r.row_visible.push_back(new_e[s] - q_lens[s] + j + 1);
+      r.row_seq.push_back(s);
+      r.max_visible = std::max(r.max_visible, r.row_visible.back());
+    }
+    r.seq_row_begin.push_back(static_cast<int32_t>(r.row_visible.size()));
+  }
+  r.num_rows = static_cast<int32_t>(r.row_visible.size());
+  if (chunk_rows > 0) {
+    for (int32_t b = 0; b < r.num_rows; b += chunk_rows) {
+      r.chunks.push_back({b, std::min(r.num_rows, b + chunk_rows)});
+    }
+  }
+  return r;
+}
+
+std::vector<float> RandomK(std::mt19937& rng, int64_t n, int32_t dim) {
+  std::normal_distribution<float> nd(0.f, 1.f);
+  std::uniform_int_distribution<int> mag(-6, 6);
+  std::vector<float> k(static_cast<size_t>(n * dim));
+  for (int64_t i = 0; i < n; ++i) {
+    const float m = std::ldexp(1.f, mag(rng));  // per-entry magnitude
+    for (int32_t d = 0; d < dim; ++d) k[i * dim + d] = nd(rng) * m;
+  }
+  return k;
+}
+
+struct KData {
+  std::vector<float> f32;
+  std::vector<uint16_t> bf16;
+  std::vector<uint8_t> quantized;
+  KInput input;
+};
+
+KData MakeK(std::mt19937& rng, const PageLayout& layout, int64_t n,
+            KInput::Kind kind, bool ue8m0) {
+  KData d;
+  d.f32 = RandomK(rng, n, layout.head_dim);
+  d.input.kind = kind;
+  d.input.ue8m0 = ue8m0;
+  if (kind == KInput::Kind::kFloat32) {
+    d.input.data = d.f32.data();
+  } else if (kind == KInput::Kind::kBf16) {
+    d.bf16.resize(d.f32.size());
+    for (size_t i = 0; i < d.f32.size(); ++i) d.bf16[i] = static_cast<uint16_t>(FloatToBits(d.f32[i]) >> 16);
+    d.input.data = d.bf16.data();
+  } else {
+    const int32_t eb = layout.entry_bytes(), vb = layout.value_bytes();
+    d.quantized.resize(static_cast<size_t>(n * eb));
+    for (int64_t i = 0; i < n; ++i) {
+      uint8_t* e = d.quantized.data() + i * eb;
+      const float* x = d.f32.data() + i * layout.head_dim;
+      if (layout.format == KvFormat::kFp8) {
+        const float s = QuantizeFp8Entry(x, layout.head_dim, ue8m0, e);
+        std::memcpy(e + vb, &s, 4);
+      } else {
+        QuantizeMxfp4(x, layout.head_dim, e, e + vb);
+      }
+    }
+    d.input.data = d.quantized.data();
+  }
+  return d;
+}
+
+struct QData {
+  std::vector<uint8_t> values, scales;
+  std::vector<float> weights;
+  QInput input;
+};
+
+QData MakeQ(std::mt19937& rng, const PageLayout& layout, int32_t rows, int32_t heads) {
+  QData q;
+  std::uniform_int_distribution<int> byte(0, 255);
+  std::uniform_real_distribution<float> w(-1.f, 1.f);
+  const int64_t n = static_cast<int64_t>(rows) * heads;
+  q.values.resize(static_cast<size_t>(n * layout.value_bytes()));
+  for (auto& v : q.values) {
+    uint8_t b = static_cast<uint8_t>(byte(rng));
+    if (layout.format == KvFormat::kFp8 && (b & 0x7f) == 0x7f) b ^= 1;  // no NaN
+    v = b;
+  }
+  if (layout.format == KvFormat::kMxfp4) {
+    std::uniform_int_distribution<int> e(124, 130);
+    q.scales.resize(static_cast<size_t>(n * (layout.head_dim / 32)));
+    for (auto& s : q.scales) s = static_cast<uint8_t>(e(rng));
+  }
+  q.weights.resize(static_cast<size_t>(n));
+  for (auto& x : q.weights) x = w(rng) / 64.f;
+  q.input.num_heads = heads;
+  q.input.values = q.values.data();
+  q.input.scales = q.scales.empty() ? nullptr : q.scales.data();
+  q.input.weights = q.weights.data();
+  return q;
+}
+
+// Reference logits of row r in double, with a per-entry bound on the fp32
+// summation error (|terms| summed, times 2^-10: covers fp32 and the tensor
+// cores' fp8 accumulation).
+void RefLogits(const Pair& p, const PageLayout& layout, const StepRows& rows,
+               const QData& q, int32_t r, std::vector<double>* logit,
+               std::vector<double>* tol) {
+  const int32_t n = rows.row_visible[r], s = rows.row_seq[r], dim = layout.head_dim;
+  const int32_t h_count = q.input.num_heads, eb = layout.entry_bytes(), vb = layout.value_bytes();
+  logit->assign(n, 0.0);
+  tol->assign(n, 0.0);
+  std::vector<double> qd(static_cast<size_t>(h_count) * dim);
+  for (int32_t h = 0; h < h_count; ++h) {
+    const int64_t qh = static_cast<int64_t>(r) * h_count + h;
+    for (int32_t d = 0; d < dim; ++d) {
+      qd[h * dim + d] = layout.format == KvFormat::kFp8
+                            ? DecodeE4m3(q.values[qh * vb + d])
+                            : Mxfp4Element(q.values.data() + qh * vb, q.scales.data() + qh * (dim / 32), d);
+    }
+  }
+  std::vector<uint8_t> entry(eb);
+  for (int32_t e = 0; e < n; ++e) {
+    const int32_t page = rows.Page(s, e / layout.page_entries);
+    EXPECT_TRUE(p.cpu->ReadEntries(layout, p.cpu_pool, page, e % layout.page_entries, 1, entry.data()).ok());
+    std::vector<double> k(dim);
+    float kscale = 1.f;
+    for (int32_t d = 0; d < dim; ++d) {
+      k[d] = layout.format == KvFormat::kFp8 ? DecodeE4m3(entry[d]) : Mxfp4Element(entry.data(), entry.data() + vb, d);
+    }
+    if (layout.format == KvFormat::kFp8) std::memcpy(&kscale, entry.data() + vb, 4);
+    double sum = 0, mag = 0;
+    for (int32_t h = 0; h < h_count; ++h) {
+      double dot = 0, absdot = 0;
+      for (int32_t d = 0; d < dim; ++d) {
+        dot += qd[h * dim + d] * k[d];
+        absdot += std::fabs(qd[h * dim + d] * k[d]);
+      }
+      const double w = q.weights[static_cast<int64_t>(r) * h_count + h];
+      sum += w * std::max(dot, 0.0);
+      mag += std::fabs(w) * absdot;
+    }
+    (*logit)[e] = sum * kscale;
+    (*tol)[e] = std::ldexp(mag * kscale, -10) + 1e-30;
+  }
+}
+
+// SPEC §5: count, range, distinctness, -1 fill, and every kept index scores
+// at least the reference's k-th score (minus the tolerance).
+void ExpectTopkRow(const int32_t* got, int32_t n, int32_t k,
+                   const std::vector<double>& logit,
+                   const std::vector<double>& tol, const std::string& what) {
+  const int32_t valid = std::min(n, k);
+  std::set<int32_t> seen;
+  for (int32_t i = 0; i < k; ++i) {
+    if (i >= valid) {
+      ASSERT_EQ(got[i], -1) << what << " slot " << i;
+      continue;
+    }
+    ASSERT_GE(got[i], 0) << what << " slot " << i;
+    ASSERT_LT(got[i], n) << what << " slot " << i;
+    ASSERT_TRUE(seen.insert(got[i]).second) << what << " duplicate " << got[i];
+  }
+  if (n <= k) return;
+  std::vector<int32_t> order(n);
+  for (int32_t i = 0; i < n; ++i) order[i] = i;
+  std::nth_element(order.begin(), order.begin() + (k - 1), order.end(),
+                   [&](int32_t a, int32_t b) { return logit[a] > logit[b]; });
+  const int32_t kth = order[k - 1];
+  for (int32_t i = 0; i < k; ++i) {
+    const int32_t e = got[i];
+    ASSERT_GE(logit[e] + tol[e] + tol[kth], logit[kth])
+        << what << ": entry " << e << " scores " << logit[e] << " below the k-th "
+        << logit[kth] << " (tol " << tol[e] + tol[kth] << ")";
+  }
+}
+
+class GpuDenseTest : public ::testing::TestWithParam<Shape> {};
+
+TEST_P(GpuDenseTest, WritesBitExactAndTopkMatchesCpu) {
+  SKIP_WITHOUT_GPU();
+  const Shape sh = GetParam();
+  const PageLayout layout = MakeLayout(sh);
+  std::mt19937 rng(1234 + sh.page_entries * 7 + sh.seqs);
+  std::uniform_int_distribution<int32_t> hist(sh.hist_min, sh.hist_max);
+  std::uniform_int_distribution<int32_t> ql(sh.q_len_min, sh.q_len_max);
+
+  std::vector<int32_t> old_e, new_e, q_lens, zeros(sh.seqs, 0);
+  std::vector<std::vector<int32_t>> pages(sh.seqs);
+  int64_t total_pages = 0;
+  for (int32_t s = 0; s < sh.seqs; ++s) {
+    q_lens.push_back(ql(rng));
+    old_e.push_back(hist(rng));
+    new_e.push_back(old_e.back() + q_lens.back());
+    total_pages += (new_e.back() + sh.page_entries - 1) / sh.page_entries;
+  }
+  const int64_t pool_pages = total_pages + 5;
+  std::vector<int32_t> perm(pool_pages);
+  for (int64_t i = 0; i < pool_pages; ++i) perm[i] = static_cast<int32_t>(i);
+  std::shuffle(perm.begin(), perm.end(), rng);
+  int64_t next = 0;
+  for (int32_t s = 0; s < sh.seqs; ++s) {
+    for (int32_t i = 0; i < (new_e[s] + sh.page_entries - 1) / sh.page_entries; ++i) pages[s].push_back(perm[next++]);
+  }
+  Pair p = MakePair(layout, pool_pages);
+  ASSERT_NE(p.gpu_pool, nullptr);
+  static_cast<gpu::GpuBackend*>(p.gpu.get())->set_force_portable(sh.portable);
+
+  // ---- history: entries [0, old) of every sequence, no rows ---------------
+  const StepRows hist_rows = MakeStep(zeros, old_e, std::vector<int32_t>(sh.seqs, 0),
+                                      sh.page_entries, pages, 0);
+  KData hk = MakeK(rng, layout, hist_rows.NewEntries(), sh.k_kind, sh.ue8m0);
+  ASSERT_TRUE(p.cpu->WriteEntries(layout, p.cpu_pool, hist_rows, nullptr, hk.input).ok());
+  {
+    auto ctx = p.gpu->PrepareStep(layout, hist_rows);
+    ASSERT_TRUE(ctx.ok()) << ctx.status();
+    auto w = p.gpu->WriteEntries(layout, p.gpu_pool, hist_rows, ctx->get(), hk.input);
+    ASSERT_TRUE(w.ok()) << w.status();
+  }
+  ExpectPoolsEqual(p, layout);
+
+  // ---- the step: new entries, then the dense top-k ------------------------
+  const StepRows rows = MakeStep(old_e, new_e, q_lens, sh.page_entries, pages, sh.chunk_rows);
+  KData nk = MakeK(rng, layout, rows.NewEntries(), sh.k_kind, sh.ue8m0);
+  auto ctx = p.gpu->PrepareStep(layout, rows);
+  ASSERT_TRUE(ctx.ok()) << ctx.status();
+  ASSERT_TRUE(p.cpu->WriteEntries(layout, p.cpu_pool, rows, nullptr, nk.input).ok());
+  auto w = p.gpu->WriteEntries(layout, p.gpu_pool, rows, ctx->get(), nk.input);
+  ASSERT_TRUE(w.ok()) << w.status();
+  ExpectPoolsEqual(p, layout);
+
+  const QData q = MakeQ(rng, layout, rows.num_rows, sh.heads);
+  std::vector<int32_t> got(static_cast<size_t>(rows.num_rows) * sh.topk, -7);
+  std::vector<int32_t> want(got.size(), -7);
+  auto t = p.gpu->DenseTopk(layout, p.gpu_pool, rows, ctx->get(), q.input, sh.topk, got.data());
+  ASSERT_TRUE(t.ok()) << t.status();
+  ASSERT_TRUE(p.cpu->DenseTopk(layout, p.cpu_pool, rows, nullptr, q.input, sh.topk, want.data()).ok());
+  const std::string path = static_cast<gpu::GpuBackend*>(p.gpu.get())->last_logits_path();
+  std::vector<double> logit, tol;
+  for (int32_t r = 0; r < rows.num_rows; ++r) {
+    RefLogits(p, layout, rows, q, r, &logit, &tol);
+    const int32_t n = rows.row_visible[r];
+    ExpectTopkRow(want.data() + static_cast<int64_t>(r) * sh.topk, n, sh.topk, logit, tol,
+                  "cpu row " + std::to_string(r));
+    ExpectTopkRow(got.data() + static_cast<int64_t>(r) * sh.topk, n, sh.topk, logit, tol,
+                  "gpu (" + path + ") row " + std::to_string(r) + " n " + std::to_string(n));
+    if (HasFatalFailure()) return;
+  }
+}
+
+std::vector<Shape> Shapes() {
+  using K = KInput::Kind;
+  const KvFormat f8 = KvFormat::kFp8, mx = KvFormat::kMxfp4;
+  return {
+      // decode, next_n 1..4, odd page sizes (portable: E not a multiple of 4)
+      {f8, 1, false, 5, 1, 1, 0, 300, 64, 64, false},
+      {f8, 3, false, 23, 1, 4, 0, 500, 64, 128, false},
+      {f8, 16, false, 5, 1, 2, 100, 3000, 64, 256, false},
+      {f8, 64, false, 23, 1, 4, 0, 5000, 64, 512, false},
+      {f8, 64, false, 23, 1, 4, 0, 5000, 64, 512, true},
+      {f8, 64, true, 5, 1, 3, 0, 2000, 64, 256, false},
+      {f8, 64, false, 1, 1, 1, 30000, 40000, 64, 2048, false},   // split top-k
+      {f8, 64, false, 3, 2, 2, 9000, 20000, 64, 1024, false, K::kBf16},
+      {f8, 16, false, 5, 1, 4, 0, 900, 64, 64, false, K::kFloat32, false},
+      {f8, 16, false, 5, 1, 4, 0, 900, 64, 64, false, K::kQuantized},
+      {f8, 64, false, 5, 1, 4, 0, 900, 8, 64, false},            // H = 8: portable
+      // prefill chunks mixed with decode, server chunks
+      {f8, 64, false, 3, 5, 70, 0, 3000, 64, 256, false, K::kFloat32, true, 37},
+      {f8, 16, true, 3, 5, 70, 0, 3000, 64, 256, true, K::kFloat32, true, 37},
+      // MXFP4
+      {mx, 1, false, 5, 1, 1, 0, 300, 64, 64, false},
+      {mx, 3, false, 23, 1, 4, 0, 500, 64, 128, false},
+      {mx, 64, false, 23, 1, 4, 0, 5000, 64, 512, false},
+      {mx, 64, false, 23, 1, 4, 0, 5000, 64, 512, true},
+      {mx, 64, true, 5, 1, 2, 0, 2000, 64, 256, false},
+      {mx, 64, false, 1, 1, 1, 30000, 40000, 64, 2048, false},
+      {mx, 64, false, 3, 5, 70, 0, 3000, 64, 256, false, K::kBf16, true, 37},
+      {mx, 16, false, 5, 1, 4, 0, 900, 64, 64, false, K::kQuantized},
+  };
+}
+
+INSTANTIATE_TEST_SUITE_P(Shapes, GpuDenseTest, ::testing::ValuesIn(Shapes()),
+                         [](const auto& info) { return Name(info.param); });
+
+// A tiny logits workspace forces sub-chunks inside the server's chunks.
+TEST(GpuBackendTest, SmallWorkspaceSplitsChunks) {
+  SKIP_WITHOUT_GPU();
+  setenv("INDEXER_GPU_LOGITS_MB", "1", 1);
+  auto layout = *PageLayout::Make(KvFormat::kFp8, 128, 64);
+  auto gpu = MakeGpuBackend(0, 0);
+  unsetenv("INDEXER_GPU_LOGITS_MB");
+  ASSERT_TRUE(gpu.ok()) << gpu.status();
+  CpuBackend cpu(0);
+  std::mt19937 rng(7);
+  const int32_t seqs = 2, q_len = 100, hist = 4000;
+  std::vector<std::vector<int32_t>> pages(seqs);
+  const int32_t per = (hist + q_len + 63) / 64;
+  for (int32_t s = 0; s < seqs; ++s) for (int32_t i = 0; i < per; ++i) pages[s].push_back(s * per + i);
+  uint8_t* cpool = *cpu.AllocatePool(layout, seqs * per);
+  auto gp = (*gpu)->AllocatePool(layout, seqs * per);
+  ASSERT_TRUE(gp.ok());
+  const StepRows rows = MakeStep({0, 0}, {hist + q_len, hist + q_len}, {q_len, q_len}, 64, pages, 0);
+  KData k = MakeK(rng, layout, rows.NewEntries(), KInput::Kind::kFloat32, true);
+  ASSERT_TRUE(cpu.WriteEntries(layout, cpool, rows, nullptr, k.input).ok());
+  ASSERT_TRUE((*gpu)->WriteEntries(layout, *gp, rows, nullptr, k.input).ok());
+  const QData q = MakeQ(rng, layout, rows.num_rows, 64);
+  std::vector<int32_t> got(rows.num_rows * 128), want(rows.num_rows * 128);
+  auto t = (*gpu)->DenseTopk(layout, *gp, rows, nullptr, q.input, 128, got.data());
+  ASSERT_TRUE(t.ok()) << t.status();
+  ASSERT_TRUE(cpu.DenseTopk(layout, cpool, rows, nullptr, q.input, 128, want.data()).ok());
+  // Distinct logits almost surely: the sets agree up to ties at the cut.
+  int64_t same = 0;
+  for (int32_t r = 0; r < rows.num_rows; ++r) {
+    std::set<int32_t> a(got.begin() + r * 128, got.begin() + (r + 1) * 128);
+    for (int32_t i = 0; i < 128; ++i) same += a.count(want[r * 128 + i]);
+  }
+  EXPECT_GE(same, static_cast<int64_t>(rows.num_rows) * 128 * 99 / 100);
+}
+
+TEST(GpuBackendTest, RejectsForeignPoolAndContext) {
+  SKIP_WITHOUT_GPU();
+  auto layout = *PageLayout::Make(KvFormat::kFp8, 128, 64);
+  auto gpu = MakeGpuBackend(0, 0);
+  ASSERT_TRUE(gpu.ok()) << gpu.status();
+  uint8_t* pool = *(*gpu)->AllocatePool(layout, 4);
+  const StepRows rows = MakeStep({0}, {10}, {2}, 64, {{1}}, 0);
+  const StepRows other = MakeStep({0, 0}, {10, 10}, {1, 1}, 64, {{1}, {2}}, 0);
+  auto ctx = (*gpu)->PrepareStep(layout, other);
+  ASSERT_TRUE(ctx.ok());
+  std::vector<float> k(10 * 128, 1.f);
+  KInput in;
+  in.data = k.data();
+  auto bad_pool = (*gpu)->WriteEntries(layout, pool + 64, rows, nullptr, in);
+  EXPECT_EQ(bad_pool.status().code(), absl::StatusCode::kInvalidArgument);
+  auto bad_ctx = (*gpu)->WriteEntries(layout, pool, rows, ctx->get(), in);
+  EXPECT_EQ(bad_ctx.status().code(), absl::StatusCode::kInvalidArgument);
+  const StepRows oob = MakeStep({0}, {10}, {2}, 64, {{9}}, 0);  // page 9 of 4
+  EXPECT_EQ((*gpu)->WriteEntries(layout, pool, oob, nullptr, in).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ((*gpu)->ReadEntries(layout, pool, 4, 0, 1, nullptr).code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
+TEST(GpuBackendTest, DescribesDevice) {
+  SKIP_WITHOUT_GPU();
+  auto gpu = MakeGpuBackend(0, 0);
+  ASSERT_TRUE(gpu.ok()) << gpu.status();
+  EXPECT_EQ((*gpu)->Kind(), "gpu");
+  EXPECT_NE((*gpu)->Describe().find(":0 "), std::string::npos) << (*gpu)->Describe();
+  EXPECT_FALSE(MakeGpuBackend(GpuDeviceCount(), 0).ok());
+}
+
+}  // namespace
+}  // namespace indexer

@@ -1,0 +1,383 @@
+// End to end: the daemon on 127.0.0.1:0 (cpu backend) driven through the
+// client library, results checked against the plain reference of
+// reference.h. Covers both K formats and layouts, next_n 1 and 2, chunked
+// prefill, compress ratio 4, mixed steps, import, concurrent steps, and the
+// wire side of bad input, cancellation and dropped clients.
+#include <chrono>
+#include <thread>
+
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "indexer/client.h"
+#include "kernels/cpu/cpu_backend.h"
+#include "server/rpc/server.h"
+#include "tests/integration/test_config.h"
+
+namespace indexer::testing {
+namespace {
+
+using ::testing::HasSubstr;
+namespace v1 = ::indexer::v1;
+using client::IndexerClient;
+
+class Daemon {
+ public:
+  explicit Daemon(const config::ServerConfig& cfg) {
+    auto model = BuildModel(cfg);
+    EXPECT_TRUE(model.ok()) << model.status();
+    layers_ = TestLayers(*model);
+    auto engine = Engine::Create(*std::move(model), std::make_unique<CpuBackend>(2));
+    EXPECT_TRUE(engine.ok()) << engine.status();
+    auto server = StartServer(*std::move(engine), "127.0.0.1:0");
+    EXPECT_TRUE(server.ok()) << server.status();
+    server_ = *std::move(server);
+    auto c = IndexerClient::Connect("127.0.0.1:" + std::to_string(server_->port()));
+    EXPECT_TRUE(c.ok()) << c.status();
+    client_ = *std::move(c);
+  }
+  Engine& engine() { return server_->engine(); }
+  IndexerClient& client() { return *client_; }
+  const std::vector<TestLayer>& layers() const { return layers_; }
+  int port() const { return server_->port(); }
+
+  // Steps end asynchronously on the server after a cancel: wait for it.
+  void WaitIdle() {
+    for (int i = 0; i < 400 && engine().open_steps() > 0; ++i) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    }
+    ASSERT_EQ(engine().open_steps(), 0);
+  }
+
+ private:
+  std::vector<TestLayer> layers_;
+  std::unique_ptr<RunningServer> server_;
+  std::unique_ptr<IndexerClient> client_;
+};
+
+enum class Form { kFloat, kNative };
+
+v1::LayerRequest Request(const TestLayer& t, const LayerData& d, Form form) {
+  const PageLayout& L = t.layout;
+  const int64_t D = L.head_dim, H = t.num_heads;
+  v1::LayerRequest r;
+  r.set_layer(t.layer);
+  if (form == Form::kFloat) {
+    *r.mutable_k() = client::MakeFp32Tensor(d.k_float, {d.n_new, D});
+    *r.mutable_q() = client::MakeFp32Tensor(d.q_float, {d.rows, H, D});
+    *r.mutable_weights() = client::MakeFp32Tensor(d.weights, {d.rows, H});
+    return r;
+  }
+  *r.mutable_k() = client::MakeByteTensor(v1::UINT8, d.k_quant, {d.n_new, L.entry_bytes()});
+  if (L.format == KvFormat::kFp8) {
+    *r.mutable_q() = client::MakeByteTensor(v1::FP8_E4M3, d.q_codes, {d.rows, H, D});
+  } else {
+    *r.mutable_q() = client::MakeByteTensor(v1::UINT8, d.q_codes, {d.rows, H, D / 2});
+    *r.mutable_q_scale() = client::MakeByteTensor(v1::UINT8, d.q_scales, {d.rows, H, D / 32});
+  }
+  *r.mutable_weights() = client::MakeFp32Tensor(d.w_folded, {d.rows, H});
+  return r;
+}
+
+v1::StepHeader Header(const std::vector<SeqStep>& seqs, const Shadow& shadow) {
+  v1::StepHeader h;
+  for (const auto& [s, q] : seqs) {
+    v1::StepSequence* ss = h.add_sequences();
+    *ss->mutable_id() = client::NamedSequenceId(s);
+    ss->set_q_len(q);
+    ss->set_create(shadow.len(s) == 0);
+  }
+  return h;
+}
+
+// One full step through the wire: every layer checked, then commit.
+void WireStep(Daemon& d, Shadow& shadow, const std::vector<SeqStep>& seqs, Form form) {
+  auto step = d.client().OpenStep(Header(seqs, shadow));
+  ASSERT_TRUE(step.ok()) << step.status();
+  std::vector<LayerData> data = shadow.Make(seqs);
+  for (size_t li = 0; li < d.layers().size(); ++li) {
+    const TestLayer& t = d.layers()[li];
+    auto reply = (*step)->RunLayer(Request(t, data[li], form));
+    ASSERT_TRUE(reply.ok()) << reply.status();
+    ASSERT_EQ(reply->layer(), static_cast<uint32_t>(t.layer));
+    auto topk = client::ReadInt32Tensor(reply->topk(), {data[li].rows, t.topk}, "topk");
+    ASSERT_TRUE(topk.ok()) << topk.status();
+    shadow.Check(li, seqs, data[li], topk->data());
+    EXPECT_GT(reply->timings().total_us(), 0);
+  }
+  auto committed = (*step)->Commit();
+  ASSERT_TRUE(committed.ok()) << committed.status();
+  shadow.Commit(seqs, data);
+  ASSERT_EQ(committed->seq_lens_size(), static_cast<int>(seqs.size()));
+  for (size_t i = 0; i < seqs.size(); ++i) {
+    EXPECT_EQ(committed->seq_lens(i), static_cast<uint64_t>(shadow.len(seqs[i].first)));
+  }
+  ASSERT_TRUE(d.engine().CheckInvariants().ok()) << d.engine().CheckInvariants();
+}
+
+struct PathCase {
+  std::string format;
+  bool tiled;
+  int compress_ratio;
+  int next_n;
+  Form form;
+};
+
+class PathTest : public ::testing::TestWithParam<PathCase> {};
+
+// Prefill, then decode steps of next_n rows, then a mixed step.
+TEST_P(PathTest, PrefillDecodeMixed) {
+  const PathCase& c = GetParam();
+  Daemon d(MakeConfig({{.format = c.format, .page_entries = 16, .compress_ratio = c.compress_ratio,
+                        .tiled = c.tiled, .num_layers = 2, .heads = 8, .topk = 16, .pages = 200}},
+                      c.next_n));
+  Shadow shadow(d.layers(), 99);
+  WireStep(d, shadow, {{"p", 150}, {"q", 7}, {"r", 1}}, c.form);
+  for (int i = 0; i < 3; ++i) {
+    WireStep(d, shadow, {{"p", c.next_n}, {"q", c.next_n}, {"r", c.next_n}}, c.form);
+  }
+  WireStep(d, shadow, {{"q", c.next_n}, {"p", 40}, {"new", 66}, {"r", 1}}, c.form);
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Paths, PathTest,
+    ::testing::Values(PathCase{"fp8", false, 1, 1, Form::kFloat},
+                      PathCase{"fp8", false, 1, 2, Form::kNative},
+                      PathCase{"fp8", true, 4, 2, Form::kFloat},
+                      PathCase{"mxfp4", false, 1, 1, Form::kNative},
+                      PathCase{"mxfp4", true, 1, 2, Form::kFloat},
+                      PathCase{"mxfp4", true, 4, 2, Form::kNative},
+                      PathCase{"fp8", false, 4, 1, Form::kNative}),
+    [](const ::testing::TestParamInfo<PathCase>& i) {
+      return i.param.format + (i.param.tiled ? "_tiled" : "_linear") + "_r" +
+             std::to_string(i.param.compress_ratio) + "_nextn" + std::to_string(i.param.next_n) +
+             (i.param.form == Form::kFloat ? "_fp32" : "_native");
+    });
+
+// A 1 MiB logits budget cuts the prefills into chunks (700 rows of up to
+// 700 entries: 2 chunks; then 500 rows of up to 1200 entries: 3 chunks).
+TEST(ServerTest, ChunkedPrefillUnderLogitsBudget) {
+  Daemon d(MakeConfig({{.format = "fp8", .page_entries = 64, .num_layers = 1, .heads = 4,
+                        .topk = 32, .pages = 64},
+                       {.format = "mxfp4", .page_entries = 64, .num_layers = 1, .heads = 4,
+                        .topk = 32, .pages = 64}},
+                      1, /*logits_budget_mb=*/1));
+  Shadow shadow(d.layers(), 5);
+  WireStep(d, shadow, {{"long", 700}, {"short", 3}}, Form::kFloat);
+  WireStep(d, shadow, {{"long", 500}, {"short", 1}}, Form::kNative);
+}
+
+TEST(ServerTest, ImportThenDecode) {
+  Daemon d(MakeConfig({{.format = "fp8", .compress_ratio = 1, .num_layers = 1},
+                       {.format = "mxfp4", .compress_ratio = 4, .tiled = true, .num_layers = 1}}));
+  Shadow shadow(d.layers(), 17);
+  // Import 90 tokens of entries (pre-quantized) with WriteEntries.
+  const std::vector<SeqStep> seqs = {{"imp", 90}};
+  std::vector<LayerData> data = shadow.Make(seqs);
+  v1::WriteEntriesRequest w;
+  *w.mutable_id() = client::NamedSequenceId("imp");
+  w.set_create(true);
+  w.set_num_tokens(90);
+  for (size_t li = 0; li < d.layers().size(); ++li) {
+    const TestLayer& t = d.layers()[li];
+    v1::LayerEntries* le = w.add_layers();
+    le->set_layer(t.layer);
+    *le->mutable_k() =
+        client::MakeByteTensor(v1::UINT8, data[li].k_quant, {data[li].n_new, t.layout.entry_bytes()});
+  }
+  auto len = d.client().WriteEntries(w);
+  ASSERT_TRUE(len.ok()) << len.status();
+  EXPECT_EQ(*len, 90u);
+  shadow.Commit(seqs, data);
+  WireStep(d, shadow, {{"imp", 1}}, Form::kFloat);
+  // Importing again with create = true is refused and changes nothing.
+  auto again = d.client().WriteEntries(w);
+  EXPECT_EQ(again.status().code(), absl::StatusCode::kAlreadyExists);
+  EXPECT_EQ(*d.engine().SequenceLength(SeqName::Named("imp")), 91);
+}
+
+class WireErrors : public ::testing::Test {
+ protected:
+  WireErrors()
+      : d_(MakeConfig({{.format = "fp8", .num_layers = 2, .pages = 32},
+                       {.format = "mxfp4", .compress_ratio = 4, .num_layers = 1, .pages = 32}})),
+        shadow_(d_.layers(), 3) {}
+  void SetUp() override {
+    WireStep(d_, shadow_, {{"a", 30}, {"b", 2}}, Form::kFloat);
+    usage_ = d_.engine().Usage();
+  }
+  // Status, message, and the cache exactly as after SetUp.
+  void ExpectRejected(const absl::Status& s, absl::StatusCode code, const std::string& field) {
+    EXPECT_EQ(s.code(), code) << s;
+    EXPECT_THAT(std::string(s.message()), HasSubstr(field));
+    ExpectUnchanged();
+  }
+  void ExpectUnchanged() {
+    d_.WaitIdle();
+    EXPECT_EQ(*d_.engine().SequenceLength(SeqName::Named("a")), 30);
+    EXPECT_EQ(*d_.engine().SequenceLength(SeqName::Named("b")), 2);
+    const std::vector<GroupUsage> now = d_.engine().Usage();
+    for (size_t g = 0; g < now.size(); ++g) EXPECT_EQ(now[g].free_pages, usage_[g].free_pages);
+    EXPECT_TRUE(d_.engine().CheckInvariants().ok()) << d_.engine().CheckInvariants();
+  }
+  // Opens a step over {a:1, b:1} and runs layer 0 with `mutate` applied.
+  absl::Status RunBadLayer(const std::function<void(v1::LayerRequest&)>& mutate) {
+    const std::vector<SeqStep> seqs = {{"a", 1}, {"b", 1}};
+    auto step = d_.client().OpenStep(Header(seqs, shadow_));
+    if (!step.ok()) return step.status();
+    std::vector<LayerData> data = shadow_.Make(seqs);
+    v1::LayerRequest r = Request(d_.layers()[0], data[0], Form::kFloat);
+    mutate(r);
+    return (*step)->RunLayer(r).status();
+  }
+
+  Daemon d_;
+  Shadow shadow_;
+  std::vector<GroupUsage> usage_;
+};
+
+TEST_F(WireErrors, WrongDtype) {
+  ExpectRejected(RunBadLayer([](v1::LayerRequest& r) { r.mutable_q()->set_dtype(v1::INT32); }),
+                 absl::StatusCode::kInvalidArgument, "layer 0: q: expected");
+}
+
+TEST_F(WireErrors, ByteCountMismatch) {
+  ExpectRejected(RunBadLayer([](v1::LayerRequest& r) { r.mutable_weights()->mutable_data()->pop_back(); }),
+                 absl::StatusCode::kInvalidArgument, "weights: expected [2, 8] FP32 (64 bytes)");
+}
+
+TEST_F(WireErrors, ShapeMismatch) {
+  ExpectRejected(RunBadLayer([](v1::LayerRequest& r) { r.mutable_k()->set_shape(0, 5); }),
+                 absl::StatusCode::kInvalidArgument, "k: expected [2, 128] FP32");
+}
+
+TEST_F(WireErrors, UnknownLayer) {
+  ExpectRejected(RunBadLayer([](v1::LayerRequest& r) { r.set_layer(7); }),
+                 absl::StatusCode::kNotFound, "layer: unknown layer 7; expected 0..2");
+}
+
+TEST_F(WireErrors, UnknownSequence) {
+  v1::StepHeader h = Header({{"a", 1}}, shadow_);
+  *h.add_sequences()->mutable_id() = client::NumericSequenceId(404);
+  h.mutable_sequences(1)->set_q_len(1);
+  auto step = d_.client().OpenStep(h);
+  absl::Status s = step.ok() ? (*step)->RunLayer(v1::LayerRequest()).status() : step.status();
+  ExpectRejected(s, absl::StatusCode::kNotFound, "header.sequences[1].id: unknown sequence 404");
+}
+
+TEST_F(WireErrors, QLenZeroAndMissingId) {
+  v1::StepHeader h = Header({{"a", 0}}, shadow_);
+  auto step = d_.client().OpenStep(h);
+  absl::Status s = step.ok() ? (*step)->RunLayer(v1::LayerRequest()).status() : step.status();
+  ExpectRejected(s, absl::StatusCode::kInvalidArgument, "header.sequences[0].q_len: expected 1..");
+  v1::StepHeader h2;
+  h2.add_sequences()->set_q_len(1);
+  auto step2 = d_.client().OpenStep(h2);
+  s = step2.ok() ? (*step2)->RunLayer(v1::LayerRequest()).status() : step2.status();
+  ExpectRejected(s, absl::StatusCode::kInvalidArgument, "header.sequences[0].id: expected num or name");
+}
+
+TEST_F(WireErrors, SequenceTwiceInOneStep) {
+  auto step = d_.client().OpenStep(Header({{"a", 1}, {"b", 1}, {"a", 1}}, shadow_));
+  absl::Status s = step.ok() ? (*step)->RunLayer(v1::LayerRequest()).status() : step.status();
+  ExpectRejected(s, absl::StatusCode::kInvalidArgument, "header.sequences[2].id: sequence \"a\" appears twice");
+}
+
+TEST_F(WireErrors, SequenceInTwoOpenSteps) {
+  const std::vector<SeqStep> seqs = {{"a", 1}};
+  auto first = d_.client().OpenStep(Header(seqs, shadow_));
+  ASSERT_TRUE(first.ok());
+  std::vector<LayerData> data = shadow_.Make(seqs);
+  ASSERT_TRUE((*first)->RunLayer(Request(d_.layers()[0], data[0], Form::kFloat)).ok());
+  auto second = d_.client().OpenStep(Header({{"b", 1}, {"a", 1}}, shadow_));
+  absl::Status s = second.ok() ? (*second)->RunLayer(v1::LayerRequest()).status() : second.status();
+  (*first)->Abort();
+  ExpectRejected(s, absl::StatusCode::kFailedPrecondition, "header.sequences[1].id: sequence \"a\" is in another open step");
+}
+
+TEST_F(WireErrors, PoolExhausted) {
+  auto step = d_.client().OpenStep(Header({{"a", 1}, {"huge", 600}}, shadow_));
+  absl::Status s = step.ok() ? (*step)->RunLayer(v1::LayerRequest()).status() : step.status();
+  ExpectRejected(s, absl::StatusCode::kResourceExhausted, "pages: layer group 'g0' needs");
+  EXPECT_FALSE(d_.engine().SequenceLength(SeqName::Named("huge")).ok());
+}
+
+TEST_F(WireErrors, LayerSentTwice) {
+  const std::vector<SeqStep> seqs = {{"a", 1}};
+  auto step = d_.client().OpenStep(Header(seqs, shadow_));
+  std::vector<LayerData> data = shadow_.Make(seqs);
+  ASSERT_TRUE((*step)->RunLayer(Request(d_.layers()[0], data[0], Form::kFloat)).ok());
+  auto again = (*step)->RunLayer(Request(d_.layers()[0], data[0], Form::kFloat));
+  ExpectRejected(again.status(), absl::StatusCode::kFailedPrecondition, "layer 0: layer: layer 0 was already sent");
+}
+
+TEST_F(WireErrors, CommitWithMissingLayers) {
+  const std::vector<SeqStep> seqs = {{"a", 1}};
+  auto step = d_.client().OpenStep(Header(seqs, shadow_));
+  std::vector<LayerData> data = shadow_.Make(seqs);
+  ASSERT_TRUE((*step)->RunLayer(Request(d_.layers()[0], data[0], Form::kFloat)).ok());
+  ExpectRejected((*step)->Commit().status(), absl::StatusCode::kFailedPrecondition,
+                 "commit: 2 layers not sent");
+}
+
+TEST_F(WireErrors, ClientCancelsMidStep) {
+  const std::vector<SeqStep> seqs = {{"a", 64}, {"c", 20}};
+  auto step = d_.client().OpenStep(Header(seqs, shadow_));
+  std::vector<LayerData> data = shadow_.Make(seqs);
+  ASSERT_TRUE((*step)->RunLayer(Request(d_.layers()[0], data[0], Form::kFloat)).ok());
+  ASSERT_TRUE((*step)->RunLayer(Request(d_.layers()[1], data[1], Form::kNative)).ok());
+  EXPECT_EQ(d_.engine().open_steps(), 1);
+  (*step)->Abort();
+  ExpectUnchanged();
+  EXPECT_FALSE(d_.engine().SequenceLength(SeqName::Named("c")).ok());
+}
+
+TEST_F(WireErrors, StreamClosedBeforeCommitRollsBack) {
+  const std::vector<SeqStep> seqs = {{"a", 3}};
+  auto step = d_.client().OpenStep(Header(seqs, shadow_));
+  std::vector<LayerData> data = shadow_.Make(seqs);
+  ASSERT_TRUE((*step)->RunLayer(Request(d_.layers()[0], data[0], Form::kFloat)).ok());
+  step->reset();  // the session's destructor aborts
+  ExpectUnchanged();
+}
+
+TEST_F(WireErrors, ReleaseUnknownAndBusy) {
+  auto r = d_.client().Release({client::NamedSequenceId("nope")});
+  ExpectRejected(r.status(), absl::StatusCode::kNotFound, "ids[0]: unknown sequence \"nope\"");
+}
+
+// Steps over disjoint sequences from two threads at once.
+TEST(ServerTest, ConcurrentStepsOnDifferentSequences) {
+  Daemon d(MakeConfig({{.format = "fp8", .num_layers = 2, .pages = 256},
+                       {.format = "mxfp4", .compress_ratio = 4, .num_layers = 2, .pages = 256}}));
+  Shadow s1(d.layers(), 1), s2(d.layers(), 2);
+  std::thread t1([&] {
+    for (int i = 0; i < 6; ++i) WireStep(d, s1, {{"x", i == 0 ? 80 : 1}}, Form::kFloat);
+  });
+  std::thread t2([&] {
+    for (int i = 0; i < 6; ++i) WireStep(d, s2, {{"y", i == 0 ? 50 : 2}}, Form::kNative);
+  });
+  t1.join();
+  t2.join();
+  EXPECT_TRUE(d.engine().CheckInvariants().ok());
+}
+
+TEST(ServerTest, ServerInfoDescribesTheProfile) {
+  Daemon d(MakeConfig({{.format = "fp8", .num_layers = 2, .pages = 10},
+                       {.format = "mxfp4", .compress_ratio = 4, .tiled = true, .num_layers = 1, .pages = 12}}));
+  auto info = d.client().GetServerInfo();
+  ASSERT_TRUE(info.ok()) << info.status();
+  EXPECT_EQ(info->profile(), "test");
+  ASSERT_EQ(info->groups_size(), 2);
+  EXPECT_EQ(info->groups(0).kv_format(), "fp8");
+  EXPECT_EQ(info->groups(0).entry_bytes(), 132u);
+  EXPECT_EQ(info->groups(1).entry_bytes(), 68u);
+  EXPECT_EQ(info->groups(1).compress_ratio(), 4u);
+  EXPECT_EQ(info->groups(1).total_pages(), 12u);
+  EXPECT_THAT(info->groups(1).layout(), HasSubstr("tiled"));
+  ASSERT_EQ(info->layers_size(), 3);
+  EXPECT_EQ(info->layers(2).role(), "dense");
+  EXPECT_THAT(info->device(), HasSubstr("cpu"));
+}
+
+}  // namespace
+}  // namespace indexer::testing

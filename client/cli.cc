@@ -133,10 +133,20 @@ absl::Status RunInfo(const GlobalFlags& flags) {
                 g.total_pages(), absl::StrJoin(g.layers(), ",").c_str());
   }
   std::printf("layers:\n");
-  for (const v1::LayerInfo& l : info.layers()) {
-    std::printf("  layer %3u  group %-16s role %-18s heads %3u topk %u\n",
-                l.layer(), l.group().c_str(), l.role().c_str(), l.num_heads(),
-                l.topk());
+  absl::StatusOr<std::vector<LayerSpec>> specs = LayerSpecsFromInfo(info);
+  if (!specs.ok()) {
+    // Still show what the daemon said, raw, then why the client objects.
+    for (const v1::LayerInfo& l : info.layers()) {
+      std::printf("  layer %3u  group %-16s role %-18s heads %3u topk %u\n",
+                  l.layer(), l.group().c_str(), l.role().c_str(),
+                  l.num_heads(), l.topk());
+    }
+    return specs.status();
+  }
+  for (const LayerSpec& spec : *specs) {
+    std::printf("  layer %3u  group %-16s heads %3d  %s\n", spec.layer,
+                spec.group.c_str(), spec.num_heads,
+                spec.RoleString().c_str());
   }
   return absl::OkStatus();
 }
@@ -173,8 +183,11 @@ constexpr char kBenchHelp[] =
     "A step commits only with every layer of the profile, so by default each "
     "step runs all layers (only the --layers are timed) and commits: contexts "
     "grow by --q-len per step. With --abort-steps each step runs only the "
-    "--layers and is then aborted (rolled back): contexts stay at --context "
-    "and untimed layers cost nothing.";
+    "--layers (and the candidate sources of timed consumers, untimed) and "
+    "is then aborted (rolled back): contexts stay at --context and untimed "
+    "layers cost nothing.\n"
+    "Block layers send Q in --block-q as [rows, Hi, D] without weights and "
+    "get [Hi, rows, topk_blocks] block ids back.";
 
 }  // namespace
 
@@ -204,8 +217,16 @@ int main(int argc, char** argv) {
       "every checked row agrees");
   demo_cmd->add_option("--seqs", demo.seqs, "sequences")
       ->capture_default_str()->check(CLI::Range(1, 4096));
-  demo_cmd->add_option("--prompt", demo.prompt, "prompt tokens per sequence")
-      ->capture_default_str()->check(CLI::Range(1, 1 << 20));
+  demo_cmd->add_option("--context", demo.context,
+                       "tokens per sequence imported by WriteEntries before "
+                       "the prompt (random K the reference keeps; long "
+                       "contexts without prefill cost)")
+      ->capture_default_str()->check(CLI::Range(0, 1 << 26));
+  demo_cmd->add_option("--prompt", demo.prompt,
+                       "prompt tokens per sequence (0 = 16 after --context, "
+                       "else 1000, or up to 4096 where that makes candidate "
+                       "pools and block choices real ones)")
+      ->capture_default_str()->check(CLI::Range(0, 1 << 20));
   demo_cmd->add_option("--decode-steps", demo.decode_steps,
                        "decode steps (q_len = the server's next_n)")
       ->capture_default_str()->check(CLI::Range(0, 1 << 20));
@@ -213,6 +234,11 @@ int main(int argc, char** argv) {
                      "send Q as FP32 (the daemon quantizes it)");
   demo_cmd->add_flag("--prequantized", demo.prequantized,
                      "send K as UINT8 linear entries instead of FP32");
+  demo_cmd->add_option("--block-q", demo.block_q,
+                       "Q of block layers: fp32, bf16 or fp8 (e4m3 with a "
+                       "per (row, head) q_scale)")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"fp32", "bf16", "fp8"}));
   demo_cmd->add_option("--seed", demo.seed, "random seed")
       ->capture_default_str();
   demo_cmd->add_option("--rows-to-print", demo.rows_to_print,
@@ -244,7 +270,8 @@ int main(int argc, char** argv) {
       ->capture_default_str()->check(CLI::Range(0, 1 << 20));
   bench_cmd->add_option("--layers", bench.layers,
                         "timed layers: all, or layer ids such as 3 or "
-                        "0,4,8 or 0-7")
+                        "0,4,8 or 0-7 (e.g. 19,21 times a dense layer and a "
+                        "consumer at the same context)")
       ->capture_default_str();
   bench_cmd->add_flag("--abort-steps", bench.abort_steps,
                       "run only --layers and abort each step (see above)");
@@ -252,6 +279,10 @@ int main(int argc, char** argv) {
                       "send Q as FP32 (the daemon quantizes it)");
   bench_cmd->add_flag("--prequantized", bench.prequantized,
                       "send step K as UINT8 linear entries instead of FP32");
+  bench_cmd->add_option("--block-q", bench.block_q,
+                        "Q of block layers: fp32, bf16 or fp8")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"fp32", "bf16", "fp8"}));
   bench_cmd->add_option("--seed", bench.seed, "random seed")
       ->capture_default_str();
 

@@ -79,6 +79,13 @@ PoolKey KeyOf(const LayerSpec& s) {
   return {static_cast<int>(s.format), s.head_dim, s.ue8m0};
 }
 
+const char* RoleTag(const LayerSpec& spec) {
+  if (spec.is_source()) return "source";
+  if (spec.is_consumer()) return "consumer";
+  if (spec.is_block()) return "block";
+  return "dense";
+}
+
 struct LayerStats {
   std::vector<double> rtt_us, server_us, logits_us, topk_us;
 };
@@ -88,16 +95,17 @@ class Bench {
   Bench(IndexerClient* client, const v1::ServerInfo& info,
         std::vector<LayerSpec> specs, std::set<uint32_t> timed,
         const GlobalFlags& global, const BenchFlags& flags,
-        OwnedSequences* owned);
+        BlockQFormat block_q, OwnedSequences* owned);
 
   absl::Status Populate();
   absl::Status RunSteps();
   void Report() const;
 
  private:
-  absl::Status ImportWithWriteEntries(int32_t s, bool* unimplemented);
+  absl::Status ImportWithWriteEntries(int32_t s);
   absl::Status ImportWithSteps();
-  // One step of `q_len` tokens per sequence; `timed` collects stats.
+  // One step of `q_len` tokens per sequence; `measure` records the timed
+  // layers; `dummy_q` (zero queries, nothing timed) fills the cache.
   absl::Status Step(int32_t q_len, bool create, bool measure, bool dummy_q);
   v1::LayerRequest QueryTemplate(const LayerSpec& spec, int32_t rows,
                                  bool dummy);
@@ -106,8 +114,12 @@ class Bench {
   const v1::ServerInfo& info_;
   std::vector<LayerSpec> specs_;
   std::set<uint32_t> timed_;
+  // Layers each step runs with --abort-steps: the timed ones and the
+  // candidate sources of timed consumers.
+  std::set<uint32_t> run_;
   GlobalFlags global_;
   BenchFlags flags_;
+  BlockQFormat block_q_;
   OwnedSequences* owned_;
   Rng rng_;
   std::map<PoolKey, EntryPool> pools_;
@@ -122,15 +134,21 @@ class Bench {
 Bench::Bench(IndexerClient* client, const v1::ServerInfo& info,
              std::vector<LayerSpec> specs, std::set<uint32_t> timed,
              const GlobalFlags& global, const BenchFlags& flags,
-             OwnedSequences* owned)
+             BlockQFormat block_q, OwnedSequences* owned)
     : client_(client),
       info_(info),
       specs_(std::move(specs)),
       timed_(std::move(timed)),
       global_(global),
       flags_(flags),
+      block_q_(block_q),
       owned_(owned),
       rng_(flags.seed) {
+  for (const LayerSpec& spec : specs_) {
+    if (!timed_.count(spec.layer)) continue;
+    run_.insert(spec.layer);
+    if (spec.is_consumer()) run_.insert(spec.candidate_source);
+  }
   const std::string tag = RunTag();
   for (int32_t s = 0; s < flags.batch; ++s) {
     ids_.push_back(
@@ -156,15 +174,20 @@ v1::LayerRequest Bench::QueryTemplate(const LayerSpec& spec, int32_t rows,
   std::vector<float> raw_q(static_cast<size_t>(rows) * spec.num_heads *
                            spec.head_dim);
   if (!dummy) rng_.FillNormal(absl::MakeSpan(raw_q));
-  const std::vector<float> raw_w = RandomWeights(rng_, spec, rows);
-  const QuantizedQ q = QuantizeQ(spec, rows, raw_q, raw_w);
   v1::LayerRequest request;
   request.set_layer(spec.layer);
+  if (spec.is_block()) {
+    // [rows, Hi, D], no weights; the values scored are not needed here.
+    SetBlockQueries(spec, rows, raw_q, block_q_, &request);
+    return request;
+  }
+  const std::vector<float> raw_w = RandomWeights(rng_, spec, rows);
+  const QuantizedQ q = QuantizeQ(spec, rows, raw_q, raw_w);
   SetQueries(spec, q, raw_q, raw_w, flags_.q_fp32 && !dummy, &request);
   return request;
 }
 
-absl::Status Bench::ImportWithWriteEntries(int32_t s, bool* unimplemented) {
+absl::Status Bench::ImportWithWriteEntries(int32_t s) {
   int64_t bytes_per_token = 1;
   for (const LayerSpec& spec : specs_) {
     bytes_per_token += spec.entry_bytes() / spec.compress_ratio + 1;
@@ -187,7 +210,6 @@ absl::Status Bench::ImportWithWriteEntries(int32_t s, bool* unimplemented) {
     }
     absl::StatusOr<uint64_t> len = client_->WriteEntries(request);
     if (!len.ok()) {
-      *unimplemented = len.status().code() == absl::StatusCode::kUnimplemented;
       return absl::Status(len.status().code(),
                           absl::StrCat("import of sequence ", s, ": ",
                                        len.status().message()));
@@ -211,8 +233,9 @@ absl::Status Bench::ImportWithSteps() {
   int64_t per_row = 1;
   for (const LayerSpec& spec : specs_) {
     per_row = std::max<int64_t>(
-        per_row, LayerRequestBytes(spec, 1, 1, false, flags_.prequantized) +
-                     int64_t{4} * spec.topk);
+        per_row, LayerRequestBytes(spec, 1, 1, false, flags_.prequantized,
+                                   block_q_) +
+                     ReplyBytesPerRow(spec));
   }
   const int64_t chunk = std::clamp<int64_t>(
       RequestBudget(info_, global_) / (per_row * flags_.batch), 1,
@@ -231,11 +254,14 @@ absl::Status Bench::ImportWithSteps() {
 
 absl::Status Bench::Populate() {
   const auto start = Clock::now();
-  bool unimplemented = false;
   for (int32_t s = 0; s < flags_.batch; ++s) {
-    absl::Status status = ImportWithWriteEntries(s, &unimplemented);
+    absl::Status status = ImportWithWriteEntries(s);
     if (status.ok()) continue;
-    if (!unimplemented || s != 0 || tokens_[0] != 0) return status;
+    // A daemon without import fails the very first write as UNIMPLEMENTED.
+    if (status.code() != absl::StatusCode::kUnimplemented || s != 0 ||
+        tokens_[0] != 0) {
+      return status;
+    }
     std::printf("WriteEntries unimplemented; filling by prefill steps\n");
     RETURN_IF_ERROR(ImportWithSteps());
     break;
@@ -261,7 +287,7 @@ absl::Status Bench::Step(int32_t q_len, bool create, bool measure,
                    client_->OpenStep(header));
   for (const LayerSpec& spec : specs_) {
     const bool timed = timed_.count(spec.layer) > 0 && !dummy_q;
-    if (abort && !timed) continue;
+    if (abort && !run_.count(spec.layer)) continue;
     v1::LayerRequest request =
         dummy_q ? QueryTemplate(spec, flags_.batch * q_len, true)
                 : decode_q_[spec.layer];
@@ -322,24 +348,27 @@ absl::Status Bench::RunSteps() {
 }
 
 void Bench::Report() const {
-  std::printf("%-6s %-6s %5s %5s %10s %10s %10s %10s %10s\n", "layer",
-              "format", "H", "topk", "rtt p50", "rtt p99", "server p50",
-              "logits p50", "topk p50");
+  std::printf("%-6s %-9s %-6s %5s %5s %10s %10s %10s %10s %10s\n", "layer",
+              "role", "format", "H", "topk", "rtt p50", "rtt p99",
+              "server p50", "logits p50", "topk p50");
   std::vector<double> all_rtt;
   double rtt_sum = 0;
   for (const LayerSpec& spec : specs_) {
     auto it = stats_.find(spec.layer);
     if (it == stats_.end()) continue;
     const LayerStats& st = it->second;
-    std::printf("%-6u %-6s %5d %5d %10.1f %10.1f %10.1f %10.1f %10.1f\n",
-                spec.layer, KvFormatName(spec.format), spec.num_heads,
+    std::printf("%-6u %-9s %-6s %5d %5d %10.1f %10.1f %10.1f %10.1f %10.1f\n",
+                spec.layer, RoleTag(spec), KvFormatName(spec.format),
+                spec.num_heads,
                 spec.topk, Percentile(st.rtt_us, 50), Percentile(st.rtt_us, 99),
                 Percentile(st.server_us, 50), Percentile(st.logits_us, 50),
                 Percentile(st.topk_us, 50));
     all_rtt.insert(all_rtt.end(), st.rtt_us.begin(), st.rtt_us.end());
     for (double x : st.rtt_us) rtt_sum += x;
   }
-  std::printf("(latencies in us; rtt = client round trip of one layer)\n");
+  std::printf("(latencies in us; rtt = client round trip of one layer; "
+              "topk = entries per row, blocks per (head, row) for block "
+              "layers)\n");
   const double steps = static_cast<double>(step_us_.size());
   std::printf("all timed layers: rtt p50 %.1f us, p99 %.1f us; %.0f layers/s "
               "(1 / mean rtt); step p50 %.1f us; %.1f steps/s wall\n",
@@ -360,6 +389,7 @@ absl::Status RunBench(const GlobalFlags& global, const BenchFlags& flags) {
     return absl::FailedPreconditionError("server info lists no layers");
   }
   ASSIGN_OR_RETURN(std::set<uint32_t> timed, ParseLayers(flags.layers, specs));
+  ASSIGN_OR_RETURN(BlockQFormat block_q, ParseBlockQFormat(flags.block_q));
 
   std::printf("bench: profile %s on %s\n", info.profile().c_str(),
               info.device().c_str());
@@ -371,6 +401,8 @@ absl::Status RunBench(const GlobalFlags& global, const BenchFlags& flags) {
                                 : "steps run all layers and commit",
               flags.q_fp32 ? "FP32" : "quantized",
               flags.prequantized ? "pre-quantized UINT8" : "FP32");
+  std::printf("block layers: Q %s [rows, Hi, D], no weights\n",
+              BlockQFormatName(block_q));
   std::set<std::string> shown;
   for (const LayerSpec& spec : specs) {
     if (!timed.count(spec.layer)) continue;
@@ -380,10 +412,28 @@ absl::Status RunBench(const GlobalFlags& global, const BenchFlags& flags) {
                   EntriesForTokens(flags.context, spec.compress_ratio));
     }
   }
+  // Role lines of the timed non-dense layers, with what a consumer's pool
+  // covers at this context (the gather / masked walk choice is the
+  // daemon's).
+  for (const LayerSpec& spec : specs) {
+    if (!timed.count(spec.layer) || spec.role == kRoleDense) continue;
+    std::string extra;
+    if (spec.is_consumer() || spec.is_source()) {
+      const int64_t visible =
+          EntriesForTokens(flags.context, spec.compress_ratio);
+      const int64_t pool = std::min<int64_t>(
+          visible,
+          int64_t{spec.candidate_topk_blocks} * spec.candidate_block_size);
+      extra = absl::StrCat(": pool ", pool, " of ", visible,
+                           " visible entries");
+    }
+    std::printf("  layer %u %s%s\n", spec.layer, spec.RoleString().c_str(),
+                extra.c_str());
+  }
 
   OwnedSequences owned(client.get());
   Bench bench(client.get(), info, std::move(specs), std::move(timed), global,
-              flags, &owned);
+              flags, block_q, &owned);
   RETURN_IF_ERROR(bench.Populate());
   RETURN_IF_ERROR(bench.RunSteps());
   bench.Report();

@@ -22,7 +22,8 @@ struct GlobalFlags {
 
 struct DemoFlags {
   int32_t seqs = 4;
-  int32_t prompt = 1000;
+  int32_t context = 0;         // tokens per sequence imported before the prompt
+  int32_t prompt = 0;          // tokens per sequence; 0 = auto (DemoPrompt)
   int32_t decode_steps = 4;
   bool q_fp32 = false;
   bool prequantized = false;
@@ -30,6 +31,7 @@ struct DemoFlags {
   int32_t rows_to_print = 2;
   int32_t check_rows = 64;     // rows checked per layer per step; 0 = all
   int32_t prefill_chunk = 0;   // tokens per sequence per prefill step; 0 = auto
+  std::string block_q = "bf16";  // Q form of block layers: fp32, bf16, fp8
 };
 
 struct BenchFlags {
@@ -40,6 +42,7 @@ struct BenchFlags {
   int32_t warmup = 2;
   std::string layers = "all";
   bool abort_steps = false;
+  std::string block_q = "bf16";
   bool q_fp32 = false;
   bool prequantized = false;
   uint64_t seed = 1;

@@ -1,5 +1,6 @@
-// Tests of the client-side reference indexer and the top-k checker.
+// Tests of the client-side reference indexer and the top-k checkers.
 #include <cmath>
+#include <string>
 #include <vector>
 
 #include "client/reference.h"
@@ -50,6 +51,14 @@ TEST(CheckTopkRow, RejectsALowScoringIndex) {
   const RowVerdict v = CheckTopkRow(logits, std::vector<int32_t>{4, 1, 0});
   EXPECT_FALSE(v.ok);
   EXPECT_NE(v.problem.find("entry 0"), std::string::npos) << v.problem;
+}
+
+TEST(CheckTopkRow, ANearTieCannotPushOutAClearWinner) {
+  const std::vector<float> logits = {100.0f, 5.0f, 5.0f - 1e-5f};
+  EXPECT_TRUE(CheckTopkRow(logits, std::vector<int32_t>{0, 2}).ok);
+  const RowVerdict v = CheckTopkRow(logits, std::vector<int32_t>{1, 2});
+  EXPECT_FALSE(v.ok);
+  EXPECT_NE(v.problem.find("missing"), std::string::npos) << v.problem;
 }
 
 TEST(CheckTopkRow, TiesWithinToleranceGoEitherWay) {
@@ -127,6 +136,65 @@ TEST(LayerSpecsFromInfo, RejectsUnknownGroupAndEntryBytes) {
             absl::StatusCode::kInvalidArgument);
 }
 
+v1::ServerInfo RoleInfo() {
+  v1::ServerInfo info = TwoGroupInfo();
+  info.mutable_layers(1)->set_role("candidate_source");   // layer 0
+  info.mutable_layers(2)->set_role("candidate_consumer");  // layer 1
+  for (int i : {1, 2}) {
+    v1::LayerInfo* l = info.mutable_layers(i);
+    l->set_candidate_source(0);
+    l->set_candidate_block_size(8);
+    l->set_candidate_topk_blocks(2048);
+    l->set_pin_newest_block(true);
+  }
+  v1::LayerInfo* b = info.mutable_layers(0);  // layer 2
+  b->set_role("block");
+  b->set_topk(0);
+  b->set_num_heads(4);
+  b->set_topk_blocks(16);
+  b->set_local_blocks(1);
+  b->set_score("max");
+  return info;
+}
+
+TEST(LayerSpecsFromInfo, ReadsRoleParameters) {
+  absl::StatusOr<std::vector<LayerSpec>> specs = LayerSpecsFromInfo(RoleInfo());
+  ASSERT_TRUE(specs.ok()) << specs.status();
+  const LayerSpec& src = (*specs)[0];
+  const LayerSpec& use = (*specs)[1];
+  const LayerSpec& blk = (*specs)[2];
+  EXPECT_TRUE(src.is_source());
+  EXPECT_TRUE(use.is_consumer());
+  EXPECT_EQ(use.candidate_source, 0u);
+  EXPECT_EQ(use.RoleString(), "consumer of 0 (block 8, pool 2048, pinned) "
+                              "top 2048");
+  EXPECT_TRUE(blk.is_block());
+  EXPECT_EQ(blk.topk, 16);
+  EXPECT_FLOAT_EQ(blk.scale, 1.0f / std::sqrt(128.0f));  // 0 = D^-0.5
+  EXPECT_EQ(blk.ReplyShape(5), (std::vector<int64_t>{4, 5, 16}));
+  EXPECT_EQ(blk.RoleString(), "block top 16 init 0 local 1 score max "
+                              "scale 0.0883883");
+}
+
+TEST(LayerSpecsFromInfo, RejectsBadRoles) {
+  v1::ServerInfo info = RoleInfo();
+  info.mutable_layers(1)->set_role("dense");  // the consumer loses its source
+  EXPECT_EQ(LayerSpecsFromInfo(info).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  info = RoleInfo();
+  info.mutable_layers(2)->set_candidate_topk_blocks(1024);
+  EXPECT_EQ(LayerSpecsFromInfo(info).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  info = RoleInfo();
+  info.mutable_layers(0)->set_topk_blocks(0);
+  EXPECT_EQ(LayerSpecsFromInfo(info).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  info = RoleInfo();
+  info.mutable_layers(0)->set_role("sliding");
+  EXPECT_EQ(LayerSpecsFromInfo(info).status().code(),
+            absl::StatusCode::kUnimplemented);
+}
+
 // -------------------------------------------------------------- reference --
 
 // Values exactly representable after quantization in both formats (see the
@@ -195,6 +263,234 @@ TEST(QuantizeQ, Fp8FoldsPowerOfTwoScaleIntoWeights) {
   EXPECT_FLOAT_EQ(mx.weights[0], 3.0f);
   EXPECT_EQ(mx.values.size(), 16u);
   EXPECT_EQ(mx.scales.size(), 1u);
+}
+
+// -------------------------------------------------------- candidate pools --
+
+TEST(BlockMaxima, PartialLastBlock) {
+  const std::vector<float> logits = {1, 5, 2, -3, 4, 0, 7};
+  EXPECT_EQ(BlockMaxima(logits, 3), (std::vector<float>{5, 4, 7}));
+  EXPECT_TRUE(BlockMaxima({}, 3).empty());
+}
+
+TEST(SelectCandidatePool, TopBlocksUnpinned) {
+  const std::vector<float> m = {3, 9, 1, 7, 5};
+  EXPECT_EQ(SelectCandidatePool(m, 2, false), (std::vector<int32_t>{1, 3}));
+}
+
+TEST(SelectCandidatePool, PinnedNewestReplacesTheWeakest) {
+  // Newest block 4 is weakest; it takes the place of block 3 (max 7).
+  const std::vector<float> m = {3, 9, 1, 7, 0.5f};
+  EXPECT_EQ(SelectCandidatePool(m, 2, true), (std::vector<int32_t>{1, 4}));
+  EXPECT_EQ(SelectCandidatePool(m, 1, true), (std::vector<int32_t>{4}));
+  // Newest already among the top: plain top-k.
+  const std::vector<float> n = {3, 9, 1, 7, 8};
+  EXPECT_EQ(SelectCandidatePool(n, 2, true), (std::vector<int32_t>{1, 4}));
+  EXPECT_EQ(SelectCandidatePool(n, 3, true), (std::vector<int32_t>{1, 3, 4}));
+}
+
+TEST(SelectCandidatePool, TiesGoToTheSmallerBlockId) {
+  const std::vector<float> m = {2, 5, 5, 5, 1};
+  EXPECT_EQ(SelectCandidatePool(m, 2, false), (std::vector<int32_t>{1, 2}));
+  EXPECT_EQ(SelectCandidatePool(m, 3, true), (std::vector<int32_t>{1, 2, 4}));
+}
+
+TEST(SelectCandidatePool, FewerBlocksThanThePoolTakesAll) {
+  const std::vector<float> m = {2, 5, 1};
+  EXPECT_EQ(SelectCandidatePool(m, 3, true), (std::vector<int32_t>{0, 1, 2}));
+  EXPECT_EQ(SelectCandidatePool(m, 8, false), (std::vector<int32_t>{0, 1, 2}));
+  EXPECT_TRUE(SelectCandidatePool({}, 8, true).empty());
+}
+
+TEST(BoundCandidatePool, ClearCutIsUnambiguous) {
+  const std::vector<float> m = {3, 9, 1, 7, 0.5f};
+  for (bool pin : {false, true}) {
+    const PoolBounds b = BoundCandidatePool(m, 2, pin, 0.1);
+    EXPECT_FALSE(b.ambiguous());
+    EXPECT_EQ(b.sure, SelectCandidatePool(m, 2, pin));
+  }
+  const PoolBounds all = BoundCandidatePool(m, 5, true, 100);
+  EXPECT_FALSE(all.ambiguous());
+  EXPECT_EQ(all.sure.size(), 5u);
+}
+
+TEST(BoundCandidatePool, TiesAndNearTiesAtTheCutAreMaybe) {
+  // Pool of 3, newest (4) pinned: two slots for 0..3; 1 is in, 2 and 3 tie.
+  const std::vector<float> m = {2, 9, 5, 5, 1};
+  PoolBounds b = BoundCandidatePool(m, 3, true, 0);
+  EXPECT_EQ(b.sure, (std::vector<int32_t>{1, 4}));
+  EXPECT_EQ(b.maybe, (std::vector<int32_t>{2, 3}));
+  // Within 2 * slack of the cut counts as a tie too.
+  const std::vector<float> near = {2, 9, 5, 5.05f, 1};
+  b = BoundCandidatePool(near, 3, true, 0.03);
+  EXPECT_EQ(b.sure, (std::vector<int32_t>{1, 4}));
+  EXPECT_EQ(b.maybe, (std::vector<int32_t>{2, 3}));
+  b = BoundCandidatePool(near, 3, true, 0.01);
+  EXPECT_FALSE(b.ambiguous());
+  EXPECT_EQ(b.sure, (std::vector<int32_t>{1, 3, 4}));
+}
+
+// Block size 2, logits of 9 entries = blocks {0,1} {2,3} {4,5} {6,7} {8}.
+const std::vector<float> kConsumerLogits = {1, 8, 2, 3, 9, 0, 4, 7, 6};
+
+TEST(CheckConsumerRow, TopkOfThePoolOnly) {
+  const PoolBounds pool{{0, 3, 4}, {}};  // entries 0 1 6 7 8
+  EXPECT_TRUE(CheckConsumerRow(kConsumerLogits, pool, 2,
+                               std::vector<int32_t>{1, 7, 8}).ok);
+  // Entry 4 scores best overall but is outside the pool.
+  const RowVerdict v = CheckConsumerRow(kConsumerLogits, pool, 2,
+                                        std::vector<int32_t>{1, 7, 4});
+  EXPECT_FALSE(v.ok);
+  EXPECT_NE(v.problem.find("outside"), std::string::npos) << v.problem;
+  // Entry 6 (4) is in the pool but below its 3rd score (6).
+  EXPECT_FALSE(CheckConsumerRow(kConsumerLogits, pool, 2,
+                                std::vector<int32_t>{1, 7, 6}).ok);
+}
+
+TEST(CheckConsumerRow, SmallPoolHoldsAllThenMinusOne) {
+  const PoolBounds pool{{1, 4}, {}};  // entries 2 3 8
+  EXPECT_TRUE(CheckConsumerRow(kConsumerLogits, pool, 2,
+                               std::vector<int32_t>{8, 2, 3, -1}).ok);
+  EXPECT_FALSE(CheckConsumerRow(kConsumerLogits, pool, 2,
+                                std::vector<int32_t>{8, 2, -1, -1}).ok);
+  EXPECT_FALSE(CheckConsumerRow(kConsumerLogits, pool, 2,
+                                std::vector<int32_t>{8, 2, 2, -1}).ok);
+}
+
+TEST(CheckConsumerRow, AmbiguousPoolAcceptsEitherChoice) {
+  // Block 4 pinned; one of blocks 0 and 3 (maxima 8 and 7 "near-tied").
+  const PoolBounds pool{{4}, {0, 3}};
+  EXPECT_TRUE(CheckConsumerRow(kConsumerLogits, pool, 2,
+                               std::vector<int32_t>{1, 8}).ok);
+  EXPECT_TRUE(CheckConsumerRow(kConsumerLogits, pool, 2,
+                               std::vector<int32_t>{7, 8}).ok);
+  EXPECT_FALSE(CheckConsumerRow(kConsumerLogits, pool, 2,
+                                std::vector<int32_t>{4, 8}).ok);
+  // Sure entries alone bound the count from below.
+  EXPECT_FALSE(CheckConsumerRow(kConsumerLogits, pool, 2,
+                                std::vector<int32_t>{-1, -1}).ok);
+}
+
+TEST(CheckConsumerRow, AmbiguousPoolStillNeedsClearWinners) {
+  // Block 2 (entries 4, 5: 9, 0) is surely pooled; one of blocks 0 and 1.
+  const PoolBounds pool{{2}, {0, 1}};
+  EXPECT_TRUE(CheckConsumerRow(kConsumerLogits, pool, 2,
+                               std::vector<int32_t>{4, 1}).ok);
+  EXPECT_TRUE(CheckConsumerRow(kConsumerLogits, pool, 2,
+                               std::vector<int32_t>{4, 3}).ok);  // 0 not picked
+  const RowVerdict v = CheckConsumerRow(kConsumerLogits, pool, 2,
+                                        std::vector<int32_t>{1, 0});
+  EXPECT_FALSE(v.ok);
+  EXPECT_NE(v.problem.find("entry 4 is missing"), std::string::npos)
+      << v.problem;
+}
+
+// -------------------------------------------------------------- block path --
+
+TEST(ApplyBlockSentinels, InitAndLocalBlocks) {
+  std::vector<float> s = {1, 2, 3, 4, 5};
+  ApplyBlockSentinels(1, 2, absl::MakeSpan(s));
+  EXPECT_EQ(s, (std::vector<float>{kInitBlockScore, 2, 3, kLocalBlockScore,
+                                   kLocalBlockScore}));
+}
+
+TEST(ApplyBlockSentinels, InitWinsWhereTheyOverlap) {
+  std::vector<float> s = {1, 2, 3};
+  ApplyBlockSentinels(2, 2, absl::MakeSpan(s));
+  EXPECT_EQ(s, (std::vector<float>{kInitBlockScore, kInitBlockScore,
+                                   kLocalBlockScore}));
+  s = {1, 2};
+  ApplyBlockSentinels(4, 1, absl::MakeSpan(s));
+  EXPECT_EQ(s, (std::vector<float>{kInitBlockScore, kInitBlockScore}));
+  s = {1, 2};
+  ApplyBlockSentinels(0, 0, absl::MakeSpan(s));
+  EXPECT_EQ(s, (std::vector<float>{1, 2}));
+}
+
+TEST(CausalBlocks, CeilOfVisibleOverPage) {
+  EXPECT_EQ(CausalBlocks(0, 128), 0);
+  EXPECT_EQ(CausalBlocks(1, 128), 1);
+  EXPECT_EQ(CausalBlocks(128, 128), 1);
+  EXPECT_EQ(CausalBlocks(129, 128), 2);
+}
+
+TEST(CheckBlockRow, ForcedBlocksMustBePresent) {
+  // Block 0 init, block 3 local; a huge real score must not loosen that.
+  const std::vector<float> s = {kInitBlockScore, 5e4f, 4.9999e4f,
+                                kLocalBlockScore};
+  EXPECT_TRUE(CheckBlockRow(s, std::vector<int32_t>{3, 0, 1}).ok);
+  EXPECT_TRUE(CheckBlockRow(s, std::vector<int32_t>{3, 0, 2}).ok);  // near tie
+  EXPECT_FALSE(CheckBlockRow(s, std::vector<int32_t>{1, 2, 0}).ok);
+  EXPECT_TRUE(CheckBlockRow({kInitBlockScore, 1},
+                            std::vector<int32_t>{1, 0, -1}).ok);
+}
+
+LayerSpec BlockSpec(KvFormat format) {
+  LayerSpec spec;
+  spec.layer = 3;
+  spec.role = kRoleBlock;
+  spec.format = format;
+  spec.head_dim = 32;
+  spec.page_entries = 2;
+  spec.num_heads = 2;
+  spec.topk_blocks = spec.topk = 2;
+  spec.init_blocks = 0;
+  spec.local_blocks = 1;
+  spec.scale = 0.5f;
+  return spec;
+}
+
+TEST(BlockScores, MaxOfScaledDotsOverVisibleEntries) {
+  for (KvFormat format : {KvFormat::kMxfp4, KvFormat::kFp8}) {
+    const LayerSpec spec = BlockSpec(format);
+    const int d = spec.head_dim, n = 5;
+    // Entry e is (e - 2) * 1.0 in every element: exact in both formats.
+    std::vector<float> k(n * d);
+    for (int e = 0; e < n; ++e) {
+      for (int i = 0; i < d; ++i) k[e * d + i] = static_cast<float>(e - 2);
+    }
+    ReferenceIndexer ref({spec}, 1);
+    ASSERT_TRUE(ref.Append(3, 0, QuantizeKEntries(spec, k)).ok());
+    // Row 0: head 0 all 1, head 1 all -1.
+    std::vector<float> q(2 * d, 1.0f);
+    for (int i = d; i < 2 * d; ++i) q[i] = -1.0f;
+    // Head 0, 4 visible: blocks {0,1} {2,3} -> max(-2,-1)*16, max(0,1)*16;
+    // the last (causal) block is local.
+    absl::StatusOr<std::vector<float>> s = ref.BlockScores(3, 0, q, 0, 0, 4);
+    ASSERT_TRUE(s.ok()) << s.status();
+    EXPECT_EQ(*s, (std::vector<float>{-16, kLocalBlockScore}));
+    // Head 1, 3 visible: blocks {0,1} {2}: max(2,1)*16 and local.
+    s = ref.BlockScores(3, 0, q, 0, 1, 3);
+    ASSERT_TRUE(s.ok()) << s.status();
+    EXPECT_EQ(*s, (std::vector<float>{32, kLocalBlockScore}));
+    // Head 1, 5 visible: blocks {0,1} {2,3} {4}.
+    s = ref.BlockScores(3, 0, q, 0, 1, 5);
+    ASSERT_TRUE(s.ok()) << s.status();
+    EXPECT_EQ(*s, (std::vector<float>{32, 0, kLocalBlockScore}));
+    EXPECT_FALSE(ref.BlockScores(3, 0, q, 0, 1, 6).ok());
+    EXPECT_FALSE(ref.BlockScores(3, 0, q, 0, 2, 5).ok());
+  }
+}
+
+TEST(BlockQueries, Bf16RoundsToNearestEvenAndFp8CarriesScales) {
+  LayerSpec spec = BlockSpec(KvFormat::kMxfp4);
+  std::vector<float> raw(2 * 32, 0.0f);
+  raw[0] = 1.0f + 0x1.0p-8f;       // halfway: rounds to even (1.0)
+  raw[1] = 1.0f + 3 * 0x1.0p-8f;   // halfway: rounds up to 1 + 2^-6
+  v1::LayerRequest request;
+  std::vector<float> seen =
+      SetBlockQueries(spec, 1, raw, BlockQFormat::kBf16, &request);
+  EXPECT_EQ(seen[0], 1.0f);
+  EXPECT_EQ(seen[1], 1.0f + 0x1.0p-6f);
+  EXPECT_EQ(request.q().dtype(), v1::BF16);
+  EXPECT_EQ(request.q().data().size(), 2u * 64);
+  EXPECT_FALSE(request.has_weights());
+  seen = SetBlockQueries(spec, 1, raw, BlockQFormat::kFp8, &request);
+  EXPECT_EQ(request.q().dtype(), v1::FP8_E4M3);
+  EXPECT_EQ(request.q_scale().data().size(), 2u * 4);
+  EXPECT_NEAR(seen[1], raw[1], 0.07);  // e4m3: 3 mantissa bits
+  EXPECT_EQ(ParseBlockQFormat("bf16").value(), BlockQFormat::kBf16);
+  EXPECT_FALSE(ParseBlockQFormat("int8").ok());
 }
 
 // ---------------------------------------------------------------- helpers --

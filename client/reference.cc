@@ -4,6 +4,7 @@
 #include <cmath>
 #include <cstring>
 #include <functional>
+#include <limits>
 #include <map>
 #include <utility>
 
@@ -23,6 +24,103 @@ std::string LayerSpec::DebugString() const {
                       " topk=", topk);
 }
 
+std::vector<int64_t> LayerSpec::ReplyShape(int64_t rows) const {
+  if (is_block()) return {num_heads, rows, topk_blocks};
+  return {rows, topk};
+}
+
+std::string LayerSpec::RoleString() const {
+  if (is_block()) {
+    return absl::StrCat("block top ", topk_blocks, " init ", init_blocks,
+                        " local ", local_blocks, " score ", score, " scale ",
+                        absl::SixDigits(scale));
+  }
+  std::string out;
+  if (is_source() || is_consumer()) {
+    out = is_source() ? "candidate source"
+                      : absl::StrCat("consumer of ", candidate_source);
+    absl::StrAppend(&out, " (block ", candidate_block_size, ", pool ",
+                    candidate_topk_blocks,
+                    pin_newest_block ? ", pinned)" : ", unpinned)");
+  } else {
+    out = role;
+  }
+  absl::StrAppend(&out, " top ", topk);
+  return out;
+}
+
+namespace {
+
+// Reads the role parameters of `l` into `spec` and checks them on their own;
+// CheckCandidateSets relates consumers to sources.
+absl::Status ReadRole(const v1::LayerInfo& l, LayerSpec& spec) {
+  const std::string where = absl::StrCat("server info: layer ", l.layer());
+  spec.role = l.role().empty() ? kRoleDense : l.role();
+  if (spec.is_block()) {
+    spec.topk_blocks = static_cast<int32_t>(l.topk_blocks());
+    spec.init_blocks = static_cast<int32_t>(l.init_blocks());
+    spec.local_blocks = static_cast<int32_t>(l.local_blocks());
+    spec.score = l.score().empty() ? "max" : l.score();
+    spec.scale = l.scale() > 0
+                     ? l.scale()
+                     : 1.0f / std::sqrt(static_cast<float>(spec.head_dim));
+    spec.topk = spec.topk_blocks;
+    if (spec.topk_blocks <= 0) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          where, " (block) topk_blocks: expected >= 1, got ", l.topk_blocks()));
+    }
+    if (spec.score != "max") {
+      return absl::UnimplementedError(absl::StrCat(
+          where, " (block) score: expected \"max\", got \"", spec.score,
+          "\""));
+    }
+    return absl::OkStatus();
+  }
+  spec.topk = static_cast<int32_t>(l.topk());
+  if (spec.role == kRoleDense) return absl::OkStatus();
+  if (!spec.is_source() && !spec.is_consumer()) {
+    return absl::UnimplementedError(absl::StrCat(
+        where, " role: expected dense, candidate_source, candidate_consumer "
+        "or block, got '", spec.role, "'"));
+  }
+  spec.candidate_source = spec.is_source() ? l.layer() : l.candidate_source();
+  spec.candidate_block_size = static_cast<int32_t>(l.candidate_block_size());
+  spec.candidate_topk_blocks = static_cast<int32_t>(l.candidate_topk_blocks());
+  spec.pin_newest_block = l.pin_newest_block();
+  if (spec.candidate_block_size <= 0 || spec.candidate_topk_blocks <= 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        where, " (", spec.role, "): expected candidate_block_size and "
+        "candidate_topk_blocks >= 1, got ", l.candidate_block_size(), " and ",
+        l.candidate_topk_blocks()));
+  }
+  return absl::OkStatus();
+}
+
+// Every consumer names a source layer listed before it, in its group, with
+// the same candidate parameters (the pool is the source's).
+absl::Status CheckCandidateSets(const std::vector<LayerSpec>& specs) {
+  std::map<uint32_t, const LayerSpec*> sources;
+  for (const LayerSpec& s : specs) {
+    if (s.is_source()) sources[s.layer] = &s;
+    if (!s.is_consumer()) continue;
+    auto it = sources.find(s.candidate_source);
+    const LayerSpec* src = it == sources.end() ? nullptr : it->second;
+    if (src == nullptr || src->group != s.group ||
+        src->candidate_block_size != s.candidate_block_size ||
+        src->candidate_topk_blocks != s.candidate_topk_blocks ||
+        src->pin_newest_block != s.pin_newest_block) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "server info: layer ", s.layer, " (candidate_consumer) "
+          "candidate_source: expected an earlier candidate_source layer of "
+          "group '", s.group, "' with the same block size, pool size and "
+          "pinning, got layer ", s.candidate_source));
+    }
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
 absl::StatusOr<std::vector<LayerSpec>> LayerSpecsFromInfo(
     const v1::ServerInfo& info) {
   std::map<std::string, const v1::LayerGroupInfo*> groups;
@@ -40,7 +138,6 @@ absl::StatusOr<std::vector<LayerSpec>> LayerSpecsFromInfo(
     LayerSpec spec;
     spec.layer = l.layer();
     spec.group = g.name();
-    spec.role = l.role();
     if (g.kv_format() == "fp8") {
       spec.format = KvFormat::kFp8;
     } else if (g.kv_format() == "mxfp4") {
@@ -55,12 +152,12 @@ absl::StatusOr<std::vector<LayerSpec>> LayerSpecsFromInfo(
     spec.compress_ratio = std::max<int32_t>(1, g.compress_ratio());
     spec.ue8m0 = g.ue8m0();
     spec.num_heads = static_cast<int32_t>(l.num_heads());
-    spec.topk = static_cast<int32_t>(l.topk());
     if (spec.head_dim <= 0 || spec.head_dim % kMxBlock != 0) {
       return absl::InvalidArgumentError(absl::StrCat(
           "server info: group '", g.name(), "' head_dim: expected a positive "
           "multiple of 32, got ", g.head_dim()));
     }
+    if (absl::Status role = ReadRole(l, spec); !role.ok()) return role;
     if (spec.num_heads <= 0 || spec.topk <= 0) {
       return absl::InvalidArgumentError(absl::StrCat(
           "server info: layer ", l.layer(), ": expected num_heads and topk "
@@ -85,6 +182,7 @@ absl::StatusOr<std::vector<LayerSpec>> LayerSpecsFromInfo(
           "server info: layer ", specs[i].layer, " is listed twice"));
     }
   }
+  if (absl::Status sets = CheckCandidateSets(specs); !sets.ok()) return sets;
   return specs;
 }
 
@@ -293,61 +391,331 @@ absl::StatusOr<std::vector<float>> ReferenceIndexer::Logits(
   return logits;
 }
 
+absl::StatusOr<std::vector<float>> ReferenceIndexer::BlockScores(
+    uint32_t layer, int32_t seq, absl::Span<const float> q, int32_t row,
+    int32_t head, int64_t visible) const {
+  const int li = LayerIndex(layer);
+  if (li < 0 || seq < 0 || seq >= num_seqs_) {
+    return absl::NotFoundError(
+        absl::StrCat("reference: no layer ", layer, " / sequence ", seq));
+  }
+  const LayerSpec& spec = layers_[li];
+  const int32_t d = spec.head_dim;
+  const int32_t vb = spec.value_bytes();
+  if (!spec.is_block() || row < 0 || head < 0 || head >= spec.num_heads ||
+      q.size() < static_cast<size_t>(row + 1) * spec.num_heads * d) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "reference: layer ", layer, " is not a block layer, or Q does not "
+        "hold row ", row, " head ", head));
+  }
+  if (visible < 0 || visible > NumEntries(layer, seq)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "reference: layer ", layer, " sequence ", seq, " holds ",
+        NumEntries(layer, seq), " entries, row asks for ", visible));
+  }
+  const float* qh =
+      q.data() + (static_cast<size_t>(row) * spec.num_heads + head) * d;
+  const int32_t e_per_block = spec.page_entries;
+  std::vector<float> scores(
+      static_cast<size_t>(CausalBlocks(visible, e_per_block)));
+  std::vector<float> kf(d);
+  for (size_t b = 0; b < scores.size(); ++b) {
+    double best = -std::numeric_limits<double>::infinity();
+    const int64_t end = std::min<int64_t>(visible, (b + 1) * e_per_block);
+    for (int64_t e = static_cast<int64_t>(b) * e_per_block; e < end; ++e) {
+      absl::Span<const uint8_t> entry = Entry(layer, seq, e);
+      DecodeVector(spec.format, entry.data(), entry.data() + vb, d, kf.data());
+      double kscale = 1;
+      if (spec.format == KvFormat::kFp8) {
+        float s;
+        std::memcpy(&s, entry.data() + vb, sizeof s);
+        kscale = s;
+      }
+      best = std::max(best, spec.scale * kscale * Dot(qh, kf.data(), d));
+    }
+    scores[b] = static_cast<float>(best);
+  }
+  ApplyBlockSentinels(spec.init_blocks, spec.local_blocks,
+                      absl::MakeSpan(scores));
+  return scores;
+}
+
+// -------------------------------------------------------- candidate pools --
+
+std::vector<float> BlockMaxima(absl::Span<const float> logits,
+                               int32_t block_size) {
+  const int64_t n = static_cast<int64_t>(logits.size());
+  std::vector<float> maxima((n + block_size - 1) / block_size,
+                            -std::numeric_limits<float>::infinity());
+  for (int64_t e = 0; e < n; ++e) {
+    float& m = maxima[e / block_size];
+    m = std::max(m, logits[e]);
+  }
+  return maxima;
+}
+
+namespace {
+
+// The blocks competing for the pool's open slots, best first (larger
+// maximum, then smaller id), and the number of slots. With pinning the
+// newest block holds one slot outright: the pool is it plus the best
+// topk_blocks - 1 others, which is the "replace the weakest" rule.
+// REQUIRES: maxima.size() > topk_blocks.
+std::vector<int32_t> RankedCandidates(absl::Span<const float> maxima,
+                                      int32_t topk_blocks, bool pin_newest,
+                                      int32_t& slots) {
+  const int32_t nb = static_cast<int32_t>(maxima.size());
+  std::vector<int32_t> order;
+  for (int32_t b = 0; b < nb - (pin_newest ? 1 : 0); ++b) order.push_back(b);
+  std::stable_sort(order.begin(), order.end(), [&](int32_t a, int32_t b) {
+    return maxima[a] > maxima[b];
+  });
+  slots = pin_newest ? topk_blocks - 1 : topk_blocks;
+  return order;
+}
+
+}  // namespace
+
+std::vector<int32_t> SelectCandidatePool(absl::Span<const float> maxima,
+                                         int32_t topk_blocks,
+                                         bool pin_newest) {
+  const int32_t nb = static_cast<int32_t>(maxima.size());
+  std::vector<int32_t> pool;
+  if (nb <= topk_blocks) {
+    for (int32_t b = 0; b < nb; ++b) pool.push_back(b);
+    return pool;
+  }
+  int32_t slots = 0;
+  pool = RankedCandidates(maxima, topk_blocks, pin_newest, slots);
+  pool.resize(slots);
+  if (pin_newest) pool.push_back(nb - 1);
+  std::sort(pool.begin(), pool.end());
+  return pool;
+}
+
+PoolBounds BoundCandidatePool(absl::Span<const float> maxima,
+                              int32_t topk_blocks, bool pin_newest,
+                              double slack) {
+  const int32_t nb = static_cast<int32_t>(maxima.size());
+  PoolBounds out;
+  if (nb <= topk_blocks) {
+    out.sure = SelectCandidatePool(maxima, topk_blocks, pin_newest);
+    return out;
+  }
+  int32_t slots = 0;
+  const std::vector<int32_t> ranked =
+      RankedCandidates(maxima, topk_blocks, pin_newest, slots);
+  if (pin_newest) out.sure.push_back(nb - 1);
+  if (slots > 0) {
+    // The daemon's maxima may sit up to `slack` off the reference's on
+    // either side: a block is surely in when it beats the best excluded
+    // block by more than 2 * slack, surely out when the worst included one
+    // beats it by more.
+    const double worst_in = maxima[ranked[slots - 1]];
+    const double best_out = maxima[ranked[slots]];
+    const double margin = 2 * slack;
+    for (int32_t b : ranked) {
+      if (maxima[b] > best_out + margin) {
+        out.sure.push_back(b);
+      } else if (maxima[b] >= worst_in - margin) {
+        out.maybe.push_back(b);
+      }
+    }
+  }
+  std::sort(out.sure.begin(), out.sure.end());
+  std::sort(out.maybe.begin(), out.maybe.end());
+  return out;
+}
+
+// ----------------------------------------------------------- block path --
+
+void ApplyBlockSentinels(int32_t init_blocks, int32_t local_blocks,
+                         absl::Span<float> scores) {
+  const int64_t nb = static_cast<int64_t>(scores.size());
+  for (int64_t b = std::max<int64_t>(0, nb - local_blocks); b < nb; ++b) {
+    scores[b] = kLocalBlockScore;
+  }
+  for (int64_t b = 0; b < std::min<int64_t>(nb, init_blocks); ++b) {
+    scores[b] = kInitBlockScore;
+  }
+}
+
+int64_t CausalBlocks(int64_t visible, int32_t page_entries) {
+  return (visible + page_entries - 1) / page_entries;
+}
+
 // --------------------------------------------------------------- checker --
+
+namespace {
+
+RowVerdict Fail(std::string problem) {
+  return RowVerdict{false, std::move(problem)};
+}
+
+// The shape part of the rule: between `min_count` and `max_count` indices
+// first, then -1 only; each index in [0, n), allowed (`allowed` empty: all
+// are) and not repeated. Sets `count` to the number of indices.
+RowVerdict CheckIndices(absl::Span<const int32_t> got, int64_t n,
+                        int64_t min_count, int64_t max_count,
+                        const std::vector<char>& allowed, const char* noun,
+                        int64_t& count) {
+  count = 0;
+  for (int32_t idx : got) count += idx != -1;
+  if (count < min_count || count > max_count) {
+    const std::string want =
+        min_count == max_count
+            ? absl::StrCat(min_count)
+            : absl::StrCat("between ", min_count, " and ", max_count);
+    return Fail(absl::StrCat("expected ", want, " indices (topk ", got.size(),
+                             ", visible ", n, "), got ", count));
+  }
+  for (int64_t i = 0; i < count; ++i) {
+    if (got[i] == -1) {
+      return Fail(absl::StrCat("-1 at slot ", i, " before the last index "
+                               "(expected ", count, " indices first)"));
+    }
+  }
+  std::vector<char> seen(static_cast<size_t>(n), 0);
+  for (int64_t i = 0; i < count; ++i) {
+    const int32_t idx = got[i];
+    if (idx < 0 || idx >= n) {
+      return Fail(absl::StrCat("slot ", i, " holds ", idx,
+                               ", expected ", noun, " in [0, ", n, ")"));
+    }
+    if (!allowed.empty() && !allowed[idx]) {
+      return Fail(absl::StrCat("entry ", idx, " is outside the row's "
+                               "candidate pool"));
+    }
+    if (seen[idx]) {
+      return Fail(absl::StrCat(noun, " ", idx, " returned twice"));
+    }
+    seen[idx] = 1;
+  }
+  return RowVerdict{};
+}
+
+// The k-th largest of `values`, or -infinity when there are fewer than k.
+double KthLargest(std::vector<float> values, int64_t k) {
+  if (k < 1 || static_cast<int64_t>(values.size()) < k) {
+    return -std::numeric_limits<double>::infinity();
+  }
+  std::nth_element(values.begin(), values.begin() + (k - 1), values.end(),
+                   std::greater<float>());
+  return values[k - 1];
+}
+
+// The score part, given bounds on the answer's k-th score: each of the
+// first `count` indices scores >= `kth_floor` - slack, and every index of
+// `must_hold` scoring above `kth_ceiling` + slack is among them, so a near
+// tie at the cut cannot push out a clear winner.
+RowVerdict CheckScores(absl::Span<const float> scores,
+                       absl::Span<const int32_t> got, int64_t count,
+                       double kth_floor, double kth_ceiling, double slack,
+                       const std::vector<int32_t>& must_hold,
+                       const char* noun) {
+  std::vector<char> held(scores.size(), 0);
+  for (int64_t i = 0; i < count; ++i) {
+    const int32_t idx = got[i];
+    held[idx] = 1;
+    if (scores[idx] < kth_floor - slack) {
+      return Fail(absl::StrCat(
+          noun, " ", idx, " scores ", scores[idx], ", below the reference's ",
+          got.size(), "-th score ", kth_floor, " minus tolerance ", slack));
+    }
+  }
+  for (int32_t idx : must_hold) {
+    if (!held[idx] && scores[idx] > kth_ceiling + slack) {
+      return Fail(absl::StrCat(
+          noun, " ", idx, " is missing though it scores ", scores[idx],
+          ", above the reference's ", got.size(), "-th score ", kth_ceiling,
+          " plus tolerance ", slack));
+    }
+  }
+  return RowVerdict{};
+}
+
+// The whole rule over all of `scores` with a given slack.
+RowVerdict CheckTopkRowWithSlack(absl::Span<const float> scores,
+                                 absl::Span<const int32_t> got, double slack,
+                                 const char* noun) {
+  const int64_t n = static_cast<int64_t>(scores.size());
+  const int64_t k = static_cast<int64_t>(got.size());
+  const int64_t expected = std::min(k, n);
+  int64_t count = 0;
+  RowVerdict shape = CheckIndices(got, n, expected, expected, {}, noun, count);
+  if (!shape.ok || n <= k) return shape;  // all of [0, n) present
+  std::vector<int32_t> all(static_cast<size_t>(n));
+  for (int64_t i = 0; i < n; ++i) all[i] = static_cast<int32_t>(i);
+  const double kth =
+      KthLargest(std::vector<float>(scores.begin(), scores.end()), k);
+  return CheckScores(scores, got, count, kth, kth, slack, all, noun);
+}
+
+}  // namespace
+
+double TopkSlack(absl::Span<const float> logits,
+                 const TopkTolerance& tolerance) {
+  double max_abs = 0;
+  for (float x : logits) max_abs = std::max(max_abs, std::fabs(double{x}));
+  return tolerance.relative * max_abs + tolerance.absolute;
+}
 
 RowVerdict CheckTopkRow(absl::Span<const float> logits,
                         absl::Span<const int32_t> got,
                         const TopkTolerance& tolerance) {
+  return CheckTopkRowWithSlack(logits, got, TopkSlack(logits, tolerance),
+                               "entry");
+}
+
+RowVerdict CheckBlockRow(absl::Span<const float> scores,
+                         absl::Span<const int32_t> got,
+                         const TopkTolerance& tolerance) {
+  // Sentinels would make the slack huge; only real scores set it.
+  std::vector<float> real;
+  for (float x : scores) {
+    if (x < kLocalBlockScore) real.push_back(x);
+  }
+  return CheckTopkRowWithSlack(scores, got, TopkSlack(real, tolerance),
+                               "block");
+}
+
+RowVerdict CheckConsumerRow(absl::Span<const float> logits,
+                            const PoolBounds& pool, int32_t block_size,
+                            absl::Span<const int32_t> got,
+                            const TopkTolerance& tolerance) {
   const int64_t n = static_cast<int64_t>(logits.size());
   const int64_t k = static_cast<int64_t>(got.size());
-  const int64_t expected = std::min(k, n);
-  auto fail = [](std::string problem) {
-    return RowVerdict{false, std::move(problem)};
+  // Entries of the row's pool that it sees: the sure ones, then all.
+  std::vector<char> allowed(static_cast<size_t>(n), 0);
+  std::vector<float> sure_scores, pool_scores;
+  std::vector<int32_t> sure_entries;
+  auto add_blocks = [&](const std::vector<int32_t>& blocks, bool sure) {
+    for (int32_t b : blocks) {
+      const int64_t end = std::min<int64_t>(n, int64_t{b + 1} * block_size);
+      for (int64_t e = int64_t{b} * block_size; e < end; ++e) {
+        allowed[e] = 1;
+        pool_scores.push_back(logits[e]);
+        if (!sure) continue;
+        sure_scores.push_back(logits[e]);
+        sure_entries.push_back(static_cast<int32_t>(e));
+      }
+    }
   };
-
-  int64_t valid = 0;
-  for (int32_t idx : got) valid += idx != -1;
-  if (valid != expected) {
-    return fail(absl::StrCat("expected min(topk ", k, ", visible ", n,
-                             ") = ", expected, " indices, got ", valid));
-  }
-  for (int64_t i = 0; i < expected; ++i) {
-    if (got[i] == -1) {
-      return fail(absl::StrCat("-1 at slot ", i, " before the last index "
-                               "(expected ", expected, " indices first)"));
-    }
-  }
-
-  std::vector<char> seen(static_cast<size_t>(n), 0);
-  for (int64_t i = 0; i < expected; ++i) {
-    const int32_t idx = got[i];
-    if (idx < 0 || idx >= n) {
-      return fail(absl::StrCat("slot ", i, " holds ", idx,
-                               ", expected an entry in [0, ", n, ")"));
-    }
-    if (seen[idx]) {
-      return fail(absl::StrCat("entry ", idx, " returned twice"));
-    }
-    seen[idx] = 1;
-  }
-  if (n <= k) return RowVerdict{};  // all of [0, n) present, checked above
-
-  std::vector<float> sorted(logits.begin(), logits.end());
-  std::nth_element(sorted.begin(), sorted.begin() + (k - 1), sorted.end(),
-                   std::greater<float>());
-  const double kth = sorted[k - 1];
-  double max_abs = 0;
-  for (float x : logits) max_abs = std::max(max_abs, std::fabs(double{x}));
-  const double slack = tolerance.relative * max_abs + tolerance.absolute;
-  for (int64_t i = 0; i < expected; ++i) {
-    const int32_t idx = got[i];
-    if (logits[idx] < kth - slack) {
-      return fail(absl::StrCat(
-          "entry ", idx, " scores ", logits[idx], ", below the reference's ",
-          k, "-th score ", kth, " minus tolerance ", slack));
-    }
-  }
-  return RowVerdict{};
+  add_blocks(pool.sure, true);
+  add_blocks(pool.maybe, false);
+  const int64_t min_count = std::min<int64_t>(k, sure_scores.size());
+  const int64_t max_count = std::min<int64_t>(k, pool_scores.size());
+  int64_t count = 0;
+  RowVerdict shape = CheckIndices(got, n, min_count, max_count, allowed,
+                                  "entry", count);
+  if (!shape.ok) return shape;
+  // The daemon's pool lies between the sure blocks and sure + maybe, so its
+  // k-th score lies between theirs (the same value when unambiguous).
+  const double slack = TopkSlack(pool_scores, tolerance);
+  const double kth_floor = KthLargest(std::move(sure_scores), k);
+  const double kth_ceiling = KthLargest(std::move(pool_scores), k);
+  return CheckScores(logits, got, count, kth_floor, kth_ceiling, slack,
+                     sure_entries, "entry");
 }
 
 void AgreementReport::Add(const std::string& label,

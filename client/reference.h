@@ -1,6 +1,8 @@
-// A plain reference of the dense indexer path (SPEC §2, §3, §5), kept by the
-// client over the K entries it generated itself, and the checker of the top-k
-// correctness rule of SPEC §5. Used by `indexer-cli demo` and by tests.
+// A plain reference of the indexer paths (SPEC §2, §3, §5): dense, the
+// two-level candidate path (source pools, consumers) and the MiniMax block
+// path, kept by the client over the K entries it generated itself, and the
+// checkers of the top-k correctness rule of SPEC §5. Used by
+// `indexer-cli demo` and by tests.
 //
 // The reference is written for clarity, not speed: it decodes every entry it
 // scores and accumulates in double. The client quantizes K with the project's
@@ -26,18 +28,42 @@ namespace indexer::client {
 
 // ------------------------------------------------------------ geometry --
 
+inline constexpr char kRoleDense[] = "dense";
+inline constexpr char kRoleSource[] = "candidate_source";
+inline constexpr char kRoleConsumer[] = "candidate_consumer";
+inline constexpr char kRoleBlock[] = "block";
+
 // One layer as GetServerInfo reports it, joined with its layer group.
 struct LayerSpec {
   uint32_t layer = 0;
   std::string group;
-  std::string role;               // "dense", ...
+  std::string role = kRoleDense;  // one of the kRole* names
   KvFormat format = KvFormat::kFp8;
   int32_t head_dim = 128;         // D
   int32_t page_entries = 64;      // E
   int32_t compress_ratio = 1;     // r
   bool ue8m0 = true;              // FP8 K scale rule
-  int32_t num_heads = 64;         // H
-  int32_t topk = 2048;
+  int32_t num_heads = 64;         // H (Hi for block layers)
+  int32_t topk = 2048;            // entries per row; block layers: topk_blocks
+
+  // Candidate roles: the set's source layer (the layer itself for a source),
+  // entries per candidate block, blocks per row's pool, newest block pinned.
+  uint32_t candidate_source = 0;
+  int32_t candidate_block_size = 0;
+  int32_t candidate_topk_blocks = 0;
+  bool pin_newest_block = true;
+
+  // Block role: blocks (= pages) per (head, row), blocks forced in at the
+  // start and at the causal end, the score reduction and q . k's scale.
+  int32_t topk_blocks = 0;
+  int32_t init_blocks = 0;
+  int32_t local_blocks = 0;
+  std::string score = "max";
+  float scale = 0;
+
+  bool is_source() const { return role == kRoleSource; }
+  bool is_consumer() const { return role == kRoleConsumer; }
+  bool is_block() const { return role == kRoleBlock; }
 
   // VB / SB / VB + SB of one linear entry (SPEC §4).
   int32_t value_bytes() const {
@@ -47,13 +73,22 @@ struct LayerSpec {
     return format == KvFormat::kFp8 ? 4 : head_dim / kMxBlock;
   }
   int32_t entry_bytes() const { return value_bytes() + scale_bytes(); }
+  // Shape of the layer's reply for `rows` rows: [rows, topk], or for block
+  // layers [Hi, rows, topk_blocks].
+  std::vector<int64_t> ReplyShape(int64_t rows) const;
   // "fp8 (ue8m0) D=128 E=64 r=4 H=64 topk=2048".
   std::string DebugString() const;
+  // The role and its parameters, compactly: "dense top 2048",
+  // "consumer of 20 (block 8, pool 2048, pinned) top 512",
+  // "block top 16 init 0 local 1 score max scale 0.0884".
+  std::string RoleString() const;
 };
 
 // Every layer of the profile, sorted by layer id. Fails (INVALID_ARGUMENT /
-// UNIMPLEMENTED) on geometry the reference cannot model: an unknown group or
-// kv_format, D not a multiple of 32, a zero head count or topk.
+// UNIMPLEMENTED) on what the reference cannot model: an unknown group,
+// kv_format or role, D not a multiple of 32, a zero head count, topk or
+// candidate / block parameter, a consumer whose source is not a source
+// layer listed before it, a block score other than "max".
 absl::StatusOr<std::vector<LayerSpec>> LayerSpecsFromInfo(
     const v1::ServerInfo& info);
 
@@ -123,6 +158,17 @@ class ReferenceIndexer {
                                             const QuantizedQ& q, int32_t row,
                                             int64_t visible) const;
 
+  // Block-path scores (SPEC §5) of head `head` of row `row` of a block layer,
+  // one per causal block b < ceil(visible / E):
+  //   max over e in b, e < visible of scale * (q[row, head] . k[e])
+  // with K decoded (MXFP4 elements times 2^(e8m0 - 127); FP8 codes times the
+  // entry scale), then the init / local sentinels of ApplyBlockSentinels.
+  // `q` is [rows, Hi, D] fp32, the values the daemon reads (BlockQuery).
+  absl::StatusOr<std::vector<float>> BlockScores(uint32_t layer, int32_t seq,
+                                                 absl::Span<const float> q,
+                                                 int32_t row, int32_t head,
+                                                 int64_t visible) const;
+
  private:
   int LayerIndex(uint32_t layer) const;  // -1 if unknown
 
@@ -131,6 +177,50 @@ class ReferenceIndexer {
   // [layer index][seq]: linear entries, entry_bytes each.
   std::vector<std::vector<std::vector<uint8_t>>> entries_;
 };
+
+// -------------------------------------------------------- candidate pools --
+
+// Candidate block maxima of one row (SPEC §5): m[b] = max of logits[e] over
+// e in [b * block_size, (b + 1) * block_size), e < logits.size().
+std::vector<float> BlockMaxima(absl::Span<const float> logits,
+                               int32_t block_size);
+
+// The row's candidate pool as the daemon builds it: the `topk_blocks` blocks
+// with the largest maxima, ties broken by the smaller block id; with
+// `pin_newest` the newest block (the last one) always in, replacing the
+// weakest; all blocks when there are at most `topk_blocks`. Ascending ids.
+std::vector<int32_t> SelectCandidatePool(absl::Span<const float> maxima,
+                                         int32_t topk_blocks,
+                                         bool pin_newest);
+
+// What a checker can rely on about the daemon's pool of a row whose maxima
+// it knows only within `slack` (the daemon's fp32 logits differ from the
+// reference's by up to that much): `sure` blocks are in every pool the
+// daemon may build, `maybe` blocks sit within 2 * slack of the cut and may
+// or may not be. `maybe` is empty (and `sure` is SelectCandidatePool's
+// answer) unless the cut is ambiguous. Ascending ids.
+struct PoolBounds {
+  std::vector<int32_t> sure;
+  std::vector<int32_t> maybe;
+  bool ambiguous() const { return !maybe.empty(); }
+};
+PoolBounds BoundCandidatePool(absl::Span<const float> maxima,
+                              int32_t topk_blocks, bool pin_newest,
+                              double slack);
+
+// ----------------------------------------------------------- block path --
+
+inline constexpr float kInitBlockScore = 1e30f;
+inline constexpr float kLocalBlockScore = 1e29f;
+
+// Forces the first `init_blocks` of `scores` (one per causal block) to
+// kInitBlockScore and the last `local_blocks` to kLocalBlockScore; init wins
+// where both apply.
+void ApplyBlockSentinels(int32_t init_blocks, int32_t local_blocks,
+                         absl::Span<float> scores);
+
+// Causal blocks of a row seeing `visible` entries: ceil(visible / E).
+int64_t CausalBlocks(int64_t visible, int32_t page_entries);
 
 // --------------------------------------------------------------- checker --
 
@@ -151,10 +241,39 @@ struct RowVerdict {
 // of its visible entries (`logits`, n_r of them), by SPEC §5: exactly
 // min(topk, n_r) valid indices first, then -1; no duplicates; every index in
 // [0, n_r); every index scoring >= the reference's topk-th largest score
-// minus the tolerance.
+// minus the tolerance, and every entry scoring above it plus the tolerance
+// present (ties at the cut go either way, clear winners may not).
 RowVerdict CheckTopkRow(absl::Span<const float> logits,
                         absl::Span<const int32_t> got,
                         const TopkTolerance& tolerance = {});
+
+// The same rule for one (head, row) of a block layer: `scores` from
+// BlockScores (sentinels included), `got` [topk_blocks] block ids. The
+// tolerance scales with the largest non-sentinel score, so forced blocks
+// must be present exactly.
+RowVerdict CheckBlockRow(absl::Span<const float> scores,
+                         absl::Span<const int32_t> got,
+                         const TopkTolerance& tolerance = {});
+
+// The rule restricted to the pool, for one row of a candidate consumer:
+// `logits` the consumer's dense reference logits over [0, n_r), `pool` the
+// bounds of the row's pool (blocks of `block_size` entries). Exact SPEC §5
+// rule when the pool is unambiguous: min(topk, visible pool entries)
+// indices, then -1, no duplicates, each in the pool and < n_r, each scoring
+// >= the k-th pool score minus the tolerance. With `maybe` blocks the count
+// may lie between the sure and the sure + maybe counts, indices may come
+// from either, and scores are held to the k-th score of the sure entries
+// (never above the daemon pool's k-th), so the check never fails a correct
+// answer.
+RowVerdict CheckConsumerRow(absl::Span<const float> logits,
+                            const PoolBounds& pool, int32_t block_size,
+                            absl::Span<const int32_t> got,
+                            const TopkTolerance& tolerance = {});
+
+// Slack CheckTopkRow allows for these logits: relative * max |logit| +
+// absolute.
+double TopkSlack(absl::Span<const float> logits,
+                 const TopkTolerance& tolerance = {});
 
 // Running tally of row verdicts, for one layer or a whole run.
 class AgreementReport {

@@ -2,7 +2,10 @@
 
 #include <cmath>
 
+#include "absl/strings/str_cat.h"
 #include "indexer/client.h"
+#include "kernels/format/fp8.h"
+#include "kernels/format/numeric.h"
 
 namespace indexer::client {
 
@@ -103,13 +106,94 @@ void SetQueries(const LayerSpec& spec, const QuantizedQ& q,
   *request->mutable_weights() = MakeFp32Tensor(q.weights, {rows, h});
 }
 
+absl::StatusOr<BlockQFormat> ParseBlockQFormat(absl::string_view name) {
+  if (name == "fp32") return BlockQFormat::kFp32;
+  if (name == "bf16") return BlockQFormat::kBf16;
+  if (name == "fp8") return BlockQFormat::kFp8;
+  return absl::InvalidArgumentError(absl::StrCat(
+      "--block-q: expected fp32, bf16 or fp8, got '", name, "'"));
+}
+
+const char* BlockQFormatName(BlockQFormat format) {
+  switch (format) {
+    case BlockQFormat::kFp32: return "FP32";
+    case BlockQFormat::kBf16: return "BF16";
+    case BlockQFormat::kFp8: return "FP8_E4M3";
+  }
+  return "?";
+}
+
+namespace {
+
+// bf16 bits of a finite float, round to nearest even.
+uint16_t FloatToBf16(float x) {
+  const uint32_t bits = FloatToBits(x);
+  const uint32_t rounding = 0x7fffu + ((bits >> 16) & 1u);
+  return static_cast<uint16_t>((bits + rounding) >> 16);
+}
+
+}  // namespace
+
+std::vector<float> SetBlockQueries(const LayerSpec& spec, int32_t rows,
+                                   absl::Span<const float> raw_q,
+                                   BlockQFormat format,
+                                   v1::LayerRequest* request) {
+  const int64_t h = spec.num_heads;
+  const int64_t d = spec.head_dim;
+  request->clear_weights();
+  request->clear_q_scale();
+  std::vector<float> seen(raw_q.begin(), raw_q.end());
+  switch (format) {
+    case BlockQFormat::kFp32:
+      *request->mutable_q() = MakeFp32Tensor(raw_q, {rows, h, d});
+      break;
+    case BlockQFormat::kBf16: {
+      std::vector<uint16_t> bf16(raw_q.size());
+      for (size_t i = 0; i < raw_q.size(); ++i) {
+        bf16[i] = FloatToBf16(raw_q[i]);
+        seen[i] = Bf16ToFloat(bf16[i]);
+      }
+      std::vector<int64_t> shape = {rows, h, d};
+      *request->mutable_q() = MakeTensor(v1::BF16, shape, bf16.data(),
+                                         bf16.size() * sizeof(uint16_t));
+      break;
+    }
+    case BlockQFormat::kFp8: {
+      std::vector<uint8_t> codes(raw_q.size());
+      std::vector<float> scales(static_cast<size_t>(rows) * h);
+      for (size_t rh = 0; rh < scales.size(); ++rh) {
+        scales[rh] = QuantizeFp8Q(raw_q.data() + rh * d, static_cast<int>(d),
+                                  codes.data() + rh * d);
+        for (int64_t i = 0; i < d; ++i) {
+          seen[rh * d + i] = DecodeE4m3(codes[rh * d + i]) * scales[rh];
+        }
+      }
+      *request->mutable_q() = MakeByteTensor(v1::FP8_E4M3, codes, {rows, h, d});
+      *request->mutable_q_scale() = MakeFp32Tensor(scales, {rows, h});
+      break;
+    }
+  }
+  return seen;
+}
+
+int64_t ReplyBytesPerRow(const LayerSpec& spec) {
+  return 4 * NumElements(spec.ReplyShape(1));
+}
+
 int64_t LayerRequestBytes(const LayerSpec& spec, int64_t rows,
-                          int64_t new_entries, bool q_fp32,
-                          bool prequantized) {
+                          int64_t new_entries, bool q_fp32, bool prequantized,
+                          BlockQFormat block_q) {
   const int64_t h = spec.num_heads;
   const int64_t d = spec.head_dim;
   const int64_t k_bytes =
       new_entries * (prequantized ? spec.entry_bytes() : d * 4);
+  if (spec.is_block()) {
+    const int64_t per_value = block_q == BlockQFormat::kFp32   ? 4
+                              : block_q == BlockQFormat::kBf16 ? 2
+                                                               : 1;
+    return k_bytes + rows * h * d * per_value +
+           (block_q == BlockQFormat::kFp8 ? rows * h * 4 : 0);
+  }
   const int64_t q_bytes =
       rows * h *
       (q_fp32 ? d * 4 : spec.value_bytes() + (spec.format == KvFormat::kFp8

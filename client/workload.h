@@ -10,6 +10,8 @@
 #include <cstdint>
 #include <vector>
 
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "absl/types/span.h"
 #include "client/reference.h"
 #include "indexer/v1/indexer.pb.h"
@@ -56,10 +58,29 @@ void SetQueries(const LayerSpec& spec, const QuantizedQ& q,
                 absl::Span<const float> raw_weights, bool q_fp32,
                 v1::LayerRequest* request);
 
+// Wire forms of a block layer's Q ([rows, Hi, D], no weights).
+enum class BlockQFormat { kFp32, kBf16, kFp8 };
+// "fp32", "bf16", "fp8"; INVALID_ARGUMENT for anything else.
+absl::StatusOr<BlockQFormat> ParseBlockQFormat(absl::string_view name);
+const char* BlockQFormatName(BlockQFormat format);
+
+// Sets q (and for FP8 the [rows, Hi] FP32 q_scale) of a block-layer
+// `request` from `raw_q` [rows, Hi, D] and returns the values the daemon
+// scores with, [rows, Hi, D]: raw_q itself, rounded to bf16 (nearest even),
+// or e4m3 codes (QuantizeFp8Q per (row, head)) decoded times their scale.
+// REQUIRES: raw_q.size() == rows * Hi * D, finite.
+std::vector<float> SetBlockQueries(const LayerSpec& spec, int32_t rows,
+                                   absl::Span<const float> raw_q,
+                                   BlockQFormat format,
+                                   v1::LayerRequest* request);
+
 // Wire bytes of one layer request of `rows` rows and `new_entries` new
 // entries in the given forms (tensor data only; protobuf framing is small).
+// Block layers send Q in `block_q` and no weights.
 int64_t LayerRequestBytes(const LayerSpec& spec, int64_t rows,
-                          int64_t new_entries, bool q_fp32,
-                          bool prequantized);
+                          int64_t new_entries, bool q_fp32, bool prequantized,
+                          BlockQFormat block_q = BlockQFormat::kBf16);
+// Bytes of the layer's reply tensor per row.
+int64_t ReplyBytesPerRow(const LayerSpec& spec);
 
 }  // namespace indexer::client

@@ -87,6 +87,35 @@ struct QInput {
   const float* weights = nullptr;   // [rows, H] fp32, Q scales folded in
 };
 
+// The two-level candidate path (SPEC §5). One source layer per set and step
+// builds each row's pool of candidate blocks; the set's consumers score only
+// their row's pool.
+struct CandidateSpec {
+  int32_t set = 0;            // which candidate set of the step (0-based)
+  int32_t block_size = 8;     // candidate_block_size, entries per block
+  int32_t topk_blocks = 2048; // candidate_topk_blocks, pool size per row
+  bool pin_newest = true;     // the row's newest block is always in its pool
+  // Length gate for ConsumerMode::kAuto: consumers gather the pool when the
+  // step's widest row sees more than gate_ratio x pool entries, else mask a
+  // dense walk. Results never depend on the choice.
+  int32_t gate_ratio = 1;
+};
+
+enum class ConsumerMode { kAuto, kGather, kMasked };
+
+// The MiniMax-M3 block path (SPEC §5): blocks are pages.
+struct BlockSpec {
+  int32_t topk_blocks = 16;
+  int32_t init_blocks = 0;    // first blocks forced in (sentinel 1e30)
+  int32_t local_blocks = 1;   // last causal blocks forced in (sentinel 1e29)
+  float scale = 0.0883883476f;  // D^-0.5
+};
+
+struct BlockQInput {
+  int32_t num_heads = 0;       // Hi
+  const float* q = nullptr;    // [rows, Hi, D] fp32 (bf16 / e4m3 widened)
+};
+
 struct LayerTimings {
   double write_us = 0;
   double logits_us = 0;
@@ -128,12 +157,50 @@ class Backend {
                                                  const QInput& q, int32_t topk,
                                                  int32_t* out) = 0;
 
+  // Candidate source: DenseTopk's output, and from the same logits each
+  // row's pool (the topk_blocks candidate blocks with the largest maxima over
+  // visible entries, the newest block pinned; all blocks when fewer), kept
+  // in `ctx` under spec.set until the step ends.
+  virtual absl::StatusOr<LayerTimings> CandidateSource(
+      const PageLayout& layout, const uint8_t* pool, const StepRows& rows,
+      StepContext* ctx, const QInput& q, int32_t topk,
+      const CandidateSpec& spec, int32_t* out) {
+    return Unimplemented("candidate source layers");
+  }
+
+  // Candidate consumer: the topk largest logits among the visible entries of
+  // the row's pool, as entry positions, -1 past them. Same set as dense
+  // logits masked to -inf outside the pool. FAILED_PRECONDITION when the
+  // set's source has not run in this step.
+  virtual absl::StatusOr<LayerTimings> CandidateConsumer(
+      const PageLayout& layout, const uint8_t* pool, const StepRows& rows,
+      StepContext* ctx, const QInput& q, int32_t topk,
+      const CandidateSpec& spec, ConsumerMode mode, int32_t* out) {
+    return Unimplemented("candidate consumer layers");
+  }
+
+  // Block path: out[h, r, :] = ids of the topk_blocks blocks with the largest
+  // score[h, r, b] = max over visible e in b of scale * (q[r, h] . k[e]),
+  // init / local blocks forced by sentinels, -1 past the row's causal blocks.
+  // out: [Hi, num_rows, topk_blocks] int32.
+  virtual absl::StatusOr<LayerTimings> BlockTopk(
+      const PageLayout& layout, const uint8_t* pool, const StepRows& rows,
+      StepContext* ctx, const BlockQInput& q, const BlockSpec& spec,
+      int32_t* out) {
+    return Unimplemented("block layers");
+  }
+
   // Copies `count` entries starting at entry `first` of physical page `page`
   // into `out` ([count, VB + SB] linear form). For export and tests.
   virtual absl::Status ReadEntries(const PageLayout& layout,
                                    const uint8_t* pool, int32_t page,
                                    int32_t first, int32_t count,
                                    uint8_t* out) = 0;
+
+ protected:
+  absl::Status Unimplemented(const std::string& what) const {
+    return absl::UnimplementedError(what + ": not implemented by the " + Kind() + " backend");
+  }
 };
 
 // "auto" (gpu:0 when a GPU is present and built in, else cpu), "cpu",

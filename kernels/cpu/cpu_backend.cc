@@ -9,6 +9,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "kernels/common/status_macros.h"
+#include "kernels/cpu/cpu_internal.h"
 #include "kernels/cpu/dense_logits.h"
 #include "kernels/cpu/topk.h"
 #include "kernels/format/fp8.h"
@@ -20,17 +21,9 @@
 namespace indexer {
 namespace {
 
-using Clock = std::chrono::steady_clock;
-
-double MicrosSince(Clock::time_point t0) {
-  return std::chrono::duration<double, std::micro>(Clock::now() - t0).count();
-}
-
-absl::Status Bad(absl::string_view field, absl::string_view expected,
-                 int64_t got) {
-  return absl::InvalidArgumentError(
-      absl::StrCat(field, ": expected ", expected, ", got ", got));
-}
+using cpu_internal::Bad;
+using cpu_internal::Clock;
+using cpu_internal::MicrosSince;
 
 absl::Status CheckSize(absl::string_view field, size_t size, int64_t want) {
   if (static_cast<int64_t>(size) == want) return absl::OkStatus();
@@ -60,25 +53,58 @@ absl::Status CheckPages(const PageLayout& layout, const StepRows& rows,
   return absl::OkStatus();
 }
 
-// The cpu backend's step state: which pool size the step's pages have
-// already been checked against, so that the layers after the first skip the
-// O(sequences x pages) walk.
-class CpuStepContext : public StepContext {
- public:
-  explicit CpuStepContext(const StepRows* rows) : rows_(rows) {}
-  bool Checked(const StepRows& rows, int64_t num_pages) const {
-    return &rows == rows_ && checked_pages_.load() == num_pages;
-  }
-  void MarkChecked(const StepRows& rows, int64_t num_pages) {
-    if (&rows == rows_) checked_pages_.store(num_pages);
-  }
+}  // namespace
 
- private:
-  const StepRows* const rows_;
-  std::atomic<int64_t> checked_pages_{-1};
-};
+namespace cpu_internal {
 
-// ValidateStepRows, once per step and pool size when `ctx` is ours.
+double MicrosSince(Clock::time_point t0) {
+  return std::chrono::duration<double, std::micro>(Clock::now() - t0).count();
+}
+
+absl::Status Bad(absl::string_view field, absl::string_view expected,
+                 int64_t got) {
+  return absl::InvalidArgumentError(
+      absl::StrCat(field, ": expected ", expected, ", got ", got));
+}
+
+std::vector<std::pair<int32_t, int32_t>> Chunks(const StepRows& rows) {
+  if (!rows.chunks.empty() || rows.num_rows == 0) return rows.chunks;
+  return {{0, rows.num_rows}};
+}
+
+absl::Status CheckQ(const PageLayout& layout, const QInput& q) {
+  if (q.num_heads < 1) return Bad("q.num_heads", ">= 1", q.num_heads);
+  if (q.values == nullptr || q.weights == nullptr ||
+      (layout.format == KvFormat::kMxfp4 && q.scales == nullptr)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "q: expected values, weights",
+        layout.format == KvFormat::kMxfp4 ? " and scales" : "",
+        " tensors, got null"));
+  }
+  return absl::OkStatus();
+}
+
+bool CpuStepContext::Checked(const StepRows& rows, int64_t num_pages) const {
+  return Owns(rows) && checked_pages_.load() == num_pages;
+}
+
+void CpuStepContext::MarkChecked(const StepRows& rows, int64_t num_pages) {
+  if (Owns(rows)) checked_pages_.store(num_pages);
+}
+
+void CpuStepContext::PutPool(int32_t set,
+                             std::shared_ptr<const CandidatePool> pool) {
+  absl::MutexLock lock(&mu_);
+  pools_[set] = std::move(pool);
+}
+
+std::shared_ptr<const CandidatePool> CpuStepContext::GetPool(
+    int32_t set) const {
+  absl::MutexLock lock(&mu_);
+  auto it = pools_.find(set);
+  return it == pools_.end() ? nullptr : it->second;
+}
+
 absl::Status ValidateOnce(const PageLayout& layout, const StepRows& rows,
                           StepContext* ctx, int64_t num_pages) {
   auto* cpu_ctx = dynamic_cast<CpuStepContext*>(ctx);
@@ -90,13 +116,7 @@ absl::Status ValidateOnce(const PageLayout& layout, const StepRows& rows,
   return absl::OkStatus();
 }
 
-// The rows' chunks, or one chunk of all rows when the plan has none.
-std::vector<std::pair<int32_t, int32_t>> Chunks(const StepRows& rows) {
-  if (!rows.chunks.empty() || rows.num_rows == 0) return rows.chunks;
-  return {{0, rows.num_rows}};
-}
-
-}  // namespace
+}  // namespace cpu_internal
 
 absl::Status ValidateStepRows(const PageLayout& layout, const StepRows& rows,
                               int64_t num_pages) {
@@ -230,7 +250,7 @@ absl::StatusOr<std::unique_ptr<StepContext>> CpuBackend::PrepareStep(
     const PageLayout& layout, const StepRows& rows) {
   // Pages are checked against the pool by each call; the shape here.
   RETURN_IF_ERROR(ValidateStepRows(layout, rows, INT64_MAX));
-  return std::make_unique<CpuStepContext>(&rows);
+  return std::make_unique<cpu_internal::CpuStepContext>(&rows);
 }
 
 absl::StatusOr<double> CpuBackend::WriteEntries(const PageLayout& layout,
@@ -240,7 +260,7 @@ absl::StatusOr<double> CpuBackend::WriteEntries(const PageLayout& layout,
                                                 const KInput& k) {
   const Clock::time_point t0 = Clock::now();
   ASSIGN_OR_RETURN(const Pool p, FindPool(pool, layout));
-  RETURN_IF_ERROR(ValidateOnce(layout, rows, ctx, p.num_pages));
+  RETURN_IF_ERROR(cpu_internal::ValidateOnce(layout, rows, ctx, p.num_pages));
   const int64_t n = rows.NewEntries();
   if (n == 0) return MicrosSince(t0);
   if (k.data == nullptr) {
@@ -296,25 +316,28 @@ absl::StatusOr<LayerTimings> CpuBackend::DenseTopk(
     const PageLayout& layout, const uint8_t* pool, const StepRows& rows,
     StepContext* ctx, const QInput& q, int32_t topk, int32_t* out) {
   ASSIGN_OR_RETURN(const Pool p, FindPool(pool, layout));
-  RETURN_IF_ERROR(ValidateOnce(layout, rows, ctx, p.num_pages));
+  RETURN_IF_ERROR(cpu_internal::ValidateOnce(layout, rows, ctx, p.num_pages));
   if (topk < 0) return Bad("topk", ">= 0", topk);
   if (q.num_heads < 1) return Bad("q.num_heads", ">= 1", q.num_heads);
-  LayerTimings timings;
-  if (rows.num_rows == 0 || topk == 0) return timings;
-  if (q.values == nullptr || q.weights == nullptr ||
-      (layout.format == KvFormat::kMxfp4 && q.scales == nullptr)) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "q: expected values, weights",
-        layout.format == KvFormat::kMxfp4 ? " and scales" : "",
-        " tensors, got null"));
-  }
+  if (rows.num_rows == 0 || topk == 0) return LayerTimings{};
+  RETURN_IF_ERROR(cpu_internal::CheckQ(layout, q));
   if (out == nullptr) {
     return absl::InvalidArgumentError("out: expected a buffer, got null");
   }
+  return DenseWalk(layout, pool, rows, q, [&](int32_t r, float* logits) {
+    TopkRow(logits, rows.row_visible[r], topk,
+            out + static_cast<int64_t>(r) * topk);
+  });
+}
 
+LayerTimings CpuBackend::DenseWalk(const PageLayout& layout,
+                                   const uint8_t* pool, const StepRows& rows,
+                                   const QInput& q,
+                                   const RowFn& row_fn) const {
+  LayerTimings timings;
   std::vector<int64_t> offsets;
   std::vector<float> logits;
-  for (const auto& [rb, re] : Chunks(rows)) {
+  for (const auto& [rb, re] : cpu_internal::Chunks(rows)) {
     // Logits of the chunk's rows, packed row after row.
     offsets.assign(static_cast<size_t>(re - rb) + 1, 0);
     for (int32_t r = rb; r < re; ++r) {
@@ -323,9 +346,8 @@ absl::StatusOr<LayerTimings> CpuBackend::DenseTopk(
     logits.resize(static_cast<size_t>(offsets.back()));
     const std::vector<cpu_internal::LogitsTask> tasks =
         cpu_internal::PlanLogitsTasks(rows, rb, re);
-    const cpu_internal::LogitsParams params{&layout, pool,           &rows,
-                                            &q,      rb,             offsets.data(),
-                                            logits.data()};
+    const cpu_internal::LogitsParams params{
+        &layout, pool, &rows, &q, rb, offsets.data(), logits.data()};
 
     Clock::time_point t0 = Clock::now();
     arena_.execute([&] {
@@ -345,9 +367,7 @@ absl::StatusOr<LayerTimings> CpuBackend::DenseTopk(
                         [&](const tbb::blocked_range<int32_t>& range) {
                           for (int32_t r = range.begin(); r < range.end();
                                ++r) {
-                            TopkRow(logits.data() + offsets[r - rb],
-                                    rows.row_visible[r], topk,
-                                    out + static_cast<int64_t>(r) * topk);
+                            row_fn(r, logits.data() + offsets[r - rb]);
                           }
                         });
     });

@@ -11,12 +11,20 @@
 // REQUIRES: a call given a context passes the very StepRows object (same
 // address, unchanged) that PrepareStep made it from, or a null context.
 //
-// Thread safety: as Backend. WriteEntries / DenseTopk / ReadEntries may run
-// concurrently from several threads (they share the arena); AllocatePool is
+// Candidate path: CandidateSource keeps each row's pool in the step's
+// context (so it needs the context PrepareStep made); the set's consumers in
+// that step read it and must pass rows with the same visible entries. A
+// consumer scores the pool's entries with the very code of the dense walk,
+// so its logits are bit-identical to the dense ones and the gathered and
+// masked forms give the same output.
+//
+// Thread safety: as Backend. Every call may run concurrently from several
+// threads (they share the arena), also layers of one step; AllocatePool is
 // start-up only but is also safe to call concurrently.
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -30,6 +38,9 @@
 #include "kernels/format/page_layout.h"
 
 namespace indexer {
+namespace cpu_internal {
+struct CandidatePool;
+}  // namespace cpu_internal
 
 class CpuBackend : public Backend {
  public:
@@ -55,6 +66,21 @@ class CpuBackend : public Backend {
                                          const StepRows& rows,
                                          StepContext* ctx, const QInput& q,
                                          int32_t topk, int32_t* out) override;
+  absl::StatusOr<LayerTimings> CandidateSource(
+      const PageLayout& layout, const uint8_t* pool, const StepRows& rows,
+      StepContext* ctx, const QInput& q, int32_t topk,
+      const CandidateSpec& spec, int32_t* out) override;
+  absl::StatusOr<LayerTimings> CandidateConsumer(
+      const PageLayout& layout, const uint8_t* pool, const StepRows& rows,
+      StepContext* ctx, const QInput& q, int32_t topk,
+      const CandidateSpec& spec, ConsumerMode mode, int32_t* out) override;
+  absl::StatusOr<LayerTimings> BlockTopk(const PageLayout& layout,
+                                         const uint8_t* pool,
+                                         const StepRows& rows,
+                                         StepContext* ctx,
+                                         const BlockQInput& q,
+                                         const BlockSpec& spec,
+                                         int32_t* out) override;
   absl::Status ReadEntries(const PageLayout& layout, const uint8_t* pool,
                            int32_t page, int32_t first, int32_t count,
                            uint8_t* out) override;
@@ -68,6 +94,22 @@ class CpuBackend : public Backend {
   // The pool at `data` with pages of `layout`'s size, or INVALID_ARGUMENT.
   absl::StatusOr<Pool> FindPool(const uint8_t* data,
                                 const PageLayout& layout) const;
+
+  // Called once per row r with its dense logits [row_visible[r]] fp32, which
+  // it may overwrite; rows run concurrently.
+  using RowFn = std::function<void(int32_t r, float* logits)>;
+  // The dense walk of SPEC §5 (DenseTopk, the candidate source, masked
+  // consumers): the logits of every row, chunk by chunk, each handed to
+  // `row_fn`. REQUIRES: rows validated against `pool`, q checked.
+  LayerTimings DenseWalk(const PageLayout& layout, const uint8_t* pool,
+                         const StepRows& rows, const QInput& q,
+                         const RowFn& row_fn) const;
+  // A consumer that scores only the pool's entries (candidate.cc).
+  // out: [num_rows, topk] int32, -1 = no entry.
+  LayerTimings GatherConsumer(const PageLayout& layout, const uint8_t* pool,
+                              const StepRows& rows, const QInput& q,
+                              const cpu_internal::CandidatePool& cands,
+                              int32_t topk, int32_t* out) const;
 
   const int threads_;
   mutable tbb::task_arena arena_;

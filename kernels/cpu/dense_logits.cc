@@ -14,7 +14,7 @@ namespace {
 
 // Entries decoded and scored together: the decoded block (D x kBlock fp32,
 // 16 KiB at D = 128) stays in L1 while every row of the task reads it.
-constexpr int kBlock = 32;
+constexpr int kBlock = kEntryBlock;
 static_assert(kBlock % 8 == 0, "the entry block is a whole number of vectors");
 // Entries per task: enough work per task (H * D * kTaskEntries MACs per row)
 // to hide scheduling, small enough to split one 8k-entry row over 16 cores.
@@ -50,7 +50,9 @@ struct Scratch {
 #if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
 #define INDEXER_CPU_CLONES __attribute__((target_clones("arch=x86-64-v3", "default")))
 #else
-#define INDEXER_CPU_CLONES
+// Never inlined, so the dense walk and the gathered consumer run the very
+// same instructions and get bit-identical logits.
+#define INDEXER_CPU_CLONES __attribute__((noinline))
 #endif
 
 // Eight fp32 lanes (GCC / Clang vector extension): one AVX register in the
@@ -131,58 +133,75 @@ void DecodeQ(const PageLayout& layout, const QInput& qin, int32_t r0,
   }
 }
 
-// Decodes entries [e0, e0 + n) of sequence `seq` (n <= kBlock) into
-// kt[:, 0..n) and, for FP8, their scales; columns n..kBlock are zeroed.
-// block_scale: [D / 32] scratch.
-void DecodeKBlock(const PageLayout& layout, const uint8_t* pool,
-                  const StepRows& rows, int32_t seq, int32_t e0, int32_t n,
-                  float* kt, float* kscale, float* block_scale) {
+// Decodes entry `e` of sequence `seq` into column j of kt and, for FP8,
+// its scale into kscale[j]. block_scale: [D / 32] scratch.
+inline void DecodeKEntry(const PageLayout& layout, const uint8_t* pool,
+                         const StepRows& rows, int32_t seq, int32_t e,
+                         int32_t j, float* kt, float* kscale,
+                         float* block_scale) {
   const DecodeTables& t = Tables();
   const int32_t dim = layout.head_dim, vb = layout.value_bytes();
   const int32_t chunk = layout.tiled() ? layout.d_per_tile : vb;
   const int32_t per_page = layout.page_entries;
-  if (n < kBlock) {
-    for (int32_t d = 0; d < dim; ++d) {
-      std::fill(kt + static_cast<int64_t>(d) * kBlock + n,
-                kt + static_cast<int64_t>(d + 1) * kBlock, 0.0f);
+  const uint8_t* page = pool + layout.PageOffset(rows.Page(seq, e / per_page));
+  const int32_t slot = e % per_page;
+  if (layout.format == KvFormat::kFp8) {
+    for (int32_t c = 0; c < vb; c += chunk) {
+      const uint8_t* src = page + layout.ValueOffset(slot, c);
+      for (int32_t b = 0; b < chunk; ++b) {
+        kt[static_cast<int64_t>(c + b) * kBlock + j] = t.e4m3[src[b]];
+      }
+    }
+    std::memcpy(&kscale[j], page + layout.ScaleOffset(slot, 0), sizeof(float));
+    return;
+  }
+  for (int32_t s = 0; s < dim / kMxBlock; ++s) {
+    block_scale[s] =
+        Pow2(static_cast<int32_t>(page[layout.ScaleOffset(slot, s)]) - 127);
+  }
+  for (int32_t c = 0; c < vb; c += chunk) {
+    const uint8_t* src = page + layout.ValueOffset(slot, c);
+    for (int32_t b = 0; b < chunk; ++b) {
+      const int32_t byte = c + b;
+      const float sc = block_scale[byte / (kMxBlock / 2)];
+      kt[static_cast<int64_t>(2 * byte) * kBlock + j] =
+          t.e2m1[src[b] & 0xf] * sc;
+      kt[static_cast<int64_t>(2 * byte + 1) * kBlock + j] =
+          t.e2m1[src[b] >> 4] * sc;
     }
   }
-  for (int32_t j = 0; j < n; ++j) {
-    const int32_t e = e0 + j;
-    const uint8_t* page =
-        pool + layout.PageOffset(rows.Page(seq, e / per_page));
-    const int32_t slot = e % per_page;
-    if (layout.format == KvFormat::kFp8) {
-      for (int32_t c = 0; c < vb; c += chunk) {
-        const uint8_t* src = page + layout.ValueOffset(slot, c);
-        for (int32_t b = 0; b < chunk; ++b) {
-          kt[static_cast<int64_t>(c + b) * kBlock + j] = t.e4m3[src[b]];
-        }
-      }
-      std::memcpy(&kscale[j], page + layout.ScaleOffset(slot, 0),
-                  sizeof(float));
-    } else {
-      for (int32_t s = 0; s < dim / kMxBlock; ++s) {
-        block_scale[s] =
-            Pow2(static_cast<int32_t>(page[layout.ScaleOffset(slot, s)]) - 127);
-      }
-      for (int32_t c = 0; c < vb; c += chunk) {
-        const uint8_t* src = page + layout.ValueOffset(slot, c);
-        for (int32_t b = 0; b < chunk; ++b) {
-          const int32_t byte = c + b;
-          const float sc = block_scale[byte / (kMxBlock / 2)];
-          kt[static_cast<int64_t>(2 * byte) * kBlock + j] =
-              t.e2m1[src[b] & 0xf] * sc;
-          kt[static_cast<int64_t>(2 * byte + 1) * kBlock + j] =
-              t.e2m1[src[b] >> 4] * sc;
-        }
-      }
-      kscale[j] = 1.0f;
-    }
+  kscale[j] = 1.0f;
+}
+
+// Zeroes columns [n, kBlock) of kt: [D, kBlock].
+void ZeroTail(int32_t dim, int32_t n, float* kt) {
+  if (n >= kBlock) return;
+  for (int32_t d = 0; d < dim; ++d) {
+    std::fill(kt + static_cast<int64_t>(d) * kBlock + n,
+              kt + static_cast<int64_t>(d + 1) * kBlock, 0.0f);
   }
 }
 
 }  // namespace
+
+void DecodeKRun(const PageLayout& layout, const uint8_t* pool,
+                const StepRows& rows, int32_t seq, int32_t e0, int32_t n,
+                float* kt, float* kscale, float* block_scale) {
+  ZeroTail(layout.head_dim, n, kt);
+  for (int32_t j = 0; j < n; ++j) {
+    DecodeKEntry(layout, pool, rows, seq, e0 + j, j, kt, kscale, block_scale);
+  }
+}
+
+void DecodeKList(const PageLayout& layout, const uint8_t* pool,
+                 const StepRows& rows, int32_t seq, const int32_t* entries,
+                 int32_t n, float* kt, float* kscale, float* block_scale) {
+  ZeroTail(layout.head_dim, n, kt);
+  for (int32_t j = 0; j < n; ++j) {
+    DecodeKEntry(layout, pool, rows, seq, entries[j], j, kt, kscale,
+                 block_scale);
+  }
+}
 
 std::vector<LogitsTask> PlanLogitsTasks(const StepRows& rows,
                                         int32_t row_begin, int32_t row_end) {
@@ -219,8 +238,8 @@ void RunLogitsTask(const LogitsParams& p, const LogitsTask& task) {
 
   for (int32_t e0 = task.e_begin; e0 < task.e_end; e0 += kBlock) {
     const int32_t n = std::min(kBlock, task.e_end - e0);
-    DecodeKBlock(layout, p.pool, *p.rows, task.seq, e0, n, scratch.kt.data(),
-                 scratch.kscale, scratch.block_scale.data());
+    DecodeKRun(layout, p.pool, *p.rows, task.seq, e0, n, scratch.kt.data(),
+               scratch.kscale, scratch.block_scale.data());
     for (int32_t i = 0; i < nrows; ++i) {
       const int32_t r = task.row_begin + i;
       const int32_t count = std::min(n, p.rows->row_visible[r] - e0);
@@ -232,6 +251,51 @@ void RunLogitsTask(const LogitsParams& p, const LogitsTask& task) {
       for (int32_t j = 0; j < count; ++j) {
         dst[j] = scratch.out[j] * scratch.kscale[j];
       }
+    }
+  }
+}
+
+std::vector<GatherTask> PlanGatherTasks(const std::vector<int64_t>& row_offset,
+                                        int32_t row_begin) {
+  std::vector<GatherTask> tasks;
+  for (size_t i = 0; i + 1 < row_offset.size(); ++i) {
+    const int64_t slots = row_offset[i + 1] - row_offset[i];
+    for (int64_t j = 0; j < slots; j += kTaskEntries) {
+      tasks.push_back({row_begin + static_cast<int32_t>(i),
+                       static_cast<int32_t>(j),
+                       static_cast<int32_t>(std::min<int64_t>(
+                           slots, j + kTaskEntries))});
+    }
+  }
+  return tasks;
+}
+
+void RunGatherTask(const GatherParams& p, const GatherTask& task) {
+  thread_local Scratch scratch;
+  const PageLayout& layout = *p.layout;
+  const int32_t dim = layout.head_dim, heads = p.q->num_heads;
+  const int32_t r = task.row, seq = p.rows->row_seq[r];
+  const int32_t bs = p.cands->block_size;
+  const int32_t* blocks = p.cands->row_blocks(r);
+  scratch.q.resize(static_cast<size_t>(heads) * dim);
+  scratch.kt.resize(static_cast<size_t>(dim) * kBlock);
+  scratch.block_scale.resize(static_cast<size_t>(dim) / kMxBlock);
+  DecodeQ(layout, *p.q, r, r + 1, scratch.q.data());
+  float* dst = p.logits + p.row_offset[r - p.chunk_row_begin];
+  int32_t entries[kBlock];
+  // Same decode, kernel and scaling as RunLogitsTask, on the pool's entries.
+  for (int32_t j0 = task.slot_begin; j0 < task.slot_end; j0 += kBlock) {
+    const int32_t n = std::min(kBlock, task.slot_end - j0);
+    for (int32_t j = 0; j < n; ++j) {
+      entries[j] = blocks[(j0 + j) / bs] * bs + (j0 + j) % bs;
+    }
+    DecodeKList(layout, p.pool, *p.rows, seq, entries, n, scratch.kt.data(),
+                scratch.kscale, scratch.block_scale.data());
+    BlockLogits(scratch.q.data(),
+                p.q->weights + static_cast<int64_t>(r) * heads, heads, dim,
+                scratch.kt.data(), scratch.out);
+    for (int32_t j = 0; j < n; ++j) {
+      dst[j0 + j] = scratch.out[j] * scratch.kscale[j];
     }
   }
 }

@@ -38,6 +38,22 @@ absl::Status DispatchMmaHeads(int32_t heads, F&& fn) {
   }
 }
 
+// Rows of one group the wgmma logits kernel multiplies at once (N = 64 x).
+template <class F>
+absl::Status DispatchWgmmaRows(int32_t rows, F&& fn) {
+  switch (rows) {
+    case 1:
+      return fn(std::integral_constant<int, 1>{});
+    case 2:
+      return fn(std::integral_constant<int, 2>{});
+    case 4:
+      return fn(std::integral_constant<int, 4>{});
+    default:
+      return absl::InvalidArgumentError(absl::StrCat(
+          "group rows: the wgmma logits kernel takes 1, 2 or 4, got ", rows));
+  }
+}
+
 inline bool MmaHeadsSupported(int32_t heads) { return heads == 64; }
 
 }  // namespace gpu

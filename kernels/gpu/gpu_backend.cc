@@ -108,6 +108,10 @@ absl::Status GpuBackend::Init() {
   RETURN_IF_ERROR(take(ws_.out_ints * 4, &out_));
   RETURN_IF_ERROR(take(ws_.cand * 4, &cand_keys_));
   RETURN_IF_ERROR(take(ws_.cand * 4, &cand_pos_));
+  RETURN_IF_ERROR(take(int64_t{ws_.max_rows} * kTopkStateWords * 4, &topk_state_));
+  // The cooperative top-k leaves its state zeroed after every use.
+  GPU_RETURN_IF_ERROR(MemsetAsync(topk_state_, 0, int64_t{ws_.max_rows} * kTopkStateWords * 4, stream_));
+  GPU_RETURN_IF_ERROR(StreamSynchronize(stream_));
   RETURN_IF_ERROR(take(ws_.arena_bytes, &arena_base_));
   arena_ = std::make_unique<DeviceArena>(arena_base_, ws_.arena_bytes);
   return absl::OkStatus();
@@ -135,9 +139,9 @@ std::string GpuBackend::last_logits_path() const {
   return last_path_;
 }
 
-void GpuBackend::set_force_portable(bool v) {
+void GpuBackend::set_max_logits_path(int v) {
   absl::MutexLock lock(&mu_);
-  force_portable_ = v;
+  max_path_ = v;
 }
 
 absl::StatusOr<uint8_t*> GpuBackend::AllocatePool(const PageLayout& layout,
@@ -157,7 +161,18 @@ absl::StatusOr<uint8_t*> GpuBackend::AllocatePool(const PageLayout& layout,
         "pool: cannot allocate ", num_pages, " pages of ", page_bytes,
         " bytes on ", Describe(), " (", ErrorString(err), ")"));
   }
-  pools_.push_back({static_cast<uint8_t*>(v), num_pages, page_bytes});
+  Pool pool{static_cast<uint8_t*>(v), num_pages, page_bytes, false, {}};
+  if (props_.major == 9 && WgmmaTmaSupported(layout)) {
+    // The pool as [pages, E, 128 value bytes]; a box is one 64-entry tile.
+    const uint64_t dims[3] = {static_cast<uint64_t>(layout.value_bytes()),
+                              static_cast<uint64_t>(layout.page_entries),
+                              static_cast<uint64_t>(num_pages)};
+    const uint64_t strides[2] = {static_cast<uint64_t>(layout.value_bytes()),
+                                 static_cast<uint64_t>(page_bytes)};
+    const uint32_t box[3] = {static_cast<uint32_t>(layout.value_bytes()), 64, 1};
+    pool.has_tmap = EncodeTensorMapU8Sw128(&pool.tmap, v, dims, strides, box).ok();
+  }
+  pools_.push_back(pool);
   GPU_RETURN_IF_ERROR(MemsetAsync(v, 0, bytes, stream_));
   GPU_RETURN_IF_ERROR(StreamSynchronize(stream_));
   return static_cast<uint8_t*>(v);
@@ -185,7 +200,9 @@ absl::StatusOr<std::unique_ptr<GpuBackend::Step>> GpuBackend::MakeStep(
   const PlanLimits limits{
       ws_.logits_floats,
       static_cast<int32_t>(std::min<int64_t>(ws_.max_rows, ws_.q_bytes / (int64_t{ws_.max_heads} * vb))),
-      props_.multiProcessorCount};
+      props_.multiProcessorCount,
+      // FP8 on sm_90 runs the persistent wgmma kernel: fine units.
+      layout.format == KvFormat::kFp8 && props_.major == 9 ? 256 : 0};
   ASSIGN_OR_RETURN(StepPlan plan, PlanStep(rows, limits));
 
   std::vector<int32_t> img;
@@ -326,6 +343,8 @@ absl::StatusOr<LayerTimings> GpuBackend::DenseTopk(
 
     // ---- logits ------------------------------------------------------------
     LogitsParams lp{};
+    lp.use_tma = p.has_tmap;
+    lp.tmap = p.tmap;
     lp.layout = layout;
     lp.pool = pool;
     lp.step = step->dev();
@@ -334,6 +353,7 @@ absl::StatusOr<LayerTimings> GpuBackend::DenseTopk(
     lp.row_base = sc.row_begin;
     lp.num_heads = q.num_heads;
     lp.max_group_rows = sc.max_group_rows;
+    lp.num_sms = props_.multiProcessorCount;
     lp.q_values = q_values_;
     lp.q_scales = mx ? q_scales_ : nullptr;
     lp.weights = q_weights_;
@@ -341,11 +361,7 @@ absl::StatusOr<LayerTimings> GpuBackend::DenseTopk(
     lp.stride = sc.stride;
     const char* which = "portable";
     GPU_RETURN_IF_ERROR(EventRecord(ev_[0], stream_));
-    if (force_portable_) {
-      RETURN_IF_ERROR(LaunchDenseLogitsPortable(lp, stream_));
-    } else {
-      RETURN_IF_ERROR(LaunchDenseLogits(lp, props_.major, props_.minor, stream_, &which));
-    }
+    RETURN_IF_ERROR(LaunchDenseLogits(lp, props_.major, props_.minor, stream_, &which, max_path_));
     last_path_ = which;
     GPU_RETURN_IF_ERROR(EventRecord(ev_[1], stream_));
 
@@ -363,6 +379,7 @@ absl::StatusOr<LayerTimings> GpuBackend::DenseTopk(
       tp.out = out_;
       tp.cand_keys = cand_keys_;
       tp.cand_pos = cand_pos_;
+      tp.state = topk_state_;
       PlanTopkSplit(tp.num_rows, sc.max_visible, topk, props_.multiProcessorCount, ws_.cand, &tp);
       GPU_RETURN_IF_ERROR(EventRecord(ev_[2], stream_));
       RETURN_IF_ERROR(LaunchTopk(tp, stream_));

@@ -69,16 +69,19 @@ class GpuBackend : public Backend {
   // For tests and the benchmark.
   int num_sms() const { return props_.multiProcessorCount; }
   const DeviceProp& props() const { return props_; }
-  // "mma" or "portable": the logits kernel of the last DenseTopk.
+  // "wgmma", "mma" or "portable": the logits kernel of the last DenseTopk.
   std::string last_logits_path() const;
-  // Forces the portable logits kernel (tests compare both paths).
-  void set_force_portable(bool v);
+  // Caps the logits path: 0 portable, 1 mma.sync, 2 wgmma (default); tests
+  // compare the paths.
+  void set_max_logits_path(int v);
 
  private:
   struct Pool {
     uint8_t* data;
     int64_t num_pages;
     int64_t page_bytes;
+    bool has_tmap;      // FP8 linear pages on sm_90: K through the TMA
+    TensorMap tmap;
   };
   class Step;
 
@@ -112,8 +115,9 @@ class GpuBackend : public Backend {
   int32_t* out_ = nullptr;
   uint32_t* cand_keys_ = nullptr;
   int32_t* cand_pos_ = nullptr;
+  uint32_t* topk_state_ = nullptr;
   std::string last_path_ ABSL_GUARDED_BY(mu_);
-  bool force_portable_ ABSL_GUARDED_BY(mu_) = false;
+  int max_path_ ABSL_GUARDED_BY(mu_) = 2;
 };
 
 }  // namespace gpu

@@ -7,6 +7,8 @@
 //   INDEXER_GPU_HIP / INDEXER_GPU_CUDA   which runtime this build targets
 //   INDEXER_GPU_MMA_FP8                  1 in a device pass that has the
 //                                        m16n8k32 e4m3 mma.sync (sm_89+)
+//   INDEXER_GPU_WGMMA                    1 in an sm_90a device pass (wgmma,
+//                                        cp.async, async-proxy fences)
 #pragma once
 
 #include <cstdint>
@@ -16,13 +18,20 @@
 #include <hip/hip_runtime.h>
 #else
 #define INDEXER_GPU_CUDA 1
+#include <cuda.h>  // CUtensorMap (the driver is reached through the runtime)
 #include <cuda_runtime.h>
+#include <cudaTypedefs.h>
 #endif
 
 #if defined(INDEXER_GPU_CUDA) && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890
 #define INDEXER_GPU_MMA_FP8 1
 #else
 #define INDEXER_GPU_MMA_FP8 0
+#endif
+#if defined(INDEXER_GPU_CUDA) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
+#define INDEXER_GPU_WGMMA 1
+#else
+#define INDEXER_GPU_WGMMA 0
 #endif
 
 #include "absl/status/status.h"
@@ -31,7 +40,14 @@
 namespace indexer {
 namespace gpu {
 
+// An opaque tensor-copy descriptor (CUtensorMap on CUDA), passed by value to
+// kernels as part of a __grid_constant__ parameter.
+struct alignas(64) TensorMap {
+  uint64_t opaque[16];
+};
+
 #if defined(INDEXER_GPU_HIP)
+#define INDEXER_GRID_CONSTANT
 using Error = hipError_t;
 using Stream = hipStream_t;
 using Event = hipEvent_t;
@@ -82,12 +98,18 @@ inline Error SetMaxDynamicSmem(Kernel k, int bytes) {
                              hipFuncAttributeMaxDynamicSharedMemorySize,
                              bytes);
 }
+template <class Kernel>
+inline Error MaxActiveBlocksPerSm(int* n, Kernel k, int threads, size_t smem) {
+  return hipOccupancyMaxActiveBlocksPerMultiprocessor(
+      n, reinterpret_cast<const void*>(k), threads, smem);
+}
 // Errors after which the context is unusable (device lost).
 inline bool IsSticky(Error e) {
   return e == hipErrorIllegalAddress || e == hipErrorLaunchFailure ||
          e == hipErrorECCNotCorrectable || e == hipErrorAssert;
 }
 #else
+#define INDEXER_GRID_CONSTANT __grid_constant__
 using Error = cudaError_t;
 using Stream = cudaStream_t;
 using Event = cudaEvent_t;
@@ -134,6 +156,10 @@ inline Error SetMaxDynamicSmem(Kernel k, int bytes) {
   return cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize,
                               bytes);
 }
+template <class Kernel>
+inline Error MaxActiveBlocksPerSm(int* n, Kernel k, int threads, size_t smem) {
+  return cudaOccupancyMaxActiveBlocksPerMultiprocessor(n, k, threads, smem);
+}
 inline bool IsSticky(Error e) {
   return e == cudaErrorIllegalAddress || e == cudaErrorLaunchFailure ||
          e == cudaErrorIllegalInstruction || e == cudaErrorMisalignedAddress ||
@@ -152,6 +178,39 @@ inline absl::Status ErrorStatus(Error e, const char* what, const char* file,
                                  file, ":", line);
   if (IsSticky(e)) return absl::UnavailableError(std::move(msg));
   return absl::InternalError(std::move(msg));
+}
+
+// A 3-D uint8 tensor map over `base` for the bulk tensor copy engine:
+// dims[0] contiguous, strides[i] the byte stride of dim i + 1, boxes of
+// `box` elements landing in shared memory in the 128-byte swizzle.
+// UNIMPLEMENTED where the runtime has no such engine (HIP).
+inline absl::Status EncodeTensorMapU8Sw128(TensorMap* out, const void* base,
+                                           const uint64_t (&dims)[3],
+                                           const uint64_t (&strides)[2],
+                                           const uint32_t (&box)[3]) {
+#if defined(INDEXER_GPU_HIP)
+  (void)out, (void)base, (void)dims, (void)strides, (void)box;
+  return absl::UnimplementedError("tensor maps: no bulk tensor copies on hip");
+#else
+  static_assert(sizeof(TensorMap) == sizeof(CUtensorMap), "opaque size");
+  void* fn = nullptr;
+  cudaDriverEntryPointQueryResult found;
+  const Error e = cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &fn, 12000,
+                                                   cudaEnableDefault, &found);
+  if (e != kSuccess || found != cudaDriverEntryPointSuccess || fn == nullptr) {
+    return absl::UnavailableError("cuTensorMapEncodeTiled: not found in the driver");
+  }
+  const cuuint32_t elem[3] = {1, 1, 1};
+  const CUresult r = reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(fn)(
+      reinterpret_cast<CUtensorMap*>(out), CU_TENSOR_MAP_DATA_TYPE_UINT8, 3,
+      const_cast<void*>(base), dims, strides, box, elem,
+      CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+      CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  if (r != CUDA_SUCCESS) {
+    return absl::InternalError(absl::StrCat("cuTensorMapEncodeTiled failed: ", static_cast<int>(r)));
+  }
+  return absl::OkStatus();
+#endif
 }
 
 // ---- device side: lanes and shuffles ------------------------------------
@@ -185,6 +244,30 @@ __device__ __forceinline__ T ShflIdx(T v, int lane) {
 #else
   return __shfl_sync(0xffffffffu, v, lane, kWarpSize);
 #endif
+}
+// Lanes of the warp whose `pred` is set, as a 64-bit mask (bit i = lane i).
+__device__ __forceinline__ uint64_t Ballot(bool pred) {
+#if defined(INDEXER_GPU_HIP)
+  return static_cast<uint64_t>(__ballot(pred));
+#else
+  return static_cast<uint64_t>(__ballot_sync(0xffffffffu, pred));
+#endif
+}
+// A global load that bypasses the incoherent L1 (data other blocks wrote
+// during this launch, published through a fence and an atomic).
+template <class T>
+__device__ __forceinline__ T LoadCg(const T* p) {
+#if defined(INDEXER_GPU_HIP)
+  return *static_cast<const volatile T*>(p);
+#else
+  return __ldcg(p);
+#endif
+}
+__device__ __forceinline__ int PopCount64(uint64_t v) { return __popcll(v); }
+// Mask of the lanes below this one.
+__device__ __forceinline__ uint64_t LanesBelow() {
+  const int lane = LaneId();
+  return lane == 0 ? 0 : (~uint64_t{0} >> (64 - lane));
 }
 #endif  // device compiler
 

@@ -247,7 +247,13 @@ absl::Status LaunchDenseLogitsMma(const LogitsParams& p, Stream stream) {
       constexpr int kHeads = decltype(heads)::value;
       auto* kernel = &DenseLogitsMmaKernel<kFmt, kHeads>;
       const int64_t smem = MmaSmemBytes<kFmt, kHeads>(p.max_group_rows);
-      GPU_RETURN_IF_ERROR(SetMaxDynamicSmem(kernel, static_cast<int>(smem)));
+      // Once per process, for the largest group (keeps host calls off the
+      // timed path).
+      static const absl::Status limit = [&]() -> absl::Status {
+        GPU_RETURN_IF_ERROR(SetMaxDynamicSmem(kernel, static_cast<int>(MmaSmemBytes<kFmt, kHeads>(kMaxGroupRows))));
+        return absl::OkStatus();
+      }();
+      if (!limit.ok()) return limit;
       GPU_LAUNCH(kernel, units, kMmaThreads, smem, stream, p);
       return absl::OkStatus();
     });
@@ -256,10 +262,19 @@ absl::Status LaunchDenseLogitsMma(const LogitsParams& p, Stream stream) {
 
 absl::Status LaunchDenseLogits(const LogitsParams& p, int cc_major,
                                int cc_minor, Stream stream,
-                               const char** which) {
-  const bool mma = MmaLogitsSupported(p, cc_major, cc_minor);
-  if (which != nullptr) *which = mma ? "mma" : "portable";
-  return mma ? LaunchDenseLogitsMma(p, stream) : LaunchDenseLogitsPortable(p, stream);
+                               const char** which, int max_path) {
+  const char* unused;
+  if (which == nullptr) which = &unused;
+  if (max_path >= 2 && WgmmaLogitsSupported(p, cc_major, cc_minor)) {
+    *which = "wgmma";
+    return LaunchDenseLogitsWgmma(p, stream);
+  }
+  if (max_path >= 1 && MmaLogitsSupported(p, cc_major, cc_minor)) {
+    *which = "mma";
+    return LaunchDenseLogitsMma(p, stream);
+  }
+  *which = "portable";
+  return LaunchDenseLogitsPortable(p, stream);
 }
 
 }  // namespace gpu

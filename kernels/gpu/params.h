@@ -46,6 +46,10 @@ absl::Status LaunchWriteEntries(const WriteParams& p, Stream stream);
 
 // ---- dense logits ----------------------------------------------------------
 struct LogitsParams {
+  // The pool as [pages, E, 128] for the bulk tensor copy engine (FP8,
+  // linear pages of a multiple of 64 entries, sm_90); else use_tma false.
+  TensorMap tmap;
+  bool use_tma;
   PageLayout layout;
   const uint8_t* pool;
   DeviceStepRows step;
@@ -54,6 +58,7 @@ struct LogitsParams {
   int32_t row_base;          // first step row of the sub-chunk
   int32_t num_heads;         // H
   int32_t max_group_rows;    // largest group (sizes shared memory)
+  int32_t num_sms;           // multiprocessors (persistent grids)
   const uint8_t* q_values;   // [rows, H, VB] e4m3 / packed e2m1 (sub-chunk)
   const uint8_t* q_scales;   // [rows, H, D/32] e8m0 (MXFP4), else null
   const float* weights;      // [rows, H] fp32
@@ -61,16 +66,24 @@ struct LogitsParams {
   int64_t stride;
 };
 
-// Tensor-core path when the device, layout and H allow it, else portable.
-// `which` (may be null) gets "mma" or "portable".
+// The fastest path the device, format, layout and H allow: "wgmma" (sm_90a,
+// FP8), "mma" (sm_89+ mma.sync, FP8 and MXFP4) or "portable"; `which` (may
+// be null) gets its name. `max_path` caps it (tests compare the paths):
+// 0 portable, 1 mma, 2 wgmma.
 absl::Status LaunchDenseLogits(const LogitsParams& p, int cc_major,
                                int cc_minor, Stream stream,
-                               const char** which = nullptr);
+                               const char** which = nullptr, int max_path = 2);
 // The portable kernel alone (any layout, H, D; HIP and CUDA).
 absl::Status LaunchDenseLogitsPortable(const LogitsParams& p, Stream stream);
 // True when LaunchDenseLogitsMma accepts `p` on a device of this capability.
 bool MmaLogitsSupported(const LogitsParams& p, int cc_major, int cc_minor);
 absl::Status LaunchDenseLogitsMma(const LogitsParams& p, Stream stream);
+// Hopper warpgroup-MMA FP8 path (sm_90a). Pools of layouts that pass
+// WgmmaTmaSupported get a tensor map (use_tma) and stream K through the
+// bulk tensor copy engine; other layouts through cp.async.
+bool WgmmaTmaSupported(const PageLayout& layout);
+bool WgmmaLogitsSupported(const LogitsParams& p, int cc_major, int cc_minor);
+absl::Status LaunchDenseLogitsWgmma(const LogitsParams& p, Stream stream);
 
 // ---- top-k -----------------------------------------------------------------
 struct TopkParams {
@@ -80,19 +93,23 @@ struct TopkParams {
   int32_t num_rows;
   int32_t topk;
   int32_t* out;              // [rows, topk] int32 device, -1 = no entry
-  // Split of long rows: `slices` slices of `slice_len` entries each select
-  // their own top-k into the candidate buffers ([rows, slices, topk]), then
-  // one block per row selects from the candidates. slices == 1: no split.
+  // Cooperative path (cand_stride > 0): `slices` blocks of `slice_len`
+  // entries per row, per-row state [rows, kTopkStateWords] and candidate
+  // buffers [rows, cand_stride]. cand_stride == 0: one block per row.
   int32_t slices;
   int32_t slice_len;
+  int64_t cand_stride;
+  uint32_t* state;
   uint32_t* cand_keys;
   int32_t* cand_pos;
 };
 
-// Entries a top-k block keeps in shared memory; slices are never longer.
+// Entries a top-k block keeps in shared memory.
 inline constexpr int32_t kTopkCache = 8192;
+// 32-bit words of cooperative state per row (histogram and counters).
+inline constexpr int32_t kTopkStateWords = 2048 + 8;
 
-// Chooses the split for `num_rows` rows of up to `max_visible` entries on
+// Chooses the path for `num_rows` rows of up to `max_visible` entries on
 // `num_sms` multiprocessors with room for `cand_capacity` candidates.
 void PlanTopkSplit(int32_t num_rows, int32_t max_visible, int32_t topk,
                    int32_t num_sms, int64_t cand_capacity, TopkParams* p);

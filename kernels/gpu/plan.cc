@@ -66,7 +66,8 @@ absl::StatusOr<StepPlan> PlanStep(const StepRows& rows,
       plan.groups.push_back(g);
       r += n;
     }
-    const int32_t unit = UnitEntries(total, limits.num_sms);
+    const int32_t unit = limits.unit_entries > 0 ? limits.unit_entries
+                                                 : UnitEntries(total, limits.num_sms);
     sc.unit_begin = static_cast<int32_t>(plan.units.size());
     for (size_t gi = g0; gi < plan.groups.size(); ++gi) {
       const LogitsGroup& g = plan.groups[gi];

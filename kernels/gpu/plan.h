@@ -51,6 +51,9 @@ struct PlanLimits {
   int64_t logits_floats;  // workspace capacity for one sub-chunk's logits
   int32_t max_rows;       // rows a sub-chunk may hold (Q and output staging)
   int32_t num_sms;        // multiprocessors to balance the units over
+  // Entries per unit (a multiple of 64); 0 = about four units per SM. The
+  // persistent wgmma kernel balances by range, so it wants small units.
+  int32_t unit_entries = 0;
 };
 
 struct StepPlan {

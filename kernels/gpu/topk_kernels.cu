@@ -4,9 +4,13 @@
 // then every key above the prefix is taken and the remainder is filled from
 // keys equal to it (ties at the cut go either way, as SPEC §5 allows).
 // Rows with n <= k list 0..n-1 and then -1.
-// Long rows at small batch: the row is cut into slices, each slice's block
-// selects its own top-k candidates, one block per row then selects from the
-// candidates.
+// Long rows (any batch) go cooperative: the row is cut into slices, one
+// block each. (A) every slice adds its histogram of the top 11 key bits to
+// the row's global histogram; the last slice to finish picks the bin b of
+// the k-th key. (B) every slice writes its keys above b straight to the
+// output and queues its keys in b as candidates; (C) the last slice of the
+// row to finish B selects the rest of the k from the candidates. Two
+// launches, no memset: C leaves the row's state zeroed.
 #include "kernels/gpu/gpu_compat.h"  // first: the runtime defines __device__ & co.
 
 #include <algorithm>
@@ -120,35 +124,197 @@ struct TopkShared {
   uint32_t cache[kTopkCache];
 };
 
-// Stage 1 of a split row: slice blockIdx.x of row blockIdx.y selects its
-// top min(k, len) candidates, padding the rest of its k slots with key 0.
-__global__ void __launch_bounds__(kTopkThreads) TopkSliceKernel(const TopkParams p) {
-  __shared__ TopkShared sh;
-  const int32_t row = blockIdx.y, slice = blockIdx.x;
-  const int32_t n_row = p.row_visible[row];
-  if (n_row <= p.topk) return;  // stage 2 lists the row directly
-  const int32_t begin = slice * p.slice_len;
-  const int32_t len = max(0, min(p.slice_len, n_row - begin));
-  const float* x = p.logits + static_cast<int64_t>(row) * p.stride + begin;
-  const int64_t c0 = (static_cast<int64_t>(row) * p.slices + slice) * p.topk;
-  for (int32_t i = threadIdx.x; i < len; i += kTopkThreads) sh.cache[i] = OrderedKey(x[i]);
-  for (int32_t i = len + threadIdx.x; i < p.topk; i += kTopkThreads) {
-    p.cand_keys[c0 + i] = 0;
-    p.cand_pos[c0 + i] = -1;
-  }
+// Global state of one row in the cooperative path: zero before stage A
+// (zeroed once at start-up, and by stage C after each use).
+struct CoopRow {
+  uint32_t hist[kBins];
+  uint32_t done;    // slices finished with stage A
+  uint32_t bin;     // bin of the k-th key (top 11 bits)
+  uint32_t above;   // keys in bins above it
+  uint32_t n_out;   // keys written by stage B
+  uint32_t n_cand;  // candidates queued by stage B
+  uint32_t done_b;  // slices finished with stage B
+  uint32_t pad[2];
+};
+static_assert(sizeof(CoopRow) == kTopkStateWords * 4, "state size the host reserves");
+
+__device__ __forceinline__ uint32_t TopBin(uint32_t key) { return key >> 21; }
+
+struct SliceShared {
+  uint32_t hist[kBins];
+  uint32_t warp_sum[kWarps];
+  uint32_t last;
+};
+
+// Stage A: slice blockIdx.x of row blockIdx.y.
+__global__ void __launch_bounds__(kTopkThreads) CoopHistKernel(const TopkParams p) {
+  __shared__ SliceShared sh;
+  const int32_t row = blockIdx.y;
+  const int32_t n = p.row_visible[row];
+  if (n <= p.topk) return;
+  CoopRow* st = reinterpret_cast<CoopRow*>(p.state) + row;
+  const int32_t begin = blockIdx.x * p.slice_len;
+  const int32_t end = min(n, begin + p.slice_len);
+  const float* x = p.logits + static_cast<int64_t>(row) * p.stride;
+  for (int b = threadIdx.x; b < kBins; b += kTopkThreads) sh.hist[b] = 0;
   __syncthreads();
-  auto emit = [&](int32_t slot, int32_t i, uint32_t key) {
-    p.cand_keys[c0 + slot] = key;
-    p.cand_pos[c0 + slot] = begin + i;
-  };
-  if (len <= p.topk) {
-    for (int32_t i = threadIdx.x; i < len; i += kTopkThreads) emit(i, i, sh.cache[i]);
-    return;
+  for (int32_t i = begin + threadIdx.x; i < end; i += kTopkThreads) atomicAdd(&sh.hist[TopBin(OrderedKey(x[i]))], 1u);
+  __syncthreads();
+  for (int b = threadIdx.x; b < kBins; b += kTopkThreads) {
+    if (sh.hist[b] != 0) atomicAdd(&st->hist[b], sh.hist[b]);
   }
-  BlockSelect(sh.sel, len, p.topk, [&](int32_t i) { return sh.cache[i]; }, emit);
+  __threadfence();
+  __syncthreads();
+  if (threadIdx.x == 0) sh.last = atomicAdd(&st->done, 1u) == gridDim.x - 1;
+  __syncthreads();
+  if (!sh.last) return;
+  // ---- the last slice: bin of the k-th key from the row's histogram -------
+  __threadfence();
+  uint32_t local = 0;
+  uint32_t mine[kBinsPerThread];
+#pragma unroll
+  for (int j = 0; j < kBinsPerThread; ++j) {
+    mine[j] = atomicAdd(&st->hist[threadIdx.x * kBinsPerThread + j], 0u);  // coherent read
+    local += mine[j];
+  }
+  const int lane = LaneId(), warp = WarpId();
+  uint32_t incl = local;
+  for (int d = 1; d < kWarpSize; d *= 2) {
+    const uint32_t v = ShflDown(incl, d);
+    if (lane + d < kWarpSize) incl += v;
+  }
+  if (lane == 0) sh.warp_sum[warp] = incl;
+  __syncthreads();
+  uint32_t above = incl - local;
+  for (int w = warp + 1; w < kWarps; ++w) above += sh.warp_sum[w];
+  const uint32_t k = static_cast<uint32_t>(p.topk);
+  if (above < k && k <= above + local) {
+    for (int j = kBinsPerThread - 1; j >= 0; --j) {
+      if (above + mine[j] >= k) {
+        st->bin = threadIdx.x * kBinsPerThread + j;
+        st->above = above;
+        break;
+      }
+      above += mine[j];
+    }
+  }
 }
 
-// One block per row: from the logits (slices == 1) or from the candidates.
+// Stage C, run by the last slice of stage B to finish its row: the rest of
+// the k from the candidates, then the row's state zeroed for the next use.
+__device__ void CoopFinishRow(const TopkParams& p, int32_t row, CoopRow* st, TopkShared& sh) {
+  int32_t* out = p.out + static_cast<int64_t>(row) * p.topk;
+  const int32_t above = static_cast<int32_t>(atomicAdd(&st->above, 0u));
+  const int32_t nc = static_cast<int32_t>(atomicAdd(&st->n_cand, 0u));
+  const int32_t kk = p.topk - above;
+  __syncthreads();
+  for (int b = threadIdx.x; b < kTopkStateWords; b += kTopkThreads) reinterpret_cast<uint32_t*>(st)[b] = 0;
+  const uint32_t* ck = p.cand_keys + static_cast<int64_t>(row) * p.cand_stride;
+  const int32_t* cp = p.cand_pos + static_cast<int64_t>(row) * p.cand_stride;
+  int32_t* rest = out + above;
+  if (nc <= kk) {
+    for (int32_t i = threadIdx.x; i < nc; i += kTopkThreads) rest[i] = LoadCg(cp + i);
+    return;
+  }
+  auto emit = [&](int32_t slot, int32_t i, uint32_t) { rest[slot] = LoadCg(cp + i); };
+  if (nc <= kTopkCache) {
+    for (int32_t i = threadIdx.x; i < nc; i += kTopkThreads) sh.cache[i] = LoadCg(ck + i);
+    __syncthreads();
+    BlockSelect(sh.sel, nc, kk, [&](int32_t i) { return sh.cache[i]; }, emit);
+  } else {
+    BlockSelect(sh.sel, nc, kk, [&](int32_t i) { return LoadCg(ck + i); }, emit);
+  }
+}
+
+// Stage B: keys above the bin go out, keys in it become candidates; the
+// last slice of the row then runs stage C. Rows with n <= k are listed.
+// Slots are reserved once per block (one atomic per counter): warps count
+// with ballots, the block scans the counts, then the warps write in order.
+__global__ void __launch_bounds__(kTopkThreads) CoopEmitKernel(const TopkParams p) {
+  __shared__ TopkShared sh;
+  __shared__ uint32_t warp_gt[kWarps], warp_eq[kWarps];
+  __shared__ uint32_t last;
+  const int32_t row = blockIdx.y;
+  const int32_t n = p.row_visible[row];
+  if (n <= p.topk) {
+    if (blockIdx.x == 0) {
+      int32_t* out = p.out + static_cast<int64_t>(row) * p.topk;
+      for (int32_t i = threadIdx.x; i < p.topk; i += kTopkThreads) out[i] = i < n ? i : -1;
+    }
+    return;
+  }
+  CoopRow* st = reinterpret_cast<CoopRow*>(p.state) + row;
+  const uint32_t bin = st->bin;
+  const int32_t begin = blockIdx.x * p.slice_len;
+  const int32_t len = max(0, min(n, begin + p.slice_len) - begin);  // <= kTopkCache
+  const float* x = p.logits + static_cast<int64_t>(row) * p.stride + begin;
+  int32_t* out = p.out + static_cast<int64_t>(row) * p.topk;
+  uint32_t* ck = p.cand_keys + static_cast<int64_t>(row) * p.cand_stride;
+  int32_t* cp = p.cand_pos + static_cast<int64_t>(row) * p.cand_stride;
+  const int lane = LaneId(), warp = WarpId();
+  // Each warp owns a contiguous, warp-aligned range of the slice.
+  const int32_t chunk = ((len + kWarps - 1) / kWarps + kWarpSize - 1) / kWarpSize * kWarpSize;
+  const int32_t w0 = warp * chunk, w1 = min(len, w0 + chunk);
+  // ---- pass 1: keys to shared memory, counts per warp ----------------------
+  uint32_t n_gt = 0, n_eq = 0;
+  for (int32_t o = w0; o < w1; o += kWarpSize) {
+    const int32_t i = o + lane;
+    const bool in = i < w1;
+    const uint32_t key = in ? OrderedKey(x[i]) : 0u;
+    if (in) sh.cache[i] = key;
+    n_gt += PopCount64(Ballot(in && TopBin(key) > bin));
+    n_eq += PopCount64(Ballot(in && TopBin(key) == bin));
+  }
+  if (lane == 0) {
+    warp_gt[warp] = n_gt;
+    warp_eq[warp] = n_eq;
+  }
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    uint32_t tg = 0, te = 0;
+    for (int w = 0; w < kWarps; ++w) {
+      const uint32_t g = warp_gt[w], e = warp_eq[w];
+      warp_gt[w] = tg;
+      warp_eq[w] = te;
+      tg += g;
+      te += e;
+    }
+    const uint32_t bg = tg ? atomicAdd(&st->n_out, tg) : 0u;
+    const uint32_t be = te ? atomicAdd(&st->n_cand, te) : 0u;
+    for (int w = 0; w < kWarps; ++w) {
+      warp_gt[w] += bg;
+      warp_eq[w] += be;
+    }
+  }
+  __syncthreads();
+  // ---- pass 2: write in warp order -----------------------------------------
+  uint32_t at_gt = warp_gt[warp], at_eq = warp_eq[warp];
+  for (int32_t o = w0; o < w1; o += kWarpSize) {
+    const int32_t i = o + lane;
+    const bool in = i < w1;
+    const uint32_t key = in ? sh.cache[i] : 0u;
+    const bool gt = in && TopBin(key) > bin, eq = in && TopBin(key) == bin;
+    const uint64_t m_gt = Ballot(gt), m_eq = Ballot(eq);
+    if (gt) out[at_gt + PopCount64(m_gt & LanesBelow())] = begin + i;
+    if (eq) {
+      const uint32_t s_eq = at_eq + PopCount64(m_eq & LanesBelow());
+      ck[s_eq] = key;
+      cp[s_eq] = begin + i;
+    }
+    at_gt += PopCount64(m_gt);
+    at_eq += PopCount64(m_eq);
+  }
+  __threadfence();
+  __syncthreads();
+  if (threadIdx.x == 0) last = atomicAdd(&st->done_b, 1u) == gridDim.x - 1;
+  __syncthreads();
+  if (!last) return;
+  __threadfence();
+  CoopFinishRow(p, row, st, sh);
+}
+
+// One block per row straight from the logits (rows that fit the cache, or
+// when the candidate buffers are too small for the cooperative path).
 __global__ void __launch_bounds__(kTopkThreads) TopkRowKernel(const TopkParams p) {
   __shared__ TopkShared sh;
   const int32_t row = blockIdx.x;
@@ -159,27 +325,13 @@ __global__ void __launch_bounds__(kTopkThreads) TopkRowKernel(const TopkParams p
     return;
   }
   auto emit_pos = [&](int32_t slot, int32_t i, uint32_t) { out[slot] = i; };
-  if (p.slices == 1) {
-    const float* x = p.logits + static_cast<int64_t>(row) * p.stride;
-    if (n <= kTopkCache) {
-      for (int32_t i = threadIdx.x; i < n; i += kTopkThreads) sh.cache[i] = OrderedKey(x[i]);
-      __syncthreads();
-      BlockSelect(sh.sel, n, p.topk, [&](int32_t i) { return sh.cache[i]; }, emit_pos);
-    } else {
-      BlockSelect(sh.sel, n, p.topk, [&](int32_t i) { return OrderedKey(x[i]); }, emit_pos);
-    }
-    return;
-  }
-  const int32_t nc = p.slices * p.topk;
-  const uint32_t* keys = p.cand_keys + static_cast<int64_t>(row) * nc;
-  const int32_t* pos = p.cand_pos + static_cast<int64_t>(row) * nc;
-  auto emit_cand = [&](int32_t slot, int32_t i, uint32_t) { out[slot] = pos[i]; };
-  if (nc <= kTopkCache) {
-    for (int32_t i = threadIdx.x; i < nc; i += kTopkThreads) sh.cache[i] = keys[i];
+  const float* x = p.logits + static_cast<int64_t>(row) * p.stride;
+  if (n <= kTopkCache) {
+    for (int32_t i = threadIdx.x; i < n; i += kTopkThreads) sh.cache[i] = OrderedKey(x[i]);
     __syncthreads();
-    BlockSelect(sh.sel, nc, p.topk, [&](int32_t i) { return sh.cache[i]; }, emit_cand);
+    BlockSelect(sh.sel, n, p.topk, [&](int32_t i) { return sh.cache[i]; }, emit_pos);
   } else {
-    BlockSelect(sh.sel, nc, p.topk, [&](int32_t i) { return keys[i]; }, emit_cand);
+    BlockSelect(sh.sel, n, p.topk, [&](int32_t i) { return OrderedKey(x[i]); }, emit_pos);
   }
 }
 
@@ -189,34 +341,33 @@ void PlanTopkSplit(int32_t num_rows, int32_t max_visible, int32_t topk,
                    int32_t num_sms, int64_t cand_capacity, TopkParams* p) {
   p->slices = 1;
   p->slice_len = max_visible;
-  // Splitting pays when a slice can drop entries (slices longer than k)
-  // and either the row does not fit one block's cache or the rows alone
-  // leave multiprocessors idle.
-  const int32_t min_slice = std::max(2 * topk, 2048);
-  if (topk <= 0 || max_visible <= std::max(topk, 1) || max_visible < 2 * min_slice) return;
-  if (min_slice > kTopkCache) return;
-  int64_t slices = (max_visible + kTopkCache - 1) / kTopkCache;
-  const int64_t want = (2 * static_cast<int64_t>(num_sms) + num_rows - 1) / std::max(num_rows, 1);
-  slices = std::max(slices, std::min<int64_t>(want, max_visible / min_slice));
-  const int64_t cap = cand_capacity / (static_cast<int64_t>(num_rows) * topk);
-  if (cap < slices) {
-    if (max_visible <= kTopkCache) return;  // one block per row still works
-    slices = cap;
-  }
-  if (slices <= 1) return;
-  int64_t len = (max_visible + slices - 1) / slices;
-  len = (len + 3) / 4 * 4;
-  if (len > kTopkCache) return;
-  p->slices = static_cast<int32_t>((max_visible + len - 1) / len);
+  p->cand_stride = 0;
+  // Cooperative when a row is too long for one block's cache or the rows
+  // alone leave multiprocessors idle, and the candidates fit.
+  if (topk <= 0 || max_visible <= topk) return;
+  const bool long_rows = max_visible > kTopkCache;
+  const bool few_rows = static_cast<int64_t>(num_rows) * 2 < num_sms && max_visible >= 2 * kTopkCache;
+  if (!long_rows && !few_rows) return;
+  const int64_t stride = (static_cast<int64_t>(max_visible) + 3) / 4 * 4;
+  if (stride * num_rows > cand_capacity) return;
+  // About two blocks per multiprocessor over the launch, slices of 1k..8k.
+  const int64_t want = std::max<int64_t>(1, (2 * static_cast<int64_t>(num_sms) + num_rows - 1) / num_rows);
+  int64_t len = (max_visible + want - 1) / want;
+  len = std::clamp<int64_t>((len + 255) / 256 * 256, 1024, kTopkCache);
   p->slice_len = static_cast<int32_t>(len);
+  p->slices = static_cast<int32_t>((max_visible + len - 1) / len);
+  p->cand_stride = stride;
 }
 
 absl::Status LaunchTopk(const TopkParams& p, Stream stream) {
   if (p.num_rows == 0 || p.topk == 0) return absl::OkStatus();
-  if (p.slices > 1) {
-    GPU_LAUNCH(TopkSliceKernel, dim3(p.slices, p.num_rows), kTopkThreads, 0, stream, p);
+  if (p.cand_stride == 0) {
+    GPU_LAUNCH(TopkRowKernel, p.num_rows, kTopkThreads, 0, stream, p);
+    return absl::OkStatus();
   }
-  GPU_LAUNCH(TopkRowKernel, p.num_rows, kTopkThreads, 0, stream, p);
+  const dim3 grid(p.slices, p.num_rows);
+  GPU_LAUNCH(CoopHistKernel, grid, kTopkThreads, 0, stream, p);
+  GPU_LAUNCH(CoopEmitKernel, grid, kTopkThreads, 0, stream, p);
   return absl::OkStatus();
 }
 

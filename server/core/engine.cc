@@ -185,6 +185,8 @@ absl::StatusOr<std::unique_ptr<Step>> Engine::BeginStep(const StepSpec& spec) {
     open_steps_.fetch_add(1);
   }
 
+  // Backends may keep the address of a group's StepRows for the whole step.
+  step->rows_.reserve(G);
   for (size_t g = 0; g < G; ++g) {
     const GroupSpec& gs = model_.groups[g];
     step->rows_.push_back(
@@ -194,6 +196,7 @@ absl::StatusOr<std::unique_ptr<Step>> Engine::BeginStep(const StepSpec& spec) {
     step->ctx_.push_back(std::move(ctx).value());
   }
   step->layer_done_.assign(model_.num_layers(), false);
+  step->source_done_.assign(model_.candidate_sets.size(), false);
   return step;
 }
 
@@ -397,30 +400,65 @@ absl::Status Step::WriteLayer(int32_t layer, const TensorView& k) {
 absl::StatusOr<LayerOutput> Step::RunLayer(const LayerInput& in) {
   const auto t0 = std::chrono::steady_clock::now();
   RETURN_IF_ERROR(CheckLayer(in.layer));
-  const int32_t group = engine_->model_.layer_group[in.layer];
-  const GroupSpec& g = engine_->model_.groups[group];
+  const Model& m = engine_->model_;
+  const int32_t group = m.layer_group[in.layer];
+  const GroupSpec& g = m.groups[group];
+  const LayerRole role = m.layer_role[in.layer];
   const StepRows& rows = rows_[group];
+  const CandidateSpec* cand =
+      role.set >= 0 ? &m.candidate_sets[role.set].spec : nullptr;
 
   // Validate everything before the first byte is written.
-  QScratch scratch{std::move(q_values_), std::move(q_scales_), std::move(weights_)};
+  if (role.kind == LayerRoleKind::kCandidateConsumer && !source_done_[role.set]) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "layer: candidate consumer layer ", in.layer, " needs its source layer ",
+        m.candidate_sets[role.set].source_layer,
+        " to run first in the step; expected the source before its consumers"));
+  }
   ASSIGN_OR_RETURN(KInput kin, ValidateK(g, rows.NewEntries(), in.k));
   (void)kin;
-  auto q = PrepareQ(g, rows.num_rows, in.q, in.q_scale, in.weights, &scratch);
-  if (!q.ok()) return q.status();
+  QScratch scratch{std::move(q_values_), std::move(q_scales_), std::move(weights_)};
+  absl::StatusOr<QInput> q = QInput{};
+  absl::StatusOr<BlockQInput> block_q = BlockQInput{};
+  if (role.kind == LayerRoleKind::kBlock) {
+    block_q = PrepareBlockQ(g, rows.num_rows, in.q, in.q_scale, in.weights, &block_q_);
+    if (!block_q.ok()) return block_q.status();
+  } else {
+    q = PrepareQ(g, rows.num_rows, in.q, in.q_scale, in.weights, &scratch);
+    if (!q.ok()) return q.status();
+  }
 
   LayerOutput out;
   out.validate_us = MicrosSince(t0);
   RETURN_IF_ERROR(WriteK(group, in.layer, in.k, &out.timings.write_us));
-  out.rows = rows.num_rows;
-  out.topk = g.topk;
-  out.indices.resize(static_cast<size_t>(out.rows) * out.topk);
-  ASSIGN_OR_RETURN(LayerTimings t,
-                   engine_->backend_->DenseTopk(g.layout, engine_->pools_[in.layer], rows,
-                                                ctx_[group].get(), *q, g.topk,
-                                                out.indices.data()));
-  out.timings.logits_us = t.logits_us;
-  out.timings.topk_us = t.topk_us;
+  Backend& b = *engine_->backend_;
+  uint8_t* pool = engine_->pools_[in.layer];
+  StepContext* ctx = ctx_[group].get();
+  absl::StatusOr<LayerTimings> t;
+  if (role.kind == LayerRoleKind::kBlock) {
+    out.shape = {g.num_heads, rows.num_rows, g.block.topk_blocks};
+    out.indices.resize(static_cast<size_t>(g.num_heads) * rows.num_rows * g.block.topk_blocks);
+    t = b.BlockTopk(g.layout, pool, rows, ctx, *block_q, g.block, out.indices.data());
+  } else {
+    out.shape = {rows.num_rows, g.topk};
+    out.indices.resize(static_cast<size_t>(rows.num_rows) * g.topk);
+    switch (role.kind) {
+      case LayerRoleKind::kCandidateSource:
+        t = b.CandidateSource(g.layout, pool, rows, ctx, *q, g.topk, *cand, out.indices.data());
+        break;
+      case LayerRoleKind::kCandidateConsumer:
+        t = b.CandidateConsumer(g.layout, pool, rows, ctx, *q, g.topk, *cand, ConsumerMode::kAuto,
+                                out.indices.data());
+        break;
+      default:
+        t = b.DenseTopk(g.layout, pool, rows, ctx, *q, g.topk, out.indices.data());
+    }
+  }
+  if (!t.ok()) return t.status();
+  out.timings.logits_us = t->logits_us;
+  out.timings.topk_us = t->topk_us;
   layer_done_[in.layer] = true;
+  if (role.kind == LayerRoleKind::kCandidateSource) source_done_[role.set] = true;
   q_values_ = std::move(scratch.values);
   q_scales_ = std::move(scratch.scales);
   weights_ = std::move(scratch.weights);

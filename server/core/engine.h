@@ -54,9 +54,9 @@ struct LayerInput {
 };
 
 struct LayerOutput {
-  int32_t rows = 0;
-  int32_t topk = 0;
-  std::vector<int32_t> indices;  // [rows, topk], -1 = no entry
+  // [rows, topk] (dense, candidate roles) or [Hi, rows, topk_blocks] (block).
+  std::vector<int64_t> shape;
+  std::vector<int32_t> indices;  // -1 = no entry
   double validate_us = 0;
   LayerTimings timings;
 };
@@ -104,9 +104,11 @@ class Step {
   std::vector<StepRows> rows_;                       // [group]
   std::vector<std::unique_ptr<StepContext>> ctx_;    // [group]
   std::vector<bool> layer_done_;                     // [layer]
+  std::vector<bool> source_done_;                    // [candidate set]
   // Reused per layer: quantized Q, scales and scaled weights.
   std::vector<uint8_t> q_values_, q_scales_;
   std::vector<float> weights_;
+  std::vector<float> block_q_;
 };
 
 struct GroupUsage {

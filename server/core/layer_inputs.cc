@@ -161,4 +161,41 @@ absl::StatusOr<QInput> PrepareQ(const GroupSpec& g, int32_t rows,
   return out;
 }
 
+absl::StatusOr<BlockQInput> PrepareBlockQ(const GroupSpec& g, int32_t rows,
+                                          const TensorView& q,
+                                          const TensorView& q_scale,
+                                          const TensorView& weights,
+                                          std::vector<float>* out) {
+  const int64_t H = g.num_heads, D = g.layout.head_dim;
+  if (weights.present) {
+    return absl::InvalidArgumentError("weights: expected unset for a block layer");
+  }
+  if (q.dtype != DType::kFp32 && q.dtype != DType::kBf16 && q.dtype != DType::kFp8E4m3) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "q: expected [", rows, ", ", H, ", ", D, "] FP32, BF16 or FP8_E4M3 for a block layer, got ",
+        DTypeName(q.dtype), " ", q.ShapeString()));
+  }
+  RETURN_IF_ERROR(ExpectTensor("q", q, q.dtype, {rows, H, D}));
+  RETURN_IF_ERROR(CheckTensorFinite("q", q));
+  const float* scale = nullptr;
+  if (q_scale.present) {
+    if (q.dtype != DType::kFp8E4m3) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("q_scale: expected unset with ", DTypeName(q.dtype), " q"));
+    }
+    RETURN_IF_ERROR(ExpectTensor("q_scale", q_scale, DType::kFp32, {rows, H}));
+    RETURN_IF_ERROR(CheckTensorFinite("q_scale", q_scale));
+    scale = reinterpret_cast<const float*>(q_scale.data.data());
+  }
+  out->resize(static_cast<size_t>(rows * H * D));
+  for (int64_t i = 0; i < rows * H * D; ++i) {
+    float v = q.dtype == DType::kFp8E4m3
+                  ? DecodeE4m3(static_cast<uint8_t>(q.data[static_cast<size_t>(i)]))
+                  : FloatAt(q, i);
+    if (scale) v *= scale[i / D];
+    (*out)[i] = v;
+  }
+  return BlockQInput{g.num_heads, out->data()};
+}
+
 }  // namespace indexer

@@ -34,4 +34,13 @@ absl::StatusOr<QInput> PrepareQ(const GroupSpec& g, int32_t rows,
                                 const TensorView& q, const TensorView& q_scale,
                                 const TensorView& weights, QScratch* scratch);
 
+// Block layers: q [rows, Hi, D] FP32, BF16 or FP8_E4M3 (with an optional
+// [rows, Hi] FP32 q_scale for e4m3), widened to fp32 into `out`; weights
+// must be unset.
+absl::StatusOr<BlockQInput> PrepareBlockQ(const GroupSpec& g, int32_t rows,
+                                          const TensorView& q,
+                                          const TensorView& q_scale,
+                                          const TensorView& weights,
+                                          std::vector<float>* out);
+
 }  // namespace indexer

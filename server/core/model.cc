@@ -1,5 +1,7 @@
 #include "server/core/model.h"
 
+#include <algorithm>
+#include <cmath>
 #include <fstream>
 #include <sstream>
 
@@ -19,6 +21,16 @@ absl::StatusOr<KvFormat> ParseFormat(const std::string& field,
 }
 
 }  // namespace
+
+const char* LayerRoleName(LayerRoleKind r) {
+  switch (r) {
+    case LayerRoleKind::kDense: return "dense";
+    case LayerRoleKind::kCandidateSource: return "candidate_source";
+    case LayerRoleKind::kCandidateConsumer: return "candidate_consumer";
+    case LayerRoleKind::kBlock: return "block";
+  }
+  return "unknown";
+}
 
 absl::StatusOr<config::ServerConfig> LoadConfigFile(const std::string& path) {
   std::ifstream in(path);
@@ -89,7 +101,7 @@ absl::StatusOr<Model> BuildModel(config::ServerConfig cfg) {
       return absl::InvalidArgumentError(
           absl::StrCat(f, ".num_heads: expected 1..256, got ", g.num_heads()));
     }
-    if (s.topk < 1 || s.topk > 65536) {
+    if (s.role == config::DENSE && (s.topk < 1 || s.topk > 65536)) {
       return absl::InvalidArgumentError(
           absl::StrCat(f, ".topk: expected 1..65536, got ", g.topk()));
     }
@@ -97,10 +109,48 @@ absl::StatusOr<Model> BuildModel(config::ServerConfig cfg) {
       return absl::InvalidArgumentError(absl::StrCat(
           f, ".compress_ratio: expected 1..1024, got ", s.compress_ratio));
     }
-    if (s.role != config::DENSE) {
-      return absl::UnimplementedError(absl::StrCat(
+    if (s.role != config::DENSE && s.role != config::BLOCK) {
+      return absl::InvalidArgumentError(absl::StrCat(
           f, ".role: ", config::LayerRole_Name(s.role),
-          " layers are not served by this version; expected DENSE"));
+          " is not a group role; expected DENSE or BLOCK (candidate layers are named by "
+          "a CandidateSet in `candidates`)"));
+    }
+    if (s.role == config::BLOCK) {
+      const config::BlockPath& b = g.block();
+      if (fmt != KvFormat::kMxfp4) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            f, ".kv_format: expected \"mxfp4\" for a BLOCK group, got \"", g.kv_format(), "\""));
+      }
+      if (s.compress_ratio != 1) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            f, ".compress_ratio: expected 1 for a BLOCK group, got ", s.compress_ratio));
+      }
+      if (b.score() != "max") {
+        return absl::InvalidArgumentError(absl::StrCat(
+            f, ".block.score: expected \"max\" (the only block reduction served), got \"",
+            b.score(), "\""));
+      }
+      if (b.topk_blocks() < 1 || b.topk_blocks() > 65536) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            f, ".block.topk_blocks: expected 1..65536, got ", b.topk_blocks()));
+      }
+      if (b.init_blocks() > 65536 || b.local_blocks() > 65536) {
+        return absl::InvalidArgumentError(
+            absl::StrCat(f, ".block: init_blocks and local_blocks expected <= 65536"));
+      }
+      if (!std::isfinite(b.scale()) || b.scale() < 0) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            f, ".block.scale: expected a finite value >= 0 (0 = D^-0.5), got ", b.scale()));
+      }
+      if (g.candidates_size() > 0) {
+        return absl::InvalidArgumentError(
+            absl::StrCat(f, ".candidates: expected none in a BLOCK group"));
+      }
+      s.block.topk_blocks = static_cast<int32_t>(b.topk_blocks());
+      s.block.init_blocks = static_cast<int32_t>(b.init_blocks());
+      s.block.local_blocks = static_cast<int32_t>(b.local_blocks());
+      s.block.scale = b.scale() > 0 ? b.scale() : 1.0f / std::sqrt(static_cast<float>(g.head_dim()));
+      s.topk = s.block.topk_blocks;
     }
     for (const auto& r : g.layers()) {
       if (r.end() <= r.begin() || r.end() > 4096) {
@@ -137,6 +187,62 @@ absl::StatusOr<Model> BuildModel(config::ServerConfig cfg) {
     }
   }
   m.layer_group = owner;
+  m.layer_role.assign(owner.size(), LayerRole{});
+  for (size_t gi = 0; gi < m.groups.size(); ++gi) {
+    if (m.groups[gi].role == config::BLOCK) {
+      for (int32_t l : m.groups[gi].layers) m.layer_role[l].kind = LayerRoleKind::kBlock;
+    }
+    const config::LayerGroup& g = cfg.groups(static_cast<int>(gi));
+    for (int ci = 0; ci < g.candidates_size(); ++ci) {
+      const config::CandidateSet& c = g.candidates(ci);
+      const std::string f = absl::StrCat("groups[", gi, "].candidates[", ci, "]");
+      const int32_t set = static_cast<int32_t>(m.candidate_sets.size());
+      CandidateSetSpec cs;
+      cs.source_layer = static_cast<int32_t>(c.source_layer());
+      cs.spec.set = set;
+      cs.spec.block_size = static_cast<int32_t>(c.candidate_block_size());
+      cs.spec.topk_blocks = static_cast<int32_t>(c.candidate_topk_blocks());
+      cs.spec.pin_newest = c.has_pin_newest_block() ? c.pin_newest_block() : true;
+      cs.spec.gate_ratio = c.gate_ratio() == 0 ? 1 : static_cast<int32_t>(c.gate_ratio());
+      if (cs.spec.block_size < 1 || cs.spec.block_size > (1 << 20)) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            f, ".candidate_block_size: expected 1..1048576, got ", c.candidate_block_size()));
+      }
+      if (cs.spec.topk_blocks < 1 || cs.spec.topk_blocks > (1 << 20)) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            f, ".candidate_topk_blocks: expected 1..1048576, got ", c.candidate_topk_blocks()));
+      }
+      auto claim = [&](int32_t l, LayerRoleKind kind, const std::string& field) -> absl::Status {
+        if (l < 0 || static_cast<size_t>(l) >= owner.size() ||
+            owner[l] != static_cast<int32_t>(gi)) {
+          return absl::InvalidArgumentError(absl::StrCat(
+              field, ": layer ", l, " is not in groups[", gi, "]; expected one of its layers"));
+        }
+        if (m.layer_role[l].kind != LayerRoleKind::kDense || m.layer_role[l].set != -1) {
+          return absl::InvalidArgumentError(absl::StrCat(
+              field, ": layer ", l, " already has the role ", LayerRoleName(m.layer_role[l].kind),
+              " in another candidate set"));
+        }
+        m.layer_role[l] = {kind, set};
+        return absl::OkStatus();
+      };
+      RETURN_IF_ERROR(claim(cs.source_layer, LayerRoleKind::kCandidateSource, f + ".source_layer"));
+      for (const auto& r : c.consumers()) {
+        for (uint32_t l = r.begin(); l < r.end(); ++l) {
+          if (static_cast<int32_t>(l) <= cs.source_layer) {
+            return absl::InvalidArgumentError(absl::StrCat(
+                f, ".consumers: layer ", l, " comes before its source layer ", cs.source_layer,
+                "; expected consumers after the source"));
+          }
+          RETURN_IF_ERROR(claim(static_cast<int32_t>(l), LayerRoleKind::kCandidateConsumer,
+                                f + ".consumers"));
+          cs.consumers.push_back(static_cast<int32_t>(l));
+        }
+      }
+      std::sort(cs.consumers.begin(), cs.consumers.end());
+      m.candidate_sets.push_back(std::move(cs));
+    }
+  }
 
   // Pools of groups without an explicit size share what the explicit ones
   // leave of cache_mb, with the same page count for every such layer.

@@ -8,6 +8,7 @@
 
 #include "absl/status/statusor.h"
 #include "config/config.pb.h"
+#include "kernels/backend.h"
 #include "kernels/format/page_layout.h"
 
 namespace indexer {
@@ -23,6 +24,23 @@ struct GroupSpec {
   std::vector<int32_t> layers;  // ascending
   int64_t pages = 0;            // per layer
   std::string layout_name;      // "linear" or "tiled(n,d,lanes)"
+  BlockSpec block;              // role BLOCK only
+};
+
+enum class LayerRoleKind { kDense, kCandidateSource, kCandidateConsumer, kBlock };
+
+const char* LayerRoleName(LayerRoleKind r);
+
+// A candidate set: one source layer feeding consumer layers of its group.
+struct CandidateSetSpec {
+  int32_t source_layer = -1;
+  std::vector<int32_t> consumers;  // ascending, all > source_layer
+  CandidateSpec spec;              // spec.set = index of this set
+};
+
+struct LayerRole {
+  LayerRoleKind kind = LayerRoleKind::kDense;
+  int32_t set = -1;  // candidate roles: index into Model::candidate_sets
 };
 
 struct Model {
@@ -30,6 +48,8 @@ struct Model {
   std::vector<GroupSpec> groups;
   // [num_layers] group index of each layer id; layer ids are 0..n-1.
   std::vector<int32_t> layer_group;
+  std::vector<LayerRole> layer_role;  // [num_layers]
+  std::vector<CandidateSetSpec> candidate_sets;
 
   int32_t num_layers() const { return static_cast<int32_t>(layer_group.size()); }
   int64_t logits_budget_bytes() const { return config.logits_budget_mb() << 20; }

@@ -56,16 +56,6 @@ grpc::ServerUnaryReactor* Respond(grpc::CallbackServerContext* ctx,
   return reactor;
 }
 
-const char* RoleName(config::LayerRole r) {
-  switch (r) {
-    case config::DENSE: return "dense";
-    case config::CANDIDATE_SOURCE: return "candidate_source";
-    case config::CANDIDATE_CONSUMER: return "candidate_consumer";
-    case config::BLOCK: return "block";
-    default: return "unknown";
-  }
-}
-
 // One Step stream: header, layers, commit. Messages are handled one at a
 // time (read, work, write, read ...); the open Step rolls back in OnDone
 // unless it committed, which covers errors, cancellation and lost clients.
@@ -81,8 +71,8 @@ class StepReactor final
     if (!ok) {
       // Half-close or cancellation before commit.
       if (step_) spdlog::info("[{}] closed before commit: rolled back", step_->id());
-      Finish(grpc::Status(grpc::StatusCode::ABORTED,
-                          "step: stream closed before commit; rolled back"));
+      End(grpc::Status(grpc::StatusCode::ABORTED,
+                       "step: stream closed before commit; rolled back"));
       return;
     }
     received_ = Clock::now();
@@ -90,28 +80,35 @@ class StepReactor final
     if (!s.ok()) {
       spdlog::warn("[{}] {}: {}", step_ ? step_->id() : std::string("step"),
                    absl::StatusCodeToString(s.code()), std::string(s.message()));
-      Finish(ToGrpcStatus(s));
+      End(ToGrpcStatus(s));
     }
   }
 
   void OnWriteDone(bool ok) override {
     if (!ok) {
-      Finish(grpc::Status(grpc::StatusCode::CANCELLED, "step: reply not delivered"));
+      End(grpc::Status(grpc::StatusCode::CANCELLED, "step: reply not delivered"));
       return;
     }
     if (committed_) {
-      Finish(grpc::Status::OK);
+      End(grpc::Status::OK);
       return;
     }
     StartRead(&req_);
   }
 
   void OnDone() override {
-    step_.reset();  // aborts unless committed
+    step_.reset();  // a cancelled stream ends here without End()
     delete this;
   }
 
  private:
+  // Rolls back (unless committed) before the client can see the final
+  // status, so a client that retries at once finds its sequences free.
+  void End(const grpc::Status& status) {
+    step_.reset();
+    Finish(status);
+  }
+
   absl::Status Handle() {
     switch (req_.kind_case()) {
       case v1::StepRequest::kHeader:
@@ -165,8 +162,7 @@ class StepReactor final
     reply->set_layer(r.layer());
     v1::Tensor* t = reply->mutable_topk();
     t->set_dtype(v1::INT32);
-    t->add_shape(out->rows);
-    t->add_shape(out->topk);
+    for (int64_t d : out->shape) t->add_shape(d);
     t->set_data(reinterpret_cast<const char*>(out->indices.data()),
                 out->indices.size() * sizeof(int32_t));
     v1::LayerTimings* tm = reply->mutable_timings();
@@ -211,8 +207,9 @@ grpc::ServerUnaryReactor* IndexerService::GetServerInfo(
   resp->set_device(engine_->backend().Describe());
   resp->set_profile(m.config.profile());
   resp->set_next_n(m.config.next_n());
-  for (const char* f : {"dense", "fp8", "mxfp4", "linear", "tiled", "fp32_q", "bf16_q",
-                        "prequantized_k", "import", "release", "health"}) {
+  for (const char* f : {"dense", "candidate_source", "candidate_consumer", "block", "fp8",
+                        "mxfp4", "linear", "tiled", "fp32_q", "bf16_q", "prequantized_k",
+                        "import", "release", "health"}) {
     resp->add_features(f);
   }
   const std::vector<GroupUsage> usage = engine_->Usage();
@@ -236,9 +233,25 @@ grpc::ServerUnaryReactor* IndexerService::GetServerInfo(
     v1::LayerInfo* li = resp->add_layers();
     li->set_layer(l);
     li->set_group(gs.name);
-    li->set_role(RoleName(gs.role));
+    const LayerRole role = m.layer_role[l];
+    li->set_role(LayerRoleName(role.kind));
     li->set_num_heads(gs.num_heads);
-    li->set_topk(gs.topk);
+    if (role.kind == LayerRoleKind::kBlock) {
+      li->set_topk_blocks(gs.block.topk_blocks);
+      li->set_init_blocks(gs.block.init_blocks);
+      li->set_local_blocks(gs.block.local_blocks);
+      li->set_score("max");
+      li->set_scale(gs.block.scale);
+    } else {
+      li->set_topk(gs.topk);
+    }
+    if (role.set >= 0) {
+      const CandidateSetSpec& cs = m.candidate_sets[role.set];
+      li->set_candidate_source(cs.source_layer);
+      li->set_candidate_block_size(cs.spec.block_size);
+      li->set_candidate_topk_blocks(cs.spec.topk_blocks);
+      li->set_pin_newest_block(cs.spec.pin_newest);
+    }
   }
   resp->set_max_message_bytes(m.config.max_message_mb() << 20);
   resp->set_logits_budget_bytes(m.logits_budget_bytes());

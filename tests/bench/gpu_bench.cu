@@ -157,6 +157,7 @@ struct BenchShape {
   int32_t entries;   // entries of each sequence after the step
   int32_t topk = 2048;
   std::string target;
+  int max_path = 2;  // logits path cap: 0 portable, 1 mma.sync, 2 wgmma
 };
 
 struct Result {
@@ -172,6 +173,7 @@ Result RunShape(const BenchShape& bs, const Ceilings& ceil, int iters,
   auto made = gpu::GpuBackend::Create(0);
   CHECK_OK(made);
   std::unique_ptr<gpu::GpuBackend> be = std::move(*made);
+  be->set_max_logits_path(bs.max_path);
 
   const int32_t per_seq = (bs.entries + kPage - 1) / kPage;
   const int64_t pages = static_cast<int64_t>(bs.batch) * per_seq;
@@ -270,13 +272,15 @@ int main(int argc, char** argv) {
   std::string markdown;
   int iters = 30;
   bool quick = false;
+  std::string only;  // run only shapes whose name contains this
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     if (a == "--markdown" && i + 1 < argc) markdown = argv[++i];
     else if (a == "--iters" && i + 1 < argc) iters = std::atoi(argv[++i]);
     else if (a == "--quick") quick = true;
+    else if (a == "--only" && i + 1 < argc) only = argv[++i];
     else {
-      std::fprintf(stderr, "usage: %s [--quick] [--iters N] [--markdown FILE]\n", argv[0]);
+      std::fprintf(stderr, "usage: %s [--quick] [--only NAME] [--iters N] [--markdown FILE]\n", argv[0]);
       return 2;
     }
   }
@@ -308,6 +312,8 @@ int main(int argc, char** argv) {
       }
     }
   }
+  shapes.push_back({"decode fp8 B=64 next_n=1 n=32k (mma.sync)", f8, 64, 1, 32768, 2048, "", 1});
+  shapes.push_back({"decode fp8 B=64 next_n=2 n=32k (mma.sync)", f8, 64, 2, 32768, 2048, "", 1});
   shapes.push_back({"decode mxfp4 B=64 next_n=1 n=32k", mx, 64, 1, 32768, 2048, "layer <= 0.6x fp8"});
   shapes.push_back({"decode mxfp4 B=64 next_n=2 n=32k", mx, 64, 2, 32768, 2048, ""});
   shapes.push_back({"decode mxfp4 B=1 next_n=1 n=128k", mx, 1, 1, 131072, 2048, ""});
@@ -318,9 +324,10 @@ int main(int argc, char** argv) {
 
   std::vector<Result> results;
   for (const BenchShape& bs : shapes) {
+    if (!only.empty() && bs.name.find(only) == std::string::npos) continue;
     results.push_back(RunShape(bs, ceil, iters, flush, flush_bytes));
     const Result& r = results.back();
-    std::printf("%-36s %-8s logits %9.1f us  %7.0f GB/s  %6.1f TFLOP/s  topk %8.1f us  layer %9.1f us  call %9.1f us\n",
+    std::printf("%-44s %-8s logits %9.1f us  %7.0f GB/s  %6.1f TFLOP/s  topk %8.1f us  layer %9.1f us  call %9.1f us\n",
                 bs.name.c_str(), r.path.c_str(), r.logits_us, r.gbs, r.tflops, r.topk_us, r.layer_us, r.call_us);
     std::fflush(stdout);
   }

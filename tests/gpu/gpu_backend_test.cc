@@ -40,7 +40,7 @@ struct Shape {
   int32_t hist_min, hist_max;     // entries before the step
   int32_t heads;
   int32_t topk;
-  bool portable;                  // force the portable logits kernel
+  int max_path;                   // logits path cap: 0 portable, 1 mma, 2 wgmma
   KInput::Kind k_kind = KInput::Kind::kFloat32;
   bool ue8m0 = true;
   int32_t chunk_rows = 0;         // server chunks of this many rows (0: one)
@@ -52,7 +52,7 @@ std::string Name(const Shape& s) {
          std::to_string(s.seqs) + "_q" + std::to_string(s.q_len_min) + "to" +
          std::to_string(s.q_len_max) + "_n" + std::to_string(s.hist_max) +
          "_H" + std::to_string(s.heads) + "_k" + std::to_string(s.topk) +
-         (s.portable ? "_portable" : "") +
+         (s.max_path == 0 ? "_portable" : s.max_path == 1 ? "_mma" : "") +
          (s.k_kind == KInput::Kind::kBf16 ? "_bf16" : "") +
          (s.k_kind == KInput::Kind::kQuantized ? "_quantized" : "") +
          (s.ue8m0 ? "" : "_plain") +
@@ -332,7 +332,7 @@ TEST_P(GpuDenseTest, WritesBitExactAndTopkMatchesCpu) {
   }
   Pair p = MakePair(layout, pool_pages);
   ASSERT_NE(p.gpu_pool, nullptr);
-  static_cast<gpu::GpuBackend*>(p.gpu.get())->set_force_portable(sh.portable);
+  static_cast<gpu::GpuBackend*>(p.gpu.get())->set_max_logits_path(sh.max_path);
 
   // ---- history: entries [0, old) of every sequence, no rows ---------------
   const StepRows hist_rows = MakeStep(zeros, old_e, std::vector<int32_t>(sh.seqs, 0),
@@ -364,6 +364,7 @@ TEST_P(GpuDenseTest, WritesBitExactAndTopkMatchesCpu) {
   ASSERT_TRUE(t.ok()) << t.status();
   ASSERT_TRUE(p.cpu->DenseTopk(layout, p.cpu_pool, rows, nullptr, q.input, sh.topk, want.data()).ok());
   const std::string path = static_cast<gpu::GpuBackend*>(p.gpu.get())->last_logits_path();
+  std::printf("[   path   ] logits kernel: %s\n", path.c_str());
   std::vector<double> logit, tol;
   for (int32_t r = 0; r < rows.num_rows; ++r) {
     RefLogits(p, layout, rows, q, r, &logit, &tol);
@@ -381,29 +382,32 @@ std::vector<Shape> Shapes() {
   const KvFormat f8 = KvFormat::kFp8, mx = KvFormat::kMxfp4;
   return {
       // decode, next_n 1..4, odd page sizes (portable: E not a multiple of 4)
-      {f8, 1, false, 5, 1, 1, 0, 300, 64, 64, false},
-      {f8, 3, false, 23, 1, 4, 0, 500, 64, 128, false},
-      {f8, 16, false, 5, 1, 2, 100, 3000, 64, 256, false},
-      {f8, 64, false, 23, 1, 4, 0, 5000, 64, 512, false},
-      {f8, 64, false, 23, 1, 4, 0, 5000, 64, 512, true},
-      {f8, 64, true, 5, 1, 3, 0, 2000, 64, 256, false},
-      {f8, 64, false, 1, 1, 1, 30000, 40000, 64, 2048, false},   // split top-k
-      {f8, 64, false, 3, 2, 2, 9000, 20000, 64, 1024, false, K::kBf16},
-      {f8, 16, false, 5, 1, 4, 0, 900, 64, 64, false, K::kFloat32, false},
-      {f8, 16, false, 5, 1, 4, 0, 900, 64, 64, false, K::kQuantized},
-      {f8, 64, false, 5, 1, 4, 0, 900, 8, 64, false},            // H = 8: portable
+      {f8, 1, false, 5, 1, 1, 0, 300, 64, 64, 2},
+      {f8, 3, false, 23, 1, 4, 0, 500, 64, 128, 2},
+      {f8, 16, false, 5, 1, 2, 100, 3000, 64, 256, 2},
+      {f8, 64, false, 23, 1, 4, 0, 5000, 64, 512, 2},
+      {f8, 64, false, 23, 1, 4, 0, 5000, 64, 512, 0},
+      {f8, 64, true, 5, 1, 3, 0, 2000, 64, 256, 2},
+      {f8, 64, false, 1, 1, 1, 30000, 40000, 64, 2048, 2},   // split top-k
+      {f8, 64, false, 3, 2, 2, 9000, 20000, 64, 1024, 2, K::kBf16},
+      {f8, 16, false, 5, 1, 4, 0, 900, 64, 64, 2, K::kFloat32, false},
+      {f8, 16, false, 5, 1, 4, 0, 900, 64, 64, 2, K::kQuantized},
+      {f8, 64, false, 5, 1, 4, 0, 900, 8, 64, 2},            // H = 8: portable
       // prefill chunks mixed with decode, server chunks
-      {f8, 64, false, 3, 5, 70, 0, 3000, 64, 256, false, K::kFloat32, true, 37},
-      {f8, 16, true, 3, 5, 70, 0, 3000, 64, 256, true, K::kFloat32, true, 37},
+      {f8, 64, false, 3, 5, 70, 0, 3000, 64, 256, 2, K::kFloat32, true, 37},
+      {f8, 16, true, 3, 5, 70, 0, 3000, 64, 256, 0, K::kFloat32, true, 37},
+      // the mma.sync path on the same shapes as wgmma
+      {f8, 64, false, 23, 1, 4, 0, 5000, 64, 512, 1},
+      {f8, 16, true, 3, 5, 70, 0, 3000, 64, 256, 1, K::kFloat32, true, 37},
       // MXFP4
-      {mx, 1, false, 5, 1, 1, 0, 300, 64, 64, false},
-      {mx, 3, false, 23, 1, 4, 0, 500, 64, 128, false},
-      {mx, 64, false, 23, 1, 4, 0, 5000, 64, 512, false},
-      {mx, 64, false, 23, 1, 4, 0, 5000, 64, 512, true},
-      {mx, 64, true, 5, 1, 2, 0, 2000, 64, 256, false},
-      {mx, 64, false, 1, 1, 1, 30000, 40000, 64, 2048, false},
-      {mx, 64, false, 3, 5, 70, 0, 3000, 64, 256, false, K::kBf16, true, 37},
-      {mx, 16, false, 5, 1, 4, 0, 900, 64, 64, false, K::kQuantized},
+      {mx, 1, false, 5, 1, 1, 0, 300, 64, 64, 2},
+      {mx, 3, false, 23, 1, 4, 0, 500, 64, 128, 2},
+      {mx, 64, false, 23, 1, 4, 0, 5000, 64, 512, 2},
+      {mx, 64, false, 23, 1, 4, 0, 5000, 64, 512, 0},
+      {mx, 64, true, 5, 1, 2, 0, 2000, 64, 256, 2},
+      {mx, 64, false, 1, 1, 1, 30000, 40000, 64, 2048, 2},
+      {mx, 64, false, 3, 5, 70, 0, 3000, 64, 256, 2, K::kBf16, true, 37},
+      {mx, 16, false, 5, 1, 4, 0, 900, 64, 64, 2, K::kQuantized},
   };
 }
 

@@ -55,6 +55,11 @@ class EngineTest : public ::testing::Test {
     const int64_t D = L.head_dim, H = t.num_heads;
     LayerInput in;
     in.layer = t.layer;
+    if (t.role == Role::kBlock) {
+      in.k = View(DType::kUint8, {d.n_new, L.entry_bytes()}, d.k_quant.data(), d.k_quant.size());
+      in.q = View(DType::kFp32, {d.rows, H, D}, d.q_float.data(), d.q_float.size() * 4);
+      return in;
+    }
     if (li % 2 == 0) {
       in.k = View(DType::kFp32, {d.n_new, D}, d.k_float.data(), d.k_float.size() * 4);
       in.q = View(DType::kFp32, {d.rows, H, D}, d.q_float.data(), d.q_float.size() * 4);
@@ -80,7 +85,11 @@ class EngineTest : public ::testing::Test {
     for (size_t li = 0; li < layers_.size(); ++li) {
       auto out = (*step)->RunLayer(Input(li, data[li]));
       ASSERT_TRUE(out.ok()) << out.status();
-      ASSERT_EQ(out->rows, data[li].rows);
+      const std::vector<int64_t> want =
+          layers_[li].role == Role::kBlock
+              ? std::vector<int64_t>{layers_[li].num_heads, data[li].rows, layers_[li].topk}
+              : std::vector<int64_t>{data[li].rows, layers_[li].topk};
+      ASSERT_EQ(out->shape, want);
       shadow_->Check(li, seqs, data[li], out->indices.data());
     }
     auto lens = (*step)->Commit();
@@ -411,6 +420,84 @@ TEST_F(EngineTest, RandomOperationsKeepInvariant) {
   EXPECT_GT(exhausted, 5);
   EXPECT_GT(rollbacks, 10);
   EXPECT_GT(commits, 20);
+}
+
+// ------------------------------------------------ candidate and block paths --
+
+class TwoLevelTest : public EngineTest {
+ protected:
+  void SetUp() override {
+    // Layer 0 source, 1-2 consumers (4-entry blocks, pools of 3 blocks);
+    // layer 3 a block layer (16-entry blocks, top 3, init 1, local 1).
+    Init(MakeConfig({{.format = "fp8", .page_entries = 16, .num_layers = 3, .pages = 128,
+                      .cand_block = 4, .cand_topk_blocks = 3},
+                     {.format = "mxfp4", .page_entries = 16, .num_layers = 1, .heads = 2,
+                      .pages = 128, .block_topk = 3, .init_blocks = 1, .local_blocks = 1}}));
+  }
+};
+
+TEST_F(TwoLevelTest, PathsMatchReference) {
+  RunStep({{"a", 1}});                      // a single entry
+  RunStep({{"a", 15}, {"b", 16}});          // b ends exactly on a block boundary
+  RunStep({{"b", 1}, {"a", 1}, {"c", 70}}); // one past a boundary; a long prefill
+  RunStep({{"c", 2}, {"a", 2}});
+  EXPECT_GT(shadow_->consumer_rows(), 0);
+  EXPECT_LE(shadow_->ambiguous_rows() * 50, shadow_->consumer_rows());
+}
+
+TEST_F(TwoLevelTest, ConsumerBeforeSourceFails) {
+  RunStep({{"a", 30}});
+  const std::string before = Digest();
+  auto step = engine_->BeginStep(Spec({{"a", 2}}));
+  ASSERT_TRUE(step.ok());
+  std::vector<LayerData> data = shadow_->Make({{"a", 2}});
+  auto out = (*step)->RunLayer(Input(1, data[1]));
+  step->reset();
+  ExpectRejected(out.status(), absl::StatusCode::kFailedPrecondition,
+                 "candidate consumer layer 1 needs its source layer 0", before);
+}
+
+TEST_F(TwoLevelTest, RolledBackStepLeavesNoPool) {
+  RunStep({{"a", 30}});
+  const std::string before = Digest();
+  {
+    auto step = engine_->BeginStep(Spec({{"a", 2}}));
+    std::vector<LayerData> data = shadow_->Make({{"a", 2}});
+    ASSERT_TRUE((*step)->RunLayer(Input(0, data[0])).ok());  // builds the pools
+  }  // rolled back
+  EXPECT_EQ(Digest(), before);
+  auto step = engine_->BeginStep(Spec({{"a", 2}}));
+  std::vector<LayerData> data = shadow_->Make({{"a", 2}});
+  auto out = (*step)->RunLayer(Input(1, data[1]));
+  EXPECT_EQ(out.status().code(), absl::StatusCode::kFailedPrecondition) << out.status();
+  step->reset();
+  RunStep({{"a", 2}});
+}
+
+TEST(ModelTest, RejectsBadRoleConfigs) {
+  auto expect = [](config::ServerConfig cfg, const std::string& field) {
+    auto m = BuildModel(cfg);
+    ASSERT_FALSE(m.ok());
+    EXPECT_EQ(m.status().code(), absl::StatusCode::kInvalidArgument) << m.status();
+    EXPECT_THAT(std::string(m.status().message()), HasSubstr(field));
+  };
+  config::ServerConfig block = MakeConfig({{.format = "mxfp4", .block_topk = 4}});
+  block.mutable_groups(0)->mutable_block()->set_score("mean");
+  expect(block, "groups[0].block.score: expected \"max\"");
+  config::ServerConfig fp8_block = MakeConfig({{.format = "fp8", .block_topk = 4}});
+  expect(fp8_block, "groups[0].kv_format: expected \"mxfp4\" for a BLOCK group");
+  config::ServerConfig cand = MakeConfig({{.format = "fp8", .num_layers = 3, .cand_block = 4,
+                                           .cand_topk_blocks = 2}});
+  cand.mutable_groups(0)->mutable_candidates(0)->set_source_layer(2);
+  expect(cand, "consumers: layer 1 comes before its source layer 2");
+  config::ServerConfig zero = MakeConfig({{.format = "fp8", .num_layers = 2, .cand_block = 4,
+                                           .cand_topk_blocks = 2}});
+  zero.mutable_groups(0)->mutable_candidates(0)->set_candidate_block_size(0);
+  expect(zero, "candidate_block_size: expected 1..");
+  config::ServerConfig twice = MakeConfig({{.format = "fp8", .num_layers = 3, .cand_block = 4,
+                                            .cand_topk_blocks = 2}});
+  *twice.mutable_groups(0)->add_candidates() = twice.groups(0).candidates(0);
+  expect(twice, "already has the role");
 }
 
 }  // namespace

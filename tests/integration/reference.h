@@ -65,21 +65,28 @@ inline double RefLogit(const std::vector<std::vector<double>>& q, const float* w
   return sum * e.scale;
 }
 
-// Checks one output row against reference logits of its n visible entries:
-// min(k, n) distinct indices in [0, n), then -1; each index scores at least
-// the k-th best reference score minus a tolerance for fp32 summation order.
+// Checks one output row against reference logits of its visible entries
+// (-inf marks an entry the row may not choose, e.g. outside its candidate
+// pool): min(k, chooseable) distinct chooseable indices, then -1; each index
+// scores at least the k-th best reference score minus a tolerance for fp32
+// summation order.
 inline void ExpectTopkRow(const std::vector<double>& logits, const int32_t* got, int k,
                           const std::string& where) {
   const int n = static_cast<int>(logits.size());
-  const int want = std::min(k, n);
-  double kth = -INFINITY, max_abs = 0;
-  if (want > 0) {
-    std::vector<double> sorted = logits;
-    std::nth_element(sorted.begin(), sorted.begin() + (want - 1), sorted.end(),
-                     std::greater<double>());
-    kth = sorted[want - 1];
+  std::vector<double> finite;
+  double max_abs = 0;
+  for (double v : logits) {
+    if (std::isinf(v) && v < 0) continue;
+    finite.push_back(v);
+    if (std::abs(v) < 1e28) max_abs = std::max(max_abs, std::abs(v));  // not a sentinel
   }
-  for (double v : logits) max_abs = std::max(max_abs, std::abs(v));
+  const int want = std::min<int>(k, static_cast<int>(finite.size()));
+  double kth = -INFINITY;
+  if (want > 0) {
+    std::nth_element(finite.begin(), finite.begin() + (want - 1), finite.end(),
+                     std::greater<double>());
+    kth = finite[want - 1];
+  }
   const double tol = 1e-5 * max_abs + 1e-30;
   std::vector<bool> seen(n, false);
   for (int j = 0; j < k; ++j) {
@@ -93,6 +100,8 @@ inline void ExpectTopkRow(const std::vector<double>& logits, const int32_t* got,
     ASSERT_LT(idx, n) << where << " slot " << j;
     ASSERT_FALSE(seen[idx]) << where << " index " << idx << " twice";
     seen[idx] = true;
+    ASSERT_FALSE(std::isinf(logits[idx]) && logits[idx] < 0)
+        << where << " index " << idx << " is not chooseable (outside the pool)";
     ASSERT_GE(logits[idx], kth - tol)
         << where << " index " << idx << " scores " << logits[idx]
         << " below the reference top-" << want << " cut " << kth;

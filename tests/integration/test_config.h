@@ -19,6 +19,14 @@ struct GroupOpts {
   int heads = 8;
   int topk = 16;
   int pages = 64;
+  // Candidate set inside the group: source = first layer, consumers = the
+  // rest (when cand_topk_blocks > 0).
+  int cand_block = 0;
+  int cand_topk_blocks = 0;
+  // Block group (MXFP4, r = 1) when block_topk > 0.
+  int block_topk = 0;
+  int init_blocks = 0;
+  int local_blocks = 1;
 };
 
 inline config::ServerConfig MakeConfig(const std::vector<GroupOpts>& groups, int next_n = 1,
@@ -51,6 +59,21 @@ inline config::ServerConfig MakeConfig(const std::vector<GroupOpts>& groups, int
     g->set_num_heads(o.heads);
     g->set_topk(o.topk);
     g->set_pages(o.pages);
+    if (o.cand_topk_blocks > 0) {
+      config::CandidateSet* c = g->add_candidates();
+      c->set_source_layer(layer - o.num_layers);
+      c->add_consumers()->set_begin(layer - o.num_layers + 1);
+      c->mutable_consumers(0)->set_end(layer);
+      c->set_candidate_block_size(o.cand_block);
+      c->set_candidate_topk_blocks(o.cand_topk_blocks);
+    }
+    if (o.block_topk > 0) {
+      g->set_role(config::BLOCK);
+      g->mutable_block()->set_topk_blocks(o.block_topk);
+      g->mutable_block()->set_init_blocks(o.init_blocks);
+      g->mutable_block()->set_local_blocks(o.local_blocks);
+      g->mutable_block()->set_score("max");
+    }
   }
   return cfg;
 }
@@ -59,7 +82,28 @@ inline std::vector<TestLayer> TestLayers(const Model& m) {
   std::vector<TestLayer> out;
   for (int32_t l = 0; l < m.num_layers(); ++l) {
     const GroupSpec& g = m.groups[m.layer_group[l]];
-    out.push_back({l, g.layout, g.compress_ratio, g.ue8m0, g.num_heads, g.topk});
+    TestLayer t{l, g.layout, g.compress_ratio, g.ue8m0, g.num_heads, g.topk};
+    const LayerRole role = m.layer_role[l];
+    switch (role.kind) {
+      case LayerRoleKind::kCandidateSource: t.role = Role::kSource; break;
+      case LayerRoleKind::kCandidateConsumer: t.role = Role::kConsumer; break;
+      case LayerRoleKind::kBlock: t.role = Role::kBlock; break;
+      default: break;
+    }
+    if (role.set >= 0) {
+      const CandidateSetSpec& cs = m.candidate_sets[role.set];
+      t.source = cs.source_layer;
+      t.cand_block = cs.spec.block_size;
+      t.cand_topk_blocks = cs.spec.topk_blocks;
+      t.pin_newest = cs.spec.pin_newest;
+    }
+    if (role.kind == LayerRoleKind::kBlock) {
+      t.topk = g.block.topk_blocks;
+      t.init_blocks = g.block.init_blocks;
+      t.local_blocks = g.block.local_blocks;
+      t.scale = g.block.scale;
+    }
+    out.push_back(t);
   }
   return out;
 }

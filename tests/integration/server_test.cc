@@ -4,6 +4,7 @@
 // prefill, compress ratio 4, mixed steps, import, concurrent steps, and the
 // wire side of bad input, cancellation and dropped clients.
 #include <chrono>
+#include <cstdlib>
 #include <condition_variable>
 #include <mutex>
 #include <thread>
@@ -23,13 +24,23 @@ using ::testing::HasSubstr;
 namespace v1 = ::indexer::v1;
 using client::IndexerClient;
 
+// The backend under test: the cpu backend, or INDEXER_TEST_DEVICE (e.g.
+// "gpu:0") to run the same suite against another one on the device.
+std::unique_ptr<Backend> TestBackend() {
+  const char* device = std::getenv("INDEXER_TEST_DEVICE");
+  if (device == nullptr || *device == 0) return std::make_unique<CpuBackend>(2);
+  auto backend = MakeBackend(device, 2);
+  EXPECT_TRUE(backend.ok()) << backend.status();
+  return backend.ok() ? *std::move(backend) : nullptr;
+}
+
 class Daemon {
  public:
   explicit Daemon(const config::ServerConfig& cfg) {
     auto model = BuildModel(cfg);
     EXPECT_TRUE(model.ok()) << model.status();
     layers_ = TestLayers(*model);
-    auto engine = Engine::Create(*std::move(model), std::make_unique<CpuBackend>(2));
+    auto engine = Engine::Create(*std::move(model), TestBackend());
     EXPECT_TRUE(engine.ok()) << engine.status();
     auto server = StartServer(*std::move(engine), "127.0.0.1:0");
     EXPECT_TRUE(server.ok()) << server.status();
@@ -445,7 +456,7 @@ TEST(ServerTest, ServerInfoDescribesTheProfile) {
   EXPECT_THAT(info->groups(1).layout(), HasSubstr("tiled"));
   ASSERT_EQ(info->layers_size(), 3);
   EXPECT_EQ(info->layers(2).role(), "dense");
-  EXPECT_THAT(info->device(), HasSubstr("cpu"));
+  EXPECT_EQ(info->device(), d.engine().backend().Describe());
 }
 
 }  // namespace

@@ -131,6 +131,14 @@ class Backend {
   // "cpu" or "gpu".
   virtual std::string Kind() const = 0;
 
+  // Paths beyond the dense one that this backend implements; the daemon
+  // refuses at start a profile that needs one it lacks.
+  struct Paths {
+    bool candidate = false;  // CandidateSource / CandidateConsumer
+    bool block = false;      // BlockTopk
+  };
+  virtual Paths SupportedPaths() const { return {}; }
+
   // Reserves a zeroed pool of `num_pages` pages of `layout`. Start-up only.
   virtual absl::StatusOr<uint8_t*> AllocatePool(const PageLayout& layout,
                                                 int64_t num_pages) = 0;

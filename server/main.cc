@@ -81,14 +81,27 @@ int Run(int argc, char** argv) {
     spdlog::error("{}", backend.status().ToString());
     return 2;
   }
-  const std::string device_desc = (*backend)->Describe();
   const std::string listen_addr = model->config.listen();
   const std::string profile_name = model->config.profile();
+  const indexer::Model model_copy = *model;
   auto engine = indexer::Engine::Create(*std::move(model), *std::move(backend));
+  if (!engine.ok() && engine.status().code() == absl::StatusCode::kFailedPrecondition &&
+      model_copy.config.device() == "auto") {
+    // auto picked a GPU whose backend lacks a path this profile needs.
+    spdlog::warn("{}; device auto falls back to the cpu backend",
+                 std::string(engine.status().message()));
+    backend = indexer::MakeBackend("cpu", static_cast<int>(model_copy.config.threads()));
+    if (!backend.ok()) {
+      spdlog::error("{}", backend.status().ToString());
+      return 2;
+    }
+    engine = indexer::Engine::Create(model_copy, *std::move(backend));
+  }
   if (!engine.ok()) {
     spdlog::error("{}", engine.status().ToString());
     return 2;
   }
+  const std::string device_desc = (*engine)->backend().Describe();
   for (const auto& g : (*engine)->model().groups) {
     spdlog::info("group {}: {} layers, {} D={} E={} r={} {}, {} pages/layer ({:.1f} MiB)",
                  g.name, g.layers.size(), indexer::KvFormatName(g.layout.format),

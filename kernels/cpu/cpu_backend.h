@@ -52,6 +52,7 @@ class CpuBackend : public Backend {
 
   std::string Describe() const override;
   std::string Kind() const override { return "cpu"; }
+  Paths SupportedPaths() const override { return {true, true}; }
   int threads() const { return threads_; }
 
   absl::StatusOr<uint8_t*> AllocatePool(const PageLayout& layout,

@@ -35,6 +35,18 @@ Engine::Engine(Model model, std::unique_ptr<Backend> backend)
 
 absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(
     Model model, std::unique_ptr<Backend> backend) {
+  const Backend::Paths paths = backend->SupportedPaths();
+  for (int32_t l = 0; l < model.num_layers(); ++l) {
+    const LayerRoleKind kind = model.layer_role[l].kind;
+    const bool needs_candidate = kind == LayerRoleKind::kCandidateSource ||
+                                 kind == LayerRoleKind::kCandidateConsumer;
+    if ((needs_candidate && !paths.candidate) || (kind == LayerRoleKind::kBlock && !paths.block)) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "device: layer ", l, " is a ", LayerRoleName(kind), " layer, which the ",
+          backend->Describe(), " backend does not implement yet; expected --device cpu for "
+          "profile '", model.config.profile(), "'"));
+    }
+  }
   std::unique_ptr<Engine> e(new Engine(std::move(model), std::move(backend)));
   e->pools_.assign(e->model_.num_layers(), nullptr);
   absl::MutexLock lock(&e->mu_);

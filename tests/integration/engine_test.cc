@@ -502,3 +502,27 @@ TEST(ModelTest, RejectsBadRoleConfigs) {
 
 }  // namespace
 }  // namespace indexer::testing
+
+namespace indexer::testing {
+namespace {
+
+// A backend without the candidate and block paths is refused at start.
+class DenseOnlyBackend : public CpuBackend {
+ public:
+  DenseOnlyBackend() : CpuBackend(1) {}
+  Paths SupportedPaths() const override { return {}; }
+};
+
+TEST(EngineCreateTest, RefusesRolesTheBackendLacks) {
+  auto model = BuildModel(MakeConfig({{.format = "fp8", .num_layers = 2, .pages = 4,
+                                       .cand_block = 4, .cand_topk_blocks = 2}}));
+  ASSERT_TRUE(model.ok());
+  auto engine = Engine::Create(*model, std::make_unique<DenseOnlyBackend>());
+  EXPECT_EQ(engine.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(std::string(engine.status().message()),
+              HasSubstr("layer 0 is a candidate_source layer"));
+  EXPECT_TRUE(Engine::Create(*model, std::make_unique<CpuBackend>(1)).ok());
+}
+
+}  // namespace
+}  // namespace indexer::testing

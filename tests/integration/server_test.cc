@@ -3,6 +3,10 @@
 // reference.h. Covers both K formats and layouts, next_n 1 and 2, chunked
 // prefill, compress ratio 4, mixed steps, import, concurrent steps, and the
 // wire side of bad input, cancellation and dropped clients.
+#include <signal.h>
+#include <spawn.h>
+#include <sys/wait.h>
+
 #include <chrono>
 #include <cstdlib>
 #include <condition_variable>
@@ -352,6 +356,32 @@ TEST_F(WireErrors, ClientCancelsMidStep) {
   (*step)->Abort();
   ExpectUnchanged();
   EXPECT_FALSE(d_.engine().SequenceLength(SeqName::Named("c")).ok());
+}
+
+// A client process killed with SIGKILL while it has a step open: the daemon
+// sees the connection drop and rolls the step back.
+TEST_F(WireErrors, ClientKilledMidStep) {
+  const std::string addr = "127.0.0.1:" + std::to_string(d_.port());
+  const char* argv[] = {INDEXER_CLI_PATH, "--addr", addr.c_str(), "bench", "--batch", "2",
+                        "--context", "64", "--steps", "10000000", "--warmup", "0", nullptr};
+  pid_t pid = 0;
+  ASSERT_EQ(posix_spawn(&pid, INDEXER_CLI_PATH, nullptr, nullptr, const_cast<char**>(argv),
+                        environ),
+            0);
+  // Wait until the client holds an open step (its two sequences imported).
+  bool open = false;
+  for (int i = 0; i < 2000 && !open; ++i) {
+    open = d_.engine().num_sequences() == 4 && d_.engine().open_steps() > 0;
+    if (!open) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  kill(pid, SIGKILL);
+  int status = 0;
+  waitpid(pid, &status, 0);
+  ASSERT_TRUE(open) << "the client never opened a step";
+  d_.WaitIdle();
+  // Its committed sequences stay; the open step left nothing behind.
+  EXPECT_EQ(d_.engine().num_sequences(), 4);
+  EXPECT_TRUE(d_.engine().CheckInvariants().ok()) << d_.engine().CheckInvariants();
 }
 
 TEST_F(WireErrors, StreamClosedBeforeCommitRollsBack) {

@@ -388,23 +388,19 @@ absl::Status Step::CheckLayer(int32_t layer) const {
   return absl::OkStatus();
 }
 
-absl::Status Step::WriteK(int32_t group, int32_t layer, const TensorView& k,
-                          double* write_us) {
-  const GroupSpec& g = engine_->model_.groups[group];
+absl::StatusOr<double> Step::WriteK(int32_t group, int32_t layer, const KInput& k) {
   const StepRows& rows = rows_[group];
-  ASSIGN_OR_RETURN(KInput kin, ValidateK(g, rows.NewEntries(), k));
-  if (rows.NewEntries() == 0) return absl::OkStatus();
-  ASSIGN_OR_RETURN(*write_us,
-                   engine_->backend_->WriteEntries(g.layout, engine_->pools_[layer], rows,
-                                                   ctx_[group].get(), kin));
-  return absl::OkStatus();
+  if (rows.NewEntries() == 0) return 0.0;
+  return engine_->backend_->WriteEntries(engine_->model_.groups[group].layout,
+                                         engine_->pools_[layer], rows, ctx_[group].get(), k);
 }
 
 absl::Status Step::WriteLayer(int32_t layer, const TensorView& k) {
   RETURN_IF_ERROR(CheckLayer(layer));
-  double write_us = 0;
   const int32_t group = engine_->model_.layer_group[layer];
-  RETURN_IF_ERROR(WriteK(group, layer, k, &write_us));
+  ASSIGN_OR_RETURN(KInput kin,
+                   ValidateK(engine_->model_.groups[group], rows_[group].NewEntries(), k));
+  RETURN_IF_ERROR(WriteK(group, layer, kin).status());
   layer_done_[layer] = true;
   return absl::OkStatus();
 }
@@ -428,7 +424,6 @@ absl::StatusOr<LayerOutput> Step::RunLayer(const LayerInput& in) {
         " to run first in the step; expected the source before its consumers"));
   }
   ASSIGN_OR_RETURN(KInput kin, ValidateK(g, rows.NewEntries(), in.k));
-  (void)kin;
   QScratch scratch{std::move(q_values_), std::move(q_scales_), std::move(weights_)};
   absl::StatusOr<QInput> q = QInput{};
   absl::StatusOr<BlockQInput> block_q = BlockQInput{};
@@ -442,7 +437,7 @@ absl::StatusOr<LayerOutput> Step::RunLayer(const LayerInput& in) {
 
   LayerOutput out;
   out.validate_us = MicrosSince(t0);
-  RETURN_IF_ERROR(WriteK(group, in.layer, in.k, &out.timings.write_us));
+  ASSIGN_OR_RETURN(out.timings.write_us, WriteK(group, in.layer, kin));
   Backend& b = *engine_->backend_;
   uint8_t* pool = engine_->pools_[in.layer];
   StepContext* ctx = ctx_[group].get();

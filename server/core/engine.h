@@ -89,8 +89,8 @@ class Step {
   explicit Step(Engine* engine);
 
   absl::Status CheckLayer(int32_t layer) const;
-  absl::Status WriteK(int32_t group, int32_t layer, const TensorView& k,
-                      double* write_us);
+  // Writes validated new entries of `layer`; returns the backend's time (us).
+  absl::StatusOr<double> WriteK(int32_t group, int32_t layer, const KInput& k);
 
   Engine* engine_;
   std::string id_;

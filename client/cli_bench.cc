@@ -88,6 +88,7 @@ const char* RoleTag(const LayerSpec& spec) {
 
 struct LayerStats {
   std::vector<double> rtt_us, server_us, logits_us, topk_us;
+  std::vector<double> queue_us, validate_us, write_us;
 };
 
 class Bench {
@@ -309,6 +310,9 @@ absl::Status Bench::Step(int32_t q_len, bool create, bool measure,
       st.server_us.push_back(reply->timings().total_us());
       st.logits_us.push_back(reply->timings().logits_us());
       st.topk_us.push_back(reply->timings().topk_us());
+      st.queue_us.push_back(reply->timings().queue_us());
+      st.validate_us.push_back(reply->timings().validate_us());
+      st.write_us.push_back(reply->timings().write_us());
     }
   }
   if (abort) {
@@ -365,6 +369,16 @@ void Bench::Report() const {
                 Percentile(st.topk_us, 50));
     all_rtt.insert(all_rtt.end(), st.rtt_us.begin(), st.rtt_us.end());
     for (double x : st.rtt_us) rtt_sum += x;
+  }
+  // Where the server's time goes: the rest of `server` is the backend
+  // call around its kernels (uploads, downloads, synchronization).
+  for (const auto& [layer, st] : stats_) {
+    std::printf("layer %u server p50 (us): queue %.1f, validate %.1f, write "
+                "%.1f, logits %.1f, topk %.1f, total %.1f\n",
+                layer, Percentile(st.queue_us, 50),
+                Percentile(st.validate_us, 50), Percentile(st.write_us, 50),
+                Percentile(st.logits_us, 50), Percentile(st.topk_us, 50),
+                Percentile(st.server_us, 50));
   }
   std::printf("(latencies in us; rtt = client round trip of one layer; "
               "topk = entries per row, blocks per (head, row) for block "

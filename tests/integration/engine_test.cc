@@ -526,3 +526,26 @@ TEST(EngineCreateTest, RefusesRolesTheBackendLacks) {
 
 }  // namespace
 }  // namespace indexer::testing
+
+namespace indexer::testing {
+namespace {
+
+TEST(TensorTest, CheckTensorFiniteNamesTheFirstBadElement) {
+  std::vector<float> f(1000, 1.0f);
+  f[700] = INFINITY;
+  f[900] = NAN;
+  TensorView t = View(DType::kFp32, {1000}, f.data(), f.size() * 4);
+  EXPECT_THAT(std::string(CheckTensorFinite("w", t).message()), HasSubstr("w: element 700 is"));
+  std::vector<uint16_t> h(64, 0x3f80);  // bf16 1.0
+  h[63] = 0xff80;                        // bf16 -inf
+  t = View(DType::kBf16, {64}, h.data(), h.size() * 2);
+  EXPECT_THAT(std::string(CheckTensorFinite("q", t).message()), HasSubstr("q: element 63 is"));
+  std::vector<uint8_t> b(33, 0x7e);      // e4m3 448, finite
+  EXPECT_TRUE(CheckTensorFinite("q", View(DType::kFp8E4m3, {33}, b.data(), 33)).ok());
+  b[32] = 0xff;                          // e4m3fn NaN
+  EXPECT_THAT(std::string(CheckTensorFinite("q", View(DType::kFp8E4m3, {33}, b.data(), 33)).message()),
+              HasSubstr("q: element 32 is"));
+}
+
+}  // namespace
+}  // namespace indexer::testing

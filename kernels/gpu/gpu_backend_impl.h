@@ -69,7 +69,8 @@ class GpuBackend : public Backend {
   // For tests and the benchmark.
   int num_sms() const { return props_.multiProcessorCount; }
   const DeviceProp& props() const { return props_; }
-  // "wgmma", "mma" or "portable": the logits kernel of the last DenseTopk.
+  // "wgmma_ws", "wgmma", "mma" or "portable": the logits kernel of the last
+  // DenseTopk.
   std::string last_logits_path() const;
   // Caps the logits path: 0 portable, 1 mma.sync, 2 wgmma (default); tests
   // compare the paths.

@@ -266,6 +266,10 @@ absl::Status LaunchDenseLogits(const LogitsParams& p, int cc_major,
   const char* unused;
   if (which == nullptr) which = &unused;
   if (max_path >= 2 && WgmmaLogitsSupported(p, cc_major, cc_minor)) {
+    if (WgmmaWsEnabled() && WgmmaWsSupported(p)) {
+      *which = "wgmma_ws";
+      return LaunchDenseLogitsWgmmaWs(p, stream);
+    }
     *which = "wgmma";
     return LaunchDenseLogitsWgmma(p, stream);
   }

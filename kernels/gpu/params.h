@@ -66,10 +66,10 @@ struct LogitsParams {
   int64_t stride;
 };
 
-// The fastest path the device, format, layout and H allow: "wgmma" (sm_90a,
-// FP8), "mma" (sm_89+ mma.sync, FP8 and MXFP4) or "portable"; `which` (may
-// be null) gets its name. `max_path` caps it (tests compare the paths):
-// 0 portable, 1 mma, 2 wgmma.
+// The fastest path the device, format, layout and H allow: "wgmma_ws" or
+// "wgmma" (sm_90a, FP8), "mma" (sm_89+ mma.sync, FP8 and MXFP4) or
+// "portable"; `which` (may be null) gets its name. `max_path` caps it (tests
+// compare the paths): 0 portable, 1 mma, 2 wgmma (either form).
 absl::Status LaunchDenseLogits(const LogitsParams& p, int cc_major,
                                int cc_minor, Stream stream,
                                const char** which = nullptr, int max_path = 2);
@@ -84,6 +84,12 @@ absl::Status LaunchDenseLogitsMma(const LogitsParams& p, Stream stream);
 bool WgmmaTmaSupported(const PageLayout& layout);
 bool WgmmaLogitsSupported(const LogitsParams& p, int cc_major, int cc_minor);
 absl::Status LaunchDenseLogitsWgmma(const LogitsParams& p, Stream stream);
+// Its warp-specialized form (TMA producer warp + math warpgroups over an
+// mbarrier ring): tensor-mapped pools, groups of <= 2 rows (decode). On by
+// default; env INDEXER_GPU_WGMMA_WS=0 turns it off.
+bool WgmmaWsEnabled();
+bool WgmmaWsSupported(const LogitsParams& p);
+absl::Status LaunchDenseLogitsWgmmaWs(const LogitsParams& p, Stream stream);
 
 // ---- top-k -----------------------------------------------------------------
 struct TopkParams {

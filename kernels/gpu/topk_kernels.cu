@@ -9,8 +9,9 @@
 // the row's global histogram; the last slice to finish picks the bin b of
 // the k-th key. (B) every slice writes its keys above b straight to the
 // output and queues its keys in b as candidates; (C) the last slice of the
-// row to finish B selects the rest of the k from the candidates. Two
-// launches, no memset: C leaves the row's state zeroed.
+// row to finish B selects the rest of the k from the candidates (they share
+// the top 11 bits, so its radix passes start at the second). Two launches,
+// no memset: C leaves the row's state zeroed.
 #include "kernels/gpu/gpu_compat.h"  // first: the runtime defines __device__ & co.
 
 #include <algorithm>
@@ -49,14 +50,18 @@ struct SelectShared {
 };
 
 // Keys [0, n) come from `key(i)`; the k largest go to `emit(slot, i, key)`
-// with slots 0..k-1. REQUIRES: n > k > 0, called by all threads.
+// with slots 0..k-1. Passes before `first_pass` are known to select
+// `prefix` (every key shares those bits: candidates of one top bin skip
+// pass 0). REQUIRES: n > k > 0, called by all threads.
 template <class KeyFn, class EmitFn>
 __device__ void BlockSelect(SelectShared& sh, int32_t n, int32_t k,
-                            KeyFn key, EmitFn emit) {
-  uint32_t prefix = 0, mask = 0;
+                            KeyFn key, EmitFn emit, int first_pass = 0,
+                            uint32_t prefix = 0) {
+  uint32_t mask = 0;
+  for (int pass = 0; pass < first_pass; ++pass) mask |= (PassBins(pass) - 1) << PassShift(pass);
   uint32_t kk = static_cast<uint32_t>(k);  // keys still to take at the prefix
   const int lane = LaneId(), warp = WarpId();
-  for (int pass = 0; pass < 3; ++pass) {
+  for (int pass = first_pass; pass < 3; ++pass) {
     const int shift = PassShift(pass);
     const uint32_t bins = PassBins(pass);
     for (int b = threadIdx.x; b < kBins; b += kTopkThreads) sh.hist[b] = 0;
@@ -206,6 +211,7 @@ __device__ void CoopFinishRow(const TopkParams& p, int32_t row, CoopRow* st, Top
   int32_t* out = p.out + static_cast<int64_t>(row) * p.topk;
   const int32_t above = static_cast<int32_t>(atomicAdd(&st->above, 0u));
   const int32_t nc = static_cast<int32_t>(atomicAdd(&st->n_cand, 0u));
+  const uint32_t bin = atomicAdd(&st->bin, 0u);  // every candidate's top bits
   const int32_t kk = p.topk - above;
   __syncthreads();
   for (int b = threadIdx.x; b < kTopkStateWords; b += kTopkThreads) reinterpret_cast<uint32_t*>(st)[b] = 0;
@@ -220,9 +226,9 @@ __device__ void CoopFinishRow(const TopkParams& p, int32_t row, CoopRow* st, Top
   if (nc <= kTopkCache) {
     for (int32_t i = threadIdx.x; i < nc; i += kTopkThreads) sh.cache[i] = LoadCg(ck + i);
     __syncthreads();
-    BlockSelect(sh.sel, nc, kk, [&](int32_t i) { return sh.cache[i]; }, emit);
+    BlockSelect(sh.sel, nc, kk, [&](int32_t i) { return sh.cache[i]; }, emit, 1, bin << 21);
   } else {
-    BlockSelect(sh.sel, nc, kk, [&](int32_t i) { return LoadCg(ck + i); }, emit);
+    BlockSelect(sh.sel, nc, kk, [&](int32_t i) { return LoadCg(ck + i); }, emit, 1, bin << 21);
   }
 }
 

@@ -388,6 +388,9 @@ std::vector<Shape> Shapes() {
       {f8, 64, false, 23, 1, 4, 0, 5000, 64, 512, 2},
       {f8, 64, false, 23, 1, 4, 0, 5000, 64, 512, 0},
       {f8, 64, true, 5, 1, 3, 0, 2000, 64, 256, 2},
+      // the warp-specialized wgmma kernel (groups of <= 2 rows, linear E64)
+      {f8, 64, false, 23, 1, 1, 0, 5000, 64, 512, 2},
+      {f8, 64, false, 23, 1, 2, 0, 5000, 64, 512, 2},
       {f8, 64, false, 1, 1, 1, 30000, 40000, 64, 2048, 2},   // split top-k
       {f8, 64, false, 3, 2, 2, 9000, 20000, 64, 1024, 2, K::kBf16},
       {f8, 16, false, 5, 1, 4, 0, 900, 64, 64, 2, K::kFloat32, false},

@@ -55,6 +55,7 @@ class Daemon {
   }
   Engine& engine() { return server_->engine(); }
   IndexerClient& client() { return *client_; }
+  void Shutdown(int grace_ms) { server_->Shutdown(grace_ms); }
   const std::vector<TestLayer>& layers() const { return layers_; }
   int port() const { return server_->port(); }
 
@@ -437,6 +438,26 @@ TEST(ServerTest, ConcurrentStepsOnDifferentSequences) {
   t1.join();
   t2.join();
   EXPECT_TRUE(d.engine().CheckInvariants().ok());
+}
+
+// Draining (SIGTERM in the daemon): a step still open when the grace period
+// ends is cancelled and rolled back; new calls are refused.
+TEST(ServerTest, ShutdownRollsBackOpenSteps) {
+  Daemon d(MakeConfig({{.format = "fp8", .num_layers = 2, .pages = 64}}));
+  Shadow shadow(d.layers(), 21);
+  WireStep(d, shadow, {{"s", 40}}, Form::kFloat);
+  const std::vector<SeqStep> seqs = {{"s", 1}, {"t", 5}};
+  auto step = d.client().OpenStep(Header(seqs, shadow));
+  ASSERT_TRUE(step.ok());
+  std::vector<LayerData> data = shadow.Make(seqs);
+  ASSERT_TRUE((*step)->RunLayer(Request(d.layers()[0], data[0], Form::kFloat)).ok());
+  d.Shutdown(/*grace_ms=*/100);
+  EXPECT_EQ(d.engine().open_steps(), 0);
+  EXPECT_EQ(*d.engine().SequenceLength(SeqName::Named("s")), 40);
+  EXPECT_FALSE(d.engine().SequenceLength(SeqName::Named("t")).ok());
+  EXPECT_TRUE(d.engine().CheckInvariants().ok()) << d.engine().CheckInvariants();
+  EXPECT_FALSE((*step)->RunLayer(Request(d.layers()[1], data[1], Form::kFloat)).ok());
+  EXPECT_FALSE(d.client().GetServerInfo().ok());
 }
 
 // grpc.health.v1.Health/Check through a generic call: the response is

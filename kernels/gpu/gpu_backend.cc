@@ -40,21 +40,60 @@ int64_t Append(std::vector<int32_t>& img, const T* v, size_t n) {
   return at;
 }
 
+// The largest physical page any sequence of `rows` reaches (its pages for
+// entries [0, seq_new_entries)), -1 when none. REQUIRES: rows validated.
+int64_t MaxPage(const PageLayout& layout, const StepRows& rows) {
+  int64_t max_page = -1;
+  for (int32_t s = 0; s < rows.num_seqs; ++s) {
+    const int64_t pages = (int64_t{rows.seq_new_entries[s]} + layout.page_entries - 1) / layout.page_entries;
+    for (int64_t lp = 0; lp < pages; ++lp) {
+      max_page = std::max<int64_t>(max_page, rows.Page(s, static_cast<int32_t>(lp)));
+    }
+  }
+  return max_page;
+}
+
+// Waits for the stream when a call returns early, so that none of its
+// copies still reads or writes the staging or the caller's buffers.
+class DrainOnError {
+ public:
+  explicit DrainOnError(Stream s) : s_(s) {}
+  ~DrainOnError() {
+    if (s_ != nullptr) (void)StreamSynchronize(s_);
+  }
+  void Dismiss() { s_ = nullptr; }
+
+ private:
+  Stream s_;
+};
+
 }  // namespace
 
-// Device state of one step: the metadata image in the arena and the plan.
+// Device state of one step: the metadata image in the arena and the plan,
+// made from rows validated once (MakeStep).
 class GpuBackend::Step : public StepContext {
  public:
   Step(DeviceArena* arena, uint8_t* meta, StepPlan plan, DeviceStepRows dev,
-       int32_t num_rows, int32_t num_seqs)
+       const StepRows& rows, int64_t max_page)
       : arena_(arena), meta_(meta), plan_(std::move(plan)), dev_(dev),
-        num_rows_(num_rows), num_seqs_(num_seqs) {}
+        num_rows_(rows.num_rows), num_seqs_(rows.num_seqs),
+        max_pages_(rows.max_pages), new_entries_(rows.NewEntries()),
+        max_page_(max_page) {}
   ~Step() override { arena_->Release(meta_); }
 
   const StepPlan& plan() const { return plan_; }
   const DeviceStepRows& dev() const { return dev_; }
   bool Matches(const StepRows& rows) const {
-    return rows.num_rows == num_rows_ && rows.num_seqs == num_seqs_;
+    return rows.num_rows == num_rows_ && rows.num_seqs == num_seqs_ &&
+           rows.max_pages == max_pages_ && rows.NewEntries() == new_entries_;
+  }
+  // The step's pages against a pool of `num_pages`: O(1); the full walk
+  // only to name the offending page.
+  absl::Status CheckPages(const PageLayout& layout, const StepRows& rows,
+                          int64_t num_pages) const {
+    if (max_page_ < num_pages) return absl::OkStatus();
+    RETURN_IF_ERROR(ValidateStepRows(layout, rows, num_pages));
+    return Bad("block_table", absl::StrCat("pages in [0, ", num_pages, ")"), max_page_);
   }
 
  private:
@@ -62,7 +101,8 @@ class GpuBackend::Step : public StepContext {
   uint8_t* const meta_;
   const StepPlan plan_;
   const DeviceStepRows dev_;
-  const int32_t num_rows_, num_seqs_;
+  const int32_t num_rows_, num_seqs_, max_pages_;
+  const int64_t new_entries_, max_page_;
 };
 
 GpuBackend::GpuBackend(int ordinal, const DeviceProp& props)
@@ -91,8 +131,20 @@ absl::Status GpuBackend::Init() {
   ws_.out_ints = static_cast<int64_t>(ws_.max_rows) * 2048;
   ws_.cand = int64_t{32} << 20;
   ws_.arena_bytes = int64_t{256} << 20;
+  // Decode steps of up to ~1k rows at H 64 (Q 8 KiB, top-k 8 KiB a row).
+  ws_.host_in_bytes = int64_t{16} << 20;
+  ws_.host_out_bytes = int64_t{16} << 20;
   GPU_RETURN_IF_ERROR(StreamCreate(&stream_));
   for (Event& e : ev_) GPU_RETURN_IF_ERROR(EventCreate(&e));
+  GPU_RETURN_IF_ERROR(EventCreate(&staged_));
+  spans_.reserve(kEvents / 2);
+  for (HostStage* h : {&host_in_, &host_out_}) {
+    const int64_t bytes = h == &host_in_ ? ws_.host_in_bytes : ws_.host_out_bytes;
+    void* v = nullptr;
+    GPU_RETURN_IF_ERROR(HostMalloc(&v, static_cast<size_t>(bytes)));
+    h->base = static_cast<uint8_t*>(v);
+    h->bytes = bytes;
+  }
   auto take = [&](int64_t bytes, auto** p) -> absl::Status {
     void* v = nullptr;
     GPU_RETURN_IF_ERROR(Malloc(&v, static_cast<size_t>(bytes)));
@@ -120,11 +172,18 @@ absl::Status GpuBackend::Init() {
 GpuBackend::~GpuBackend() {
   absl::MutexLock lock(&mu_);
   if (stream_ != nullptr) (void)StreamSynchronize(stream_);
-  for (Pool& p : pools_) (void)Free(p.data);
+  {
+    absl::MutexLock pools_lock(&pools_mu_);
+    for (Pool& p : pools_) (void)Free(p.data);
+  }
   for (void* v : allocations_) (void)Free(v);
+  for (HostStage* h : {&host_in_, &host_out_}) {
+    if (h->base != nullptr) (void)HostFree(h->base);
+  }
   for (Event e : ev_) {
     if (e != nullptr) (void)EventDestroy(e);
   }
+  if (staged_ != nullptr) (void)EventDestroy(staged_);
   if (stream_ != nullptr) (void)StreamDestroy(stream_);
 }
 
@@ -172,7 +231,10 @@ absl::StatusOr<uint8_t*> GpuBackend::AllocatePool(const PageLayout& layout,
     const uint32_t box[3] = {static_cast<uint32_t>(layout.value_bytes()), 64, 1};
     pool.has_tmap = EncodeTensorMapU8Sw128(&pool.tmap, v, dims, strides, box).ok();
   }
-  pools_.push_back(pool);
+  {
+    absl::MutexLock pools_lock(&pools_mu_);
+    pools_.push_back(pool);
+  }
   GPU_RETURN_IF_ERROR(MemsetAsync(v, 0, bytes, stream_));
   GPU_RETURN_IF_ERROR(StreamSynchronize(stream_));
   return static_cast<uint8_t*>(v);
@@ -180,7 +242,7 @@ absl::StatusOr<uint8_t*> GpuBackend::AllocatePool(const PageLayout& layout,
 
 absl::StatusOr<GpuBackend::Pool> GpuBackend::FindPool(
     const uint8_t* data, const PageLayout& layout) const {
-  absl::MutexLock lock(&mu_);
+  absl::ReaderMutexLock lock(&pools_mu_);
   for (const Pool& p : pools_) {
     if (p.data != data) continue;
     if (p.page_bytes != layout.page_bytes()) {
@@ -196,6 +258,7 @@ absl::StatusOr<GpuBackend::Pool> GpuBackend::FindPool(
 absl::StatusOr<std::unique_ptr<GpuBackend::Step>> GpuBackend::MakeStep(
     const PageLayout& layout, const StepRows& rows) {
   RETURN_IF_ERROR(ValidateStepRows(layout, rows, INT64_MAX));
+  const int64_t max_page = MaxPage(layout, rows);
   const int32_t vb = std::max(layout.value_bytes(), 1);
   const PlanLimits limits{
       ws_.logits_floats,
@@ -216,8 +279,19 @@ absl::StatusOr<std::unique_ptr<GpuBackend::Step>> GpuBackend::MakeStep(
   ASSIGN_OR_RETURN(uint8_t* meta, arena_->Allocate(bytes, "step metadata"));
   auto step_or = [&]() -> absl::Status {
     absl::MutexLock lock(&mu_);
-    GPU_RETURN_IF_ERROR(CopyH2D(meta, img.data(), static_cast<size_t>(bytes), stream_));
-    GPU_RETURN_IF_ERROR(StreamSynchronize(stream_));
+    RETURN_IF_ERROR(BeginCall());
+    DrainOnError drain(stream_);
+    RETURN_IF_ERROR(Upload(meta, img.data(), bytes));
+    if (host_in_.used == 0) {
+      // Not staged: the copy reads `img`, which dies here.
+      GPU_RETURN_IF_ERROR(StreamSynchronize(stream_));
+    } else {
+      // Staged: stream order puts the copy before every later kernel; the
+      // next call waits for it only before reusing the staging.
+      GPU_RETURN_IF_ERROR(EventRecord(staged_, stream_));
+      staged_pending_ = true;
+    }
+    drain.Dismiss();
     return absl::OkStatus();
   }();
   if (!step_or.ok()) {
@@ -234,8 +308,7 @@ absl::StatusOr<std::unique_ptr<GpuBackend::Step>> GpuBackend::MakeStep(
                      w + o_rv,
                      reinterpret_cast<const LogitsGroup*>(w + o_g),
                      reinterpret_cast<const LogitsUnit*>(w + o_u)};
-  return std::make_unique<Step>(arena_.get(), meta, std::move(plan), dev,
-                                rows.num_rows, rows.num_seqs);
+  return std::make_unique<Step>(arena_.get(), meta, std::move(plan), dev, rows, max_page);
 }
 
 absl::StatusOr<std::unique_ptr<StepContext>> GpuBackend::PrepareStep(
@@ -244,25 +317,87 @@ absl::StatusOr<std::unique_ptr<StepContext>> GpuBackend::PrepareStep(
   return std::unique_ptr<StepContext>(std::move(s));
 }
 
-absl::StatusOr<GpuBackend::Step*> GpuBackend::StepFor(
+absl::StatusOr<GpuBackend::Step*> GpuBackend::CheckedStep(
     const PageLayout& layout, const StepRows& rows, StepContext* ctx,
-    std::unique_ptr<Step>* owned) {
+    const Pool& pool) {
   if (ctx == nullptr) {
-    ASSIGN_OR_RETURN(*owned, MakeStep(layout, rows));
-    return owned->get();
+    RETURN_IF_ERROR(ValidateStepRows(layout, rows, pool.num_pages));
+    return nullptr;
   }
   Step* s = dynamic_cast<Step*>(ctx);
   if (s == nullptr || !s->Matches(rows)) {
     return absl::InvalidArgumentError(
         "ctx: expected the StepContext this gpu backend prepared for these rows");
   }
+  RETURN_IF_ERROR(s->CheckPages(layout, rows, pool.num_pages));
   return s;
 }
 
-absl::StatusOr<float> GpuBackend::ElapsedUs(Event a, Event b) {
-  float ms = 0.f;
-  GPU_RETURN_IF_ERROR(EventElapsedMs(&ms, a, b));
-  return ms * 1000.f;
+absl::Status GpuBackend::BeginCall() {
+  if (staged_pending_) {
+    GPU_RETURN_IF_ERROR(EventSynchronize(staged_));
+    staged_pending_ = false;
+  }
+  // Every earlier call ended with the stream drained (EndCall or
+  // DrainOnError): the staging is free.
+  host_in_.used = 0;
+  host_out_.used = 0;
+  downloads_.clear();
+  spans_.clear();
+  ev_used_ = 0;
+  return absl::OkStatus();
+}
+
+absl::Status GpuBackend::Upload(void* dst, const void* src, int64_t bytes) {
+  if (uint8_t* staged = host_in_.Take(bytes)) {
+    std::memcpy(staged, src, static_cast<size_t>(bytes));
+    src = staged;
+  }
+  GPU_RETURN_IF_ERROR(CopyH2D(dst, src, static_cast<size_t>(bytes), stream_));
+  return absl::OkStatus();
+}
+
+absl::Status GpuBackend::Download(void* dst, const void* src, int64_t bytes) {
+  uint8_t* staged = host_out_.Take(bytes);
+  if (staged == nullptr) {
+    GPU_RETURN_IF_ERROR(CopyD2H(dst, src, static_cast<size_t>(bytes), stream_));
+    return absl::OkStatus();
+  }
+  GPU_RETURN_IF_ERROR(CopyD2H(staged, src, static_cast<size_t>(bytes), stream_));
+  downloads_.push_back({dst, staged, static_cast<size_t>(bytes)});
+  return absl::OkStatus();
+}
+
+absl::Status GpuBackend::BeginSpan() {
+  if (ev_used_ + 2 > kEvents) RETURN_IF_ERROR(Sync());
+  GPU_RETURN_IF_ERROR(EventRecord(ev_[ev_used_], stream_));
+  return absl::OkStatus();
+}
+
+absl::Status GpuBackend::EndSpan(double* sum) {
+  GPU_RETURN_IF_ERROR(EventRecord(ev_[ev_used_ + 1], stream_));
+  spans_.push_back({ev_used_, sum});
+  ev_used_ += 2;
+  return absl::OkStatus();
+}
+
+absl::Status GpuBackend::Sync() {
+  GPU_RETURN_IF_ERROR(StreamSynchronize(stream_));
+  for (const PendingSpan& s : spans_) {
+    float ms = 0.f;
+    GPU_RETURN_IF_ERROR(EventElapsedMs(&ms, ev_[s.first], ev_[s.first + 1]));
+    *s.sum += ms * 1000.0;
+  }
+  spans_.clear();
+  ev_used_ = 0;
+  return absl::OkStatus();
+}
+
+absl::Status GpuBackend::EndCall() {
+  RETURN_IF_ERROR(Sync());
+  for (const PendingCopy& c : downloads_) std::memcpy(c.dst, c.src, c.bytes);
+  downloads_.clear();
+  return absl::OkStatus();
 }
 
 absl::StatusOr<double> GpuBackend::WriteEntries(const PageLayout& layout,
@@ -271,12 +406,15 @@ absl::StatusOr<double> GpuBackend::WriteEntries(const PageLayout& layout,
                                                 StepContext* ctx,
                                                 const KInput& k) {
   ASSIGN_OR_RETURN(const Pool p, FindPool(pool, layout));
-  RETURN_IF_ERROR(ValidateStepRows(layout, rows, p.num_pages));
+  ASSIGN_OR_RETURN(Step * step, CheckedStep(layout, rows, ctx, p));
   const int64_t n = rows.NewEntries();
   if (n == 0) return 0.0;
   if (k.data == nullptr) return absl::InvalidArgumentError("k.data: expected a tensor, got null");
   std::unique_ptr<Step> owned;
-  ASSIGN_OR_RETURN(Step * step, StepFor(layout, rows, ctx, &owned));
+  if (step == nullptr) {
+    ASSIGN_OR_RETURN(owned, MakeStep(layout, rows));
+    step = owned.get();
+  }
 
   WriteParams wp{};
   wp.layout = layout;
@@ -291,21 +429,23 @@ absl::StatusOr<double> GpuBackend::WriteEntries(const PageLayout& layout,
   }
   const int64_t piece = std::max<int64_t>(1, ws_.k_bytes / row_bytes);
   absl::MutexLock lock(&mu_);
+  RETURN_IF_ERROR(BeginCall());
+  DrainOnError drain(stream_);
   double us = 0;
   for (int64_t b = 0; b < n; b += piece) {
+    // Pieces share k_stage_: stream order keeps each copy after the last
+    // piece's kernel.
     const int64_t m = std::min(piece, n - b);
-    GPU_RETURN_IF_ERROR(CopyH2D(k_stage_, static_cast<const uint8_t*>(k.data) + b * row_bytes,
-                                static_cast<size_t>(m * row_bytes), stream_));
+    RETURN_IF_ERROR(Upload(k_stage_, static_cast<const uint8_t*>(k.data) + b * row_bytes, m * row_bytes));
     wp.src = k_stage_;
     wp.entry_base = static_cast<int32_t>(b);
     wp.num_entries = static_cast<int32_t>(m);
-    GPU_RETURN_IF_ERROR(EventRecord(ev_[0], stream_));
+    RETURN_IF_ERROR(BeginSpan());
     RETURN_IF_ERROR(LaunchWriteEntries(wp, stream_));
-    GPU_RETURN_IF_ERROR(EventRecord(ev_[1], stream_));
-    GPU_RETURN_IF_ERROR(StreamSynchronize(stream_));
-    ASSIGN_OR_RETURN(const float t, ElapsedUs(ev_[0], ev_[1]));
-    us += t;
+    RETURN_IF_ERROR(EndSpan(&us));
   }
+  RETURN_IF_ERROR(EndCall());
+  drain.Dismiss();
   return us;
 }
 
@@ -313,7 +453,7 @@ absl::StatusOr<LayerTimings> GpuBackend::DenseTopk(
     const PageLayout& layout, const uint8_t* pool, const StepRows& rows,
     StepContext* ctx, const QInput& q, int32_t topk, int32_t* out) {
   ASSIGN_OR_RETURN(const Pool p, FindPool(pool, layout));
-  RETURN_IF_ERROR(ValidateStepRows(layout, rows, p.num_pages));
+  ASSIGN_OR_RETURN(Step * step, CheckedStep(layout, rows, ctx, p));
   if (topk < 0) return Bad("topk", ">= 0", topk);
   if (q.num_heads < 1 || q.num_heads > ws_.max_heads) {
     return Bad("q.num_heads", absl::StrCat("in [1, ", ws_.max_heads, "]"), q.num_heads);
@@ -327,19 +467,24 @@ absl::StatusOr<LayerTimings> GpuBackend::DenseTopk(
   }
   if (out == nullptr) return absl::InvalidArgumentError("out: expected a buffer, got null");
   std::unique_ptr<Step> owned;
-  ASSIGN_OR_RETURN(Step * step, StepFor(layout, rows, ctx, &owned));
+  if (step == nullptr) {
+    ASSIGN_OR_RETURN(owned, MakeStep(layout, rows));
+    step = owned.get();
+  }
 
   const int64_t h = q.num_heads;
   const int64_t vb = layout.value_bytes(), nb = layout.head_dim / kMxBlock;
   absl::MutexLock lock(&mu_);
+  RETURN_IF_ERROR(BeginCall());
+  DrainOnError drain(stream_);
+  // Sub-chunks share the Q, logits and output buffers on the device: stream
+  // order keeps each writer after the last reader, so only the end waits.
   for (const SubChunk& sc : step->plan().chunks) {
     const int64_t rb = sc.row_begin, nr = sc.row_end - sc.row_begin;
     // ---- Q of the sub-chunk ---------------------------------------------
-    GPU_RETURN_IF_ERROR(CopyH2D(q_values_, q.values + rb * h * vb, static_cast<size_t>(nr * h * vb), stream_));
-    if (mx) {
-      GPU_RETURN_IF_ERROR(CopyH2D(q_scales_, q.scales + rb * h * nb, static_cast<size_t>(nr * h * nb), stream_));
-    }
-    GPU_RETURN_IF_ERROR(CopyH2D(q_weights_, q.weights + rb * h, static_cast<size_t>(nr * h * 4), stream_));
+    RETURN_IF_ERROR(Upload(q_values_, q.values + rb * h * vb, nr * h * vb));
+    if (mx) RETURN_IF_ERROR(Upload(q_scales_, q.scales + rb * h * nb, nr * h * nb));
+    RETURN_IF_ERROR(Upload(q_weights_, q.weights + rb * h, nr * h * 4));
 
     // ---- logits ------------------------------------------------------------
     LogitsParams lp{};
@@ -360,14 +505,13 @@ absl::StatusOr<LayerTimings> GpuBackend::DenseTopk(
     lp.logits = logits_;
     lp.stride = sc.stride;
     const char* which = "portable";
-    GPU_RETURN_IF_ERROR(EventRecord(ev_[0], stream_));
+    RETURN_IF_ERROR(BeginSpan());
     RETURN_IF_ERROR(LaunchDenseLogits(lp, props_.major, props_.minor, stream_, &which, max_path_));
     last_path_ = which;
-    GPU_RETURN_IF_ERROR(EventRecord(ev_[1], stream_));
+    RETURN_IF_ERROR(EndSpan(&timings.logits_us));
 
     // ---- top-k, in pieces of rows that fit the output staging -------------
     const int64_t piece = std::max<int64_t>(1, ws_.out_ints / topk);
-    float topk_us = 0.f;
     for (int64_t a = 0; a < nr; a += piece) {
       const int64_t m = std::min(piece, nr - a);
       TopkParams tp{};
@@ -381,18 +525,14 @@ absl::StatusOr<LayerTimings> GpuBackend::DenseTopk(
       tp.cand_pos = cand_pos_;
       tp.state = topk_state_;
       PlanTopkSplit(tp.num_rows, sc.max_visible, topk, props_.multiProcessorCount, ws_.cand, &tp);
-      GPU_RETURN_IF_ERROR(EventRecord(ev_[2], stream_));
+      RETURN_IF_ERROR(BeginSpan());
       RETURN_IF_ERROR(LaunchTopk(tp, stream_));
-      GPU_RETURN_IF_ERROR(EventRecord(ev_[3], stream_));
-      GPU_RETURN_IF_ERROR(CopyD2H(out + (rb + a) * topk, out_, static_cast<size_t>(m * topk * 4), stream_));
-      GPU_RETURN_IF_ERROR(StreamSynchronize(stream_));
-      ASSIGN_OR_RETURN(const float t, ElapsedUs(ev_[2], ev_[3]));
-      topk_us += t;
+      RETURN_IF_ERROR(EndSpan(&timings.topk_us));
+      RETURN_IF_ERROR(Download(out + (rb + a) * topk, out_, m * topk * 4));
     }
-    ASSIGN_OR_RETURN(const float lu, ElapsedUs(ev_[0], ev_[1]));
-    timings.logits_us += lu;
-    timings.topk_us += topk_us;
   }
+  RETURN_IF_ERROR(EndCall());
+  drain.Dismiss();
   return timings;
 }
 

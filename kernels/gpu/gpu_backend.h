@@ -13,8 +13,9 @@ namespace indexer {
 int GpuDeviceCount();
 
 // The gpu backend on device `ordinal`. `threads` is unused (host work is
-// small). Takes all its device memory here: workspace now, pools at
-// AllocatePool (start-up); nothing is allocated on the request path.
+// small). Takes all its device memory and pinned host staging here:
+// workspace now, pools at AllocatePool (start-up); nothing is allocated on
+// the request path.
 absl::StatusOr<std::unique_ptr<Backend>> MakeGpuBackend(int ordinal,
                                                         int threads);
 

@@ -2,14 +2,29 @@
 //
 // Memory: everything is taken at start-up. The constructor takes the
 // workspace (logits of one sub-chunk, Q / K / output staging, top-k
-// candidates, the per-step metadata arena); AllocatePool takes the pools.
+// candidates, the per-step metadata arena) and two pinned host buffers that
+// stage uploads (K, Q, weights, step metadata) and top-k downloads, so those
+// copies run asynchronously; inputs or outputs that do not fit them go
+// through the caller's pageable memory. AllocatePool takes the pools.
 // Requests only sub-allocate from the arena.
 // Workspace size: env INDEXER_GPU_LOGITS_MB (default 1024) bounds one
 // sub-chunk's logits; steps whose chunks exceed it are cut into sub-chunks.
 //
+// Steps: PrepareStep validates the rows in full and copies them to the
+// device; a call given its context checks only that the context is this
+// backend's for rows of that shape and that the step's pages lie in the
+// pool (O(1)). REQUIRES: such a call passes the StepRows PrepareStep was
+// given, unchanged (the kernels read the copy made there). A call with a
+// null context validates and copies the rows itself.
+//
+// Synchronization: each WriteEntries / DenseTopk call waits for the stream
+// once, at its end, also when it fails (its kernel times and outputs are
+// then ready and the caller's buffers no longer used); PrepareStep waits
+// only when its metadata does not fit the staging.
+//
 // Thread safety: as Backend. Device work of concurrent calls is serialized
-// on the backend's one stream (one workspace) under mu_; PrepareStep only
-// holds it for its metadata copy.
+// on the backend's one stream (one workspace, one pinned staging) under mu_;
+// PrepareStep only holds it for its metadata copy.
 #pragma once
 
 #include <cstdint>
@@ -38,6 +53,23 @@ struct Workspace {
   int64_t out_ints = 0;          // top-k output staging
   int64_t cand = 0;              // top-k candidates (keys + positions)
   int64_t arena_bytes = 0;
+  int64_t host_in_bytes = 0;     // pinned upload staging
+  int64_t host_out_bytes = 0;    // pinned download staging
+};
+
+// A pinned host buffer handed out front to back within one call (or one
+// step's metadata copy) and reset at the next.
+struct HostStage {
+  uint8_t* base = nullptr;
+  int64_t bytes = 0;
+  int64_t used = 0;
+  // `n` bytes, 64-byte aligned, or null when they do not fit.
+  uint8_t* Take(int64_t n) {
+    const int64_t at = (used + 63) / 64 * 64;
+    if (base == nullptr || n > bytes - at) return nullptr;
+    used = at + n;
+    return base + at;
+  }
 };
 
 class GpuBackend : public Backend {
@@ -85,6 +117,18 @@ class GpuBackend : public Backend {
     TensorMap tmap;
   };
   class Step;
+  // A download through the pinned staging, copied out after the sync.
+  struct PendingCopy {
+    void* dst;
+    const void* src;
+    size_t bytes;
+  };
+  // A timed span: elapsed time of events [first, first + 1] added to *sum.
+  struct PendingSpan {
+    int first;
+    double* sum;
+  };
+  static constexpr int kEvents = 16;
 
   GpuBackend(int ordinal, const DeviceProp& props);
   absl::Status Init();
@@ -92,10 +136,26 @@ class GpuBackend : public Backend {
                                 const PageLayout& layout) const;
   absl::StatusOr<std::unique_ptr<Step>> MakeStep(const PageLayout& layout,
                                                  const StepRows& rows);
-  absl::StatusOr<Step*> StepFor(const PageLayout& layout, const StepRows& rows,
-                                StepContext* ctx,
-                                std::unique_ptr<Step>* owned);
-  absl::StatusOr<float> ElapsedUs(Event a, Event b);
+  // The step of `ctx`, checked to be this backend's for `rows`, its pages in
+  // `pool`; null for a null ctx, after validating `rows` against `pool`.
+  absl::StatusOr<Step*> CheckedStep(const PageLayout& layout,
+                                    const StepRows& rows, StepContext* ctx,
+                                    const Pool& pool);
+
+  // Per-call stream helpers. REQUIRES: mu_ held; BeginCall first.
+  absl::Status BeginCall() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Enqueues host `src` -> device `dst`, through the pinned staging when it
+  // has room; the caller's `src` is read by the call's end.
+  absl::Status Upload(void* dst, const void* src, int64_t bytes)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Enqueues device `src` -> host `dst`; `dst` is written by EndCall.
+  absl::Status Download(void* dst, const void* src, int64_t bytes)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::Status BeginSpan() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::Status EndSpan(double* sum) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Waits for the stream, adds the spans' times, fills the downloads.
+  absl::Status Sync() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::Status EndCall() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   const int ordinal_;
   const DeviceProp props_;
@@ -104,9 +164,20 @@ class GpuBackend : public Backend {
 
   mutable absl::Mutex mu_;
   Stream stream_ ABSL_GUARDED_BY(mu_) = nullptr;
-  Event ev_[4] ABSL_GUARDED_BY(mu_) = {};
+  Event ev_[kEvents] ABSL_GUARDED_BY(mu_) = {};
+  int ev_used_ ABSL_GUARDED_BY(mu_) = 0;
+  std::vector<PendingSpan> spans_ ABSL_GUARDED_BY(mu_);
+  HostStage host_in_ ABSL_GUARDED_BY(mu_);
+  HostStage host_out_ ABSL_GUARDED_BY(mu_);
+  std::vector<PendingCopy> downloads_ ABSL_GUARDED_BY(mu_);
+  // Recorded after a step's metadata upload from host_in_, which PrepareStep
+  // does not wait for: the next call waits for it before reusing host_in_.
+  Event staged_ ABSL_GUARDED_BY(mu_) = nullptr;
+  bool staged_pending_ ABSL_GUARDED_BY(mu_) = false;
   std::vector<void*> allocations_ ABSL_GUARDED_BY(mu_);
-  std::vector<Pool> pools_ ABSL_GUARDED_BY(mu_);
+  // Read on every call; written at start-up only.
+  mutable absl::Mutex pools_mu_;
+  std::vector<Pool> pools_ ABSL_GUARDED_BY(pools_mu_);
   uint8_t* arena_base_ = nullptr;
   float* logits_ = nullptr;
   uint8_t* q_values_ = nullptr;

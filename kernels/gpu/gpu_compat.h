@@ -89,6 +89,7 @@ inline Error StreamSynchronize(Stream s) { return hipStreamSynchronize(s); }
 inline Error EventCreate(Event* e) { return hipEventCreate(e); }
 inline Error EventDestroy(Event e) { return hipEventDestroy(e); }
 inline Error EventRecord(Event e, Stream s) { return hipEventRecord(e, s); }
+inline Error EventSynchronize(Event e) { return hipEventSynchronize(e); }
 inline Error EventElapsedMs(float* ms, Event a, Event b) {
   return hipEventElapsedTime(ms, a, b);
 }
@@ -148,6 +149,7 @@ inline Error StreamSynchronize(Stream s) { return cudaStreamSynchronize(s); }
 inline Error EventCreate(Event* e) { return cudaEventCreate(e); }
 inline Error EventDestroy(Event e) { return cudaEventDestroy(e); }
 inline Error EventRecord(Event e, Stream s) { return cudaEventRecord(e, s); }
+inline Error EventSynchronize(Event e) { return cudaEventSynchronize(e); }
 inline Error EventElapsedMs(float* ms, Event a, Event b) {
   return cudaEventElapsedTime(ms, a, b);
 }

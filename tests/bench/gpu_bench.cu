@@ -6,10 +6,15 @@
 // kernel is built on (the datasheet's dense FP8 wgmma peak alongside).
 //
 // Usage: indexer_gpu_bench [--quick] [--clean-flush] [--only NAME[,NAME...]]
-//        [--markdown FILE] [--iters N]
+//        [--markdown FILE] [--iters N] [--host]
 // --clean-flush reads the first half of the flush buffer after zeroing it, so the timed
 // kernels find clean lines in the L2 (the default leaves up to an L2 of dirty
 // lines to write back during them).
+// --host times what the server's RunLayer spends inside the backend: host
+// wall time of WriteEntries (one new FP32 K entry per row) then DenseTopk,
+// median of --iters, beside their kernel times; by default only for
+// "decode fp8 B=64 next_n=1 n=32k" (--only picks others), then the copies
+// of that shape alone. No ceilings.
 #include "kernels/gpu/gpu_compat.h"  // first: the runtime defines __device__ & co.
 
 #include <algorithm>
@@ -181,10 +186,13 @@ struct Result {
   BenchShape shape;
   std::string path;
   double logits_us, topk_us, layer_us, call_us, gbs, tflops;
+  // --host: kernel time of the write, host wall time of WriteEntries and of
+  // WriteEntries + DenseTopk (medians).
+  double write_us = 0, write_call_us = 0, host_us = 0;
 };
 
 Result RunShape(const BenchShape& bs, const Ceilings& ceil, int iters,
-                void* flush, size_t flush_bytes, bool clean_flush) {
+                void* flush, size_t flush_bytes, bool clean_flush, bool host) {
   const int32_t kHeads = 64, kPage = 64;
   const PageLayout layout = *PageLayout::Make(bs.format, 128, kPage);
   auto made = gpu::GpuBackend::Create(0);
@@ -250,8 +258,15 @@ Result RunShape(const BenchShape& bs, const Ceilings& ceil, int iters,
   q.scales = qs.empty() ? nullptr : qs.data();
   q.weights = w.data();
   std::vector<int32_t> out(static_cast<size_t>(rows.num_rows) * bs.topk);
+  // --host: the step's new K entries, rewritten at the same positions by
+  // every call.
+  std::vector<float> kf(host ? static_cast<size_t>(rows.NewEntries()) * 128 : 0);
+  for (auto& x : kf) x = static_cast<float>(rng() % 2000) / 1000.f - 1.f;
+  KInput k;
+  k.kind = KInput::Kind::kFloat32;
+  k.data = kf.data();
 
-  std::vector<double> lt, tt, yt, ct;
+  std::vector<double> lt, tt, yt, ct, wt, wct, ht;
   for (int i = 0; i < iters + 2; ++i) {
     CHECK_GPU(gpu::MemsetAsync(flush, 0, flush_bytes, nullptr));
     if (clean_flush) {
@@ -264,16 +279,27 @@ Result RunShape(const BenchShape& bs, const Ceilings& ceil, int iters,
     }
     CHECK_GPU(gpu::StreamSynchronize(nullptr));
     const auto t0 = std::chrono::steady_clock::now();
+    const absl::StatusOr<double> w =
+        host ? be->WriteEntries(layout, pool, rows, ctx.get(), k) : absl::StatusOr<double>(0.0);
+    const auto t1 = std::chrono::steady_clock::now();
     auto t = be->DenseTopk(layout, pool, rows, ctx.get(), q, bs.topk, out.data());
-    const double call = std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count();
+    const auto t2 = std::chrono::steady_clock::now();
+    const double call = std::chrono::duration<double, std::micro>(t2 - t1).count();
+    CHECK_OK(w);
     CHECK_OK(t);
     if (i < 2) continue;  // warm-up
+    wt.push_back(*w);
+    wct.push_back(std::chrono::duration<double, std::micro>(t1 - t0).count());
+    ht.push_back(std::chrono::duration<double, std::micro>(t2 - t0).count());
     lt.push_back(t->logits_us);
     tt.push_back(t->topk_us);
     yt.push_back(t->logits_us + t->topk_us);
     ct.push_back(call);
   }
   Result r{bs, be->last_logits_path(), Median(lt), Median(tt), Median(yt), Median(ct), 0, 0};
+  r.write_us = Median(wt);
+  r.write_call_us = Median(wct);
+  r.host_us = Median(ht);
   // Bytes: each row group reads its sequence's K once; Q and the logits.
   double k_bytes = 0, flops = 0, logit_bytes = 0;
   const int32_t groups_per_seq = (bs.q_len + gpu::kMaxGroupRows - 1) / gpu::kMaxGroupRows;
@@ -289,6 +315,56 @@ Result RunShape(const BenchShape& bs, const Ceilings& ceil, int iters,
   return r;
 }
 
+// --host: the copies one B=64 decode layer needs, alone: `in_bytes` of Q
+// and weights up, `out_bytes` of top-k down, through pinned staging (host
+// memcpy + async copy + sync) and straight from pageable memory.
+void HostCopyFloor(int64_t in_bytes, int64_t out_bytes, int iters) {
+  void *pin_in = nullptr, *pin_out = nullptr, *dev = nullptr;
+  CHECK_GPU(gpu::HostMalloc(&pin_in, static_cast<size_t>(in_bytes)));
+  CHECK_GPU(gpu::HostMalloc(&pin_out, static_cast<size_t>(out_bytes)));
+  CHECK_GPU(gpu::Malloc(&dev, static_cast<size_t>(std::max(in_bytes, out_bytes))));
+  std::vector<uint8_t> src(static_cast<size_t>(in_bytes), 1), dst(static_cast<size_t>(out_bytes));
+  std::vector<double> t[6];
+  using Clock = std::chrono::steady_clock;
+  auto us = [](Clock::time_point a, Clock::time_point b) {
+    return std::chrono::duration<double, std::micro>(b - a).count();
+  };
+  for (int i = 0; i < iters + 2; ++i) {
+    const auto t0 = Clock::now();
+    std::memcpy(pin_in, src.data(), src.size());
+    const auto t1 = Clock::now();
+    CHECK_GPU(gpu::CopyH2D(dev, pin_in, src.size(), nullptr));
+    CHECK_GPU(gpu::StreamSynchronize(nullptr));
+    const auto t2 = Clock::now();
+    CHECK_GPU(gpu::CopyD2H(pin_out, dev, dst.size(), nullptr));
+    CHECK_GPU(gpu::StreamSynchronize(nullptr));
+    const auto t3 = Clock::now();
+    std::memcpy(dst.data(), pin_out, dst.size());
+    const auto t4 = Clock::now();
+    CHECK_GPU(gpu::CopyH2D(dev, src.data(), src.size(), nullptr));
+    CHECK_GPU(gpu::StreamSynchronize(nullptr));
+    const auto t5 = Clock::now();
+    CHECK_GPU(gpu::CopyD2H(dst.data(), dev, dst.size(), nullptr));
+    CHECK_GPU(gpu::StreamSynchronize(nullptr));
+    const auto t6 = Clock::now();
+    if (i < 2) continue;
+    t[0].push_back(us(t0, t1));
+    t[1].push_back(us(t1, t2));
+    t[2].push_back(us(t2, t3));
+    t[3].push_back(us(t3, t4));
+    t[4].push_back(us(t4, t5));
+    t[5].push_back(us(t5, t6));
+  }
+  std::printf("copies alone (%lld B up, %lld B down), medians of %d: pinned: memcpy in %.1f + H2D %.1f + "
+              "D2H %.1f + memcpy out %.1f = %.1f us; pageable: H2D %.1f + D2H %.1f = %.1f us\n",
+              static_cast<long long>(in_bytes), static_cast<long long>(out_bytes), iters, Median(t[0]),
+              Median(t[1]), Median(t[2]), Median(t[3]), Median(t[0]) + Median(t[1]) + Median(t[2]) + Median(t[3]),
+              Median(t[4]), Median(t[5]), Median(t[4]) + Median(t[5]));
+  CHECK_GPU(gpu::HostFree(pin_in));
+  CHECK_GPU(gpu::HostFree(pin_out));
+  CHECK_GPU(gpu::Free(dev));
+}
+
 }  // namespace
 }  // namespace indexer
 
@@ -298,6 +374,7 @@ int main(int argc, char** argv) {
   int iters = 30;
   bool quick = false;
   bool clean_flush = false;  // read after the flush so the L2 holds no dirty lines
+  bool host = false;         // host wall time of WriteEntries + DenseTopk
   std::string only;  // run only shapes whose name contains one of these (comma-separated)
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
@@ -306,8 +383,9 @@ int main(int argc, char** argv) {
     else if (a == "--quick") quick = true;
     else if (a == "--clean-flush") clean_flush = true;
     else if (a == "--only" && i + 1 < argc) only = argv[++i];
+    else if (a == "--host") host = true;
     else {
-      std::fprintf(stderr, "usage: %s [--quick] [--clean-flush] [--only NAME[,NAME...]] [--iters N] [--markdown FILE]\n", argv[0]);
+      std::fprintf(stderr, "usage: %s [--quick] [--clean-flush] [--only NAME[,NAME...]] [--iters N] [--markdown FILE] [--host]\n", argv[0]);
       return 2;
     }
   }
@@ -317,7 +395,7 @@ int main(int argc, char** argv) {
   }
   gpu::DeviceProp prop;
   CHECK_GPU(gpu::GetDeviceProperties(&prop, 0));
-  const Ceilings ceil = MeasureCeilings();
+  const Ceilings ceil = host ? Ceilings{} : MeasureCeilings();
   const size_t flush_bytes = size_t{1} << 30;
   void* flush = nullptr;
   CHECK_GPU(gpu::Malloc(&flush, flush_bytes));
@@ -351,6 +429,7 @@ int main(int argc, char** argv) {
 
   std::vector<Result> results;
   for (const BenchShape& bs : shapes) {
+    if (host && only.empty() && bs.name != "decode fp8 B=64 next_n=1 n=32k") continue;
     if (!only.empty()) {
       // Comma-separated substrings: run the shapes matching any of them.
       bool hit = false;
@@ -361,13 +440,27 @@ int main(int argc, char** argv) {
       }
       if (!hit) continue;
     }
-    results.push_back(RunShape(bs, ceil, iters, flush, flush_bytes, clean_flush));
+    results.push_back(RunShape(bs, ceil, iters, flush, flush_bytes, clean_flush, host));
     const Result& r = results.back();
+    if (host) {
+      const double kernels = r.write_us + r.logits_us + r.topk_us;
+      std::printf("%-44s host: WriteEntries %7.1f us (kernel %5.1f)  DenseTopk %7.1f us (kernels %6.1f)  "
+                  "both %7.1f us, kernels %6.1f us, overhead %6.1f us  (medians of %d)\n",
+                  bs.name.c_str(), r.write_call_us, r.write_us, r.call_us, r.layer_us, r.host_us, kernels,
+                  r.host_us - kernels, iters);
+      std::fflush(stdout);
+      continue;
+    }
     std::printf("%-44s %-8s logits %9.1f us  %7.0f GB/s  %6.1f TFLOP/s  topk %8.1f us  layer %9.1f us  call %9.1f us\n",
                 bs.name.c_str(), r.path.c_str(), r.logits_us, r.gbs, r.tflops, r.topk_us, r.layer_us, r.call_us);
     std::fflush(stdout);
   }
 
+  if (host) {
+    HostCopyFloor(64 * 64 * (128 + 4), 64 * 2048 * 4, iters);
+    CHECK_GPU(gpu::Free(flush));
+    return 0;
+  }
   std::string md;
   char line[512];
   std::snprintf(line, sizeof line,

@@ -417,7 +417,9 @@ std::vector<Shape> Shapes() {
 INSTANTIATE_TEST_SUITE_P(Shapes, GpuDenseTest, ::testing::ValuesIn(Shapes()),
                          [](const auto& info) { return Name(info.param); });
 
-// A tiny logits workspace forces sub-chunks inside the server's chunks.
+// A tiny logits workspace forces sub-chunks inside the server's chunks
+// (~9 of them: more timed kernels than one call's events, so the call also
+// waits midway).
 TEST(GpuBackendTest, SmallWorkspaceSplitsChunks) {
   SKIP_WITHOUT_GPU();
   setenv("INDEXER_GPU_LOGITS_MB", "1", 1);
@@ -427,7 +429,7 @@ TEST(GpuBackendTest, SmallWorkspaceSplitsChunks) {
   ASSERT_TRUE(gpu.ok()) << gpu.status();
   CpuBackend cpu(0);
   std::mt19937 rng(7);
-  const int32_t seqs = 2, q_len = 100, hist = 4000;
+  const int32_t seqs = 2, q_len = 250, hist = 4000;
   std::vector<std::vector<int32_t>> pages(seqs);
   const int32_t per = (hist + q_len + 63) / 64;
   for (int32_t s = 0; s < seqs; ++s) for (int32_t i = 0; i < per; ++i) pages[s].push_back(s * per + i);
@@ -471,6 +473,11 @@ TEST(GpuBackendTest, RejectsForeignPoolAndContext) {
   EXPECT_EQ(bad_ctx.status().code(), absl::StatusCode::kInvalidArgument);
   const StepRows oob = MakeStep({0}, {10}, {2}, 64, {{9}}, 0);  // page 9 of 4
   EXPECT_EQ((*gpu)->WriteEntries(layout, pool, oob, nullptr, in).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  // PrepareStep knows no pool: the page is refused by each call.
+  auto oob_ctx = (*gpu)->PrepareStep(layout, oob);
+  ASSERT_TRUE(oob_ctx.ok()) << oob_ctx.status();
+  EXPECT_EQ((*gpu)->WriteEntries(layout, pool, oob, oob_ctx->get(), in).status().code(),
             absl::StatusCode::kInvalidArgument);
   EXPECT_EQ((*gpu)->ReadEntries(layout, pool, 4, 0, 1, nullptr).code(),
             absl::StatusCode::kInvalidArgument);

@@ -20,6 +20,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/str_cat.h"
 #include "kernels/format/page_layout.h"
 
 namespace indexer {
@@ -210,6 +211,28 @@ class Backend {
     return absl::UnimplementedError(what + ": not implemented by the " + Kind() + " backend");
   }
 };
+
+// The argument checks of Backend::ReadEntries, shared by the backends:
+// INVALID_ARGUMENT naming the field unless page is in [0, num_pages), the
+// entries [first, first + count) lie within a page and out is set.
+inline absl::Status CheckReadEntriesArgs(const PageLayout& layout, int64_t num_pages,
+                                  int32_t page, int32_t first, int32_t count,
+                                  const uint8_t* out) {
+  if (page < 0 || page >= num_pages) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("page: expected a page in [0, ", num_pages, "), got ", page));
+  }
+  if (first < 0 || count < 0 || static_cast<int64_t>(first) + count > layout.page_entries) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "first + count: expected entries within [0, ", layout.page_entries,
+        ") with first, count >= 0, got first ", first, ", count ", count));
+  }
+  if (count > 0 && out == nullptr) {
+    return absl::InvalidArgumentError("out: expected a buffer, got null");
+  }
+  return absl::OkStatus();
+}
+
 
 // "auto" (gpu:0 when a GPU is present and built in, else cpu), "cpu",
 // "gpu" or "gpu:N". `threads` 0 = all cores (cpu backend).

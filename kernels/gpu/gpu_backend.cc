@@ -541,17 +541,8 @@ absl::Status GpuBackend::ReadEntries(const PageLayout& layout,
                                      int32_t first, int32_t count,
                                      uint8_t* out) {
   ASSIGN_OR_RETURN(const Pool p, FindPool(pool, layout));
-  if (page < 0 || page >= p.num_pages) {
-    return Bad("page", absl::StrCat("a page in [0, ", p.num_pages, ")"), page);
-  }
-  if (first < 0 || count < 0 || static_cast<int64_t>(first) + count > layout.page_entries) {
-    return Bad("first + count",
-               absl::StrCat("entries within [0, ", layout.page_entries,
-                            ") with first, count >= 0 (first = ", first, ")"),
-               static_cast<int64_t>(first) + count);
-  }
+  RETURN_IF_ERROR(CheckReadEntriesArgs(layout, p.num_pages, page, first, count, out));
   if (count == 0) return absl::OkStatus();
-  if (out == nullptr) return absl::InvalidArgumentError("out: expected a buffer, got null");
   std::vector<uint8_t> host(static_cast<size_t>(p.page_bytes));
   {
     absl::MutexLock lock(&mu_);

@@ -545,6 +545,23 @@ TEST(TensorTest, CheckTensorFiniteNamesTheFirstBadElement) {
   b[32] = 0xff;                          // e4m3fn NaN
   EXPECT_THAT(std::string(CheckTensorFinite("q", View(DType::kFp8E4m3, {33}, b.data(), 33)).message()),
               HasSubstr("q: element 32 is"));
+  // Inside the word scan, and the largest finite values next to NaN/Inf.
+  std::vector<uint8_t> big(10000, 0xfe);  // e4m3 -448
+  EXPECT_TRUE(CheckTensorFinite("q", View(DType::kFp8E4m3, {10000}, big.data(), 10000)).ok());
+  big[5001] = 0x7f;
+  big[9000] = 0xff;
+  EXPECT_THAT(std::string(CheckTensorFinite("q", View(DType::kFp8E4m3, {10000}, big.data(), 10000)).message()),
+              HasSubstr("q: element 5001 is"));
+  std::vector<uint16_t> hb(5000, 0xff7f);  // bf16 -max finite
+  EXPECT_TRUE(CheckTensorFinite("k", View(DType::kBf16, {5000}, hb.data(), 10000)).ok());
+  hb[4097] = 0x7fc1;                        // bf16 NaN
+  EXPECT_THAT(std::string(CheckTensorFinite("k", View(DType::kBf16, {5000}, hb.data(), 10000)).message()),
+              HasSubstr("k: element 4097 is"));
+  std::vector<uint32_t> fb(9000, 0x7f7fffffu);  // fp32 max finite
+  EXPECT_TRUE(CheckTensorFinite("w", View(DType::kFp32, {9000}, fb.data(), 36000)).ok());
+  fb[8191] = 0xff800000u;                        // -inf
+  EXPECT_THAT(std::string(CheckTensorFinite("w", View(DType::kFp32, {9000}, fb.data(), 36000)).message()),
+              HasSubstr("w: element 8191 is"));
 }
 
 }  // namespace

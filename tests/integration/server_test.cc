@@ -363,10 +363,12 @@ TEST_F(WireErrors, ClientCancelsMidStep) {
 // sees the connection drop and rolls the step back.
 TEST_F(WireErrors, ClientKilledMidStep) {
   const std::string addr = "127.0.0.1:" + std::to_string(d_.port());
-  const char* argv[] = {INDEXER_CLI_PATH, "--addr", addr.c_str(), "bench", "--batch", "2",
+  // The CLI built beside this test, or INDEXER_CLI where binaries moved.
+  const char* cli = std::getenv("INDEXER_CLI") ? std::getenv("INDEXER_CLI") : INDEXER_CLI_PATH;
+  const char* argv[] = {cli, "--addr", addr.c_str(), "bench", "--batch", "2",
                         "--context", "64", "--steps", "10000000", "--warmup", "0", nullptr};
   pid_t pid = 0;
-  ASSERT_EQ(posix_spawn(&pid, INDEXER_CLI_PATH, nullptr, nullptr, const_cast<char**>(argv),
+  ASSERT_EQ(posix_spawn(&pid, cli, nullptr, nullptr, const_cast<char**>(argv),
                         environ),
             0);
   // Wait until the client holds an open step (its two sequences imported).

@@ -96,8 +96,7 @@ absl::StatusOr<std::unique_ptr<Step>> Engine::BeginStep(const StepSpec& spec) {
   step->id_ = spec.request_id.empty() ? absl::StrCat("step-", ++step_counter_)
                                       : spec.request_id;
   const size_t G = model_.groups.size();
-  std::vector<StepRowsInput> inputs(n);
-  std::vector<std::vector<StepRowsInput>> per_group(G, inputs);
+  std::vector<std::vector<StepRowsInput>> per_group(G, std::vector<StepRowsInput>(n));
   {
     absl::MutexLock lock(&mu_);
     if (open_steps_.load() >= static_cast<int32_t>(cfg.max_open_steps())) {
@@ -136,38 +135,37 @@ absl::StatusOr<std::unique_ptr<Step>> Engine::BeginStep(const StepSpec& spec) {
       }
     }
 
-    // Pages, all groups or none.
-    static const std::vector<int32_t> kNoPages;
-    std::vector<std::vector<std::vector<int32_t>>> taken(n, std::vector<std::vector<int32_t>>(G));
-    std::vector<int64_t> need(G, 0);
+    // Pages, all groups or none: count first, then take.
+    std::vector<std::vector<int64_t>> extra(G, std::vector<int64_t>(n, 0));
     for (size_t g = 0; g < G; ++g) {
       const GroupSpec& gs = model_.groups[g];
+      int64_t need = 0;
       for (size_t i = 0; i < n; ++i) {
         const int64_t old_len = found[i] ? found[i]->len : 0;
         const int64_t have = found[i] ? static_cast<int64_t>(found[i]->pages[g].size()) : 0;
-        const int64_t want = PagesFor(EntriesFor(old_len + spec.seqs[i].q_len, gs.compress_ratio),
-                                      gs.layout.page_entries);
-        need[g] += want - have;
+        extra[g][i] = PagesFor(EntriesFor(old_len + spec.seqs[i].q_len, gs.compress_ratio),
+                               gs.layout.page_entries) - have;
+        need += extra[g][i];
       }
-      if (need[g] > allocators_[g].free()) {
+      if (need > allocators_[g].free()) {
         return absl::ResourceExhaustedError(absl::StrCat(
-            "pages: layer group '", gs.name, "' needs ", need[g], " more pages, ",
+            "pages: layer group '", gs.name, "' needs ", need, " more pages, ",
             allocators_[g].free(), " of ", allocators_[g].total(), " free"));
       }
     }
+    std::vector<std::vector<std::vector<int32_t>>> taken(n, std::vector<std::vector<int32_t>>(G));
     for (size_t g = 0; g < G; ++g) {
-      const GroupSpec& gs = model_.groups[g];
       for (size_t i = 0; i < n; ++i) {
-        const int64_t old_len = found[i] ? found[i]->len : 0;
-        const int64_t have = found[i] ? static_cast<int64_t>(found[i]->pages[g].size()) : 0;
-        const int64_t want = PagesFor(EntriesFor(old_len + spec.seqs[i].q_len, gs.compress_ratio),
-                                      gs.layout.page_entries);
         // Cannot fail: the loop above checked the group's total.
-        taken[i][g] = std::move(allocators_[g].Allocate(want - have)).value();
+        taken[i][g] = std::move(allocators_[g].Allocate(extra[g][i])).value();
       }
     }
 
-    // Lock the sequences; new ones enter the registry busy and empty.
+    step->new_pages_ = std::move(taken);
+
+    // Lock the sequences; new ones enter the registry busy and empty. Their
+    // block tables are only read from here on: nothing else touches a busy
+    // sequence until the step ends.
     for (size_t i = 0; i < n; ++i) {
       const StepSequenceSpec& s = spec.seqs[i];
       Sequence* seq;
@@ -181,18 +179,11 @@ absl::StatusOr<std::unique_ptr<Step>> Engine::BeginStep(const StepSpec& spec) {
       }
       seq->busy = true;
       step->keys_.push_back(s.name.key);
-      step->names_.push_back(s.name);
       step->created_.push_back(s.create);
       step->new_len_.push_back(seq->len + s.q_len);
       for (size_t g = 0; g < G; ++g) {
-        per_group[g][i] = {seq->len, s.q_len, &seq->pages[g], &taken[i][g]};
+        per_group[g][i] = {seq->len, s.q_len, &seq->pages[g], &step->new_pages_[i][g]};
       }
-    }
-    step->new_pages_ = std::move(taken);
-    // The old block tables are only read below: the sequences are now busy,
-    // so nothing else touches them until the step ends.
-    for (size_t g = 0; g < G; ++g) {
-      for (size_t i = 0; i < n; ++i) per_group[g][i].new_pages = &step->new_pages_[i][g];
     }
     open_steps_.fetch_add(1);
   }

@@ -96,7 +96,6 @@ class Step {
   std::string id_;
   bool finished_ = false;
   std::vector<std::string> keys_;          // registry keys, spec order
-  std::vector<SeqName> names_;
   std::vector<bool> created_;
   std::vector<int64_t> new_len_;
   // [seq][group] pages allocated by this step.

@@ -199,17 +199,8 @@ __global__ void __launch_bounds__((WsConfig<kRows, kMath, kStages>::kThreads),
     const int32_t pos0 = u.e_begin + ct * kWsTile + e0;
 #pragma unroll
     for (int r = 0; r < kRows; ++r) {
-      float s0 = 0.f, s1 = 0.f;
-#pragma unroll
-      for (int j = r * 8; j < r * 8 + 8; ++j) {
-        const float2 w = *reinterpret_cast<const float2*>(w_s + j * 8 + 2 * t);
-        s0 = fmaf(acc[4 * j] + fabsf(acc[4 * j]), w.x, fmaf(acc[4 * j + 1] + fabsf(acc[4 * j + 1]), w.y, s0));
-        s1 = fmaf(acc[4 * j + 2] + fabsf(acc[4 * j + 2]), w.x, fmaf(acc[4 * j + 3] + fabsf(acc[4 * j + 3]), w.y, s1));
-      }
-      s0 += ShflXor(s0, 1);
-      s0 += ShflXor(s0, 2);
-      s1 += ShflXor(s1, 1);
-      s1 += ShflXor(s1, 2);
+      const float2 sums = ReluWeightedHeadSums(acc, w_s, r, t);
+      const float s0 = sums.x, s1 = sums.y;
       if (r < g_rows) {
         // Every lane of the quad holds both sums: two lanes store.
         float* out = p.logits + static_cast<int64_t>(g_row0 + r) * p.stride;

@@ -41,6 +41,23 @@ __device__ __forceinline__ uint32_t OrderedKey(float f) {
   return (u & 0x80000000u) ? ~u : (u | 0x80000000u);
 }
 
+// Sum of `local` over the threads after this one in the block (suffix sum
+// in threadIdx order): within the warp by shuffles, across warps through
+// `warp_sum` [kWarps]. REQUIRES: called by all threads of the block.
+__device__ __forceinline__ uint32_t CountAfter(uint32_t local, int lane, int warp,
+                                               uint32_t* warp_sum) {
+  uint32_t incl = local;  // sum over lanes >= this one in the warp
+  for (int d = 1; d < kWarpSize; d *= 2) {
+    const uint32_t v = ShflDown(incl, d);
+    if (lane + d < kWarpSize) incl += v;
+  }
+  if (lane == 0) warp_sum[warp] = incl;
+  __syncthreads();
+  uint32_t above = incl - local;
+  for (int w = warp + 1; w < kWarps; ++w) above += warp_sum[w];
+  return above;
+}
+
 struct SelectShared {
   uint32_t hist[kBins];
   uint32_t warp_sum[kWarps];
@@ -75,15 +92,7 @@ __device__ void BlockSelect(SelectShared& sh, int32_t n, int32_t k,
     uint32_t local = 0;
 #pragma unroll
     for (int j = 0; j < kBinsPerThread; ++j) local += sh.hist[threadIdx.x * kBinsPerThread + j];
-    uint32_t incl = local;  // sum over lanes >= this one in the warp
-    for (int d = 1; d < kWarpSize; d *= 2) {
-      const uint32_t v = ShflDown(incl, d);
-      if (lane + d < kWarpSize) incl += v;
-    }
-    if (lane == 0) sh.warp_sum[warp] = incl;
-    __syncthreads();
-    uint32_t above = incl - local;
-    for (int w = warp + 1; w < kWarps; ++w) above += sh.warp_sum[w];
+    uint32_t above = CountAfter(local, lane, warp, sh.warp_sum);
     if (above < kk && kk <= above + local) {
       for (int j = kBinsPerThread - 1; j >= 0; --j) {
         const uint32_t c = sh.hist[threadIdx.x * kBinsPerThread + j];
@@ -183,15 +192,7 @@ __global__ void __launch_bounds__(kTopkThreads) CoopHistKernel(const TopkParams 
     local += mine[j];
   }
   const int lane = LaneId(), warp = WarpId();
-  uint32_t incl = local;
-  for (int d = 1; d < kWarpSize; d *= 2) {
-    const uint32_t v = ShflDown(incl, d);
-    if (lane + d < kWarpSize) incl += v;
-  }
-  if (lane == 0) sh.warp_sum[warp] = incl;
-  __syncthreads();
-  uint32_t above = incl - local;
-  for (int w = warp + 1; w < kWarps; ++w) above += sh.warp_sum[w];
+  uint32_t above = CountAfter(local, lane, warp, sh.warp_sum);
   const uint32_t k = static_cast<uint32_t>(p.topk);
   if (above < k && k <= above + local) {
     for (int j = kBinsPerThread - 1; j >= 0; --j) {

@@ -201,6 +201,27 @@ __device__ __forceinline__ void WgmmaE4m3N128First(float (&d)[64], uint64_t desc
       : "l"(desc_a), "l"(desc_b), "r"(0));
 }
 
+// Indexer epilogue over a wgmma fp32 accumulator of 64 heads per query row
+// (row r holds the n8 column groups 8r..8r+7; lane quad t holds columns
+// 2t, 2t+1 of each group): sum_h w[h] * ReLU(q_h . k) for the thread's two
+// entries as (x + |x|) * w / 2 (w_s holds the halved weights), reduced over
+// the quad. acc: [4 * 8 * rows] per thread; w_s: [rows * 64].
+__device__ __forceinline__ float2 ReluWeightedHeadSums(const float* acc, const float* w_s,
+                                                       int r, int t) {
+  float s0 = 0.f, s1 = 0.f;
+#pragma unroll
+  for (int j = r * 8; j < r * 8 + 8; ++j) {
+    const float2 w = *reinterpret_cast<const float2*>(w_s + j * 8 + 2 * t);
+    s0 = fmaf(acc[4 * j] + fabsf(acc[4 * j]), w.x, fmaf(acc[4 * j + 1] + fabsf(acc[4 * j + 1]), w.y, s0));
+    s1 = fmaf(acc[4 * j + 2] + fabsf(acc[4 * j + 2]), w.x, fmaf(acc[4 * j + 3] + fabsf(acc[4 * j + 3]), w.y, s1));
+  }
+  s0 += ShflXor(s0, 1);
+  s0 += ShflXor(s0, 2);
+  s1 += ShflXor(s1, 1);
+  s1 += ShflXor(s1, 2);
+  return make_float2(s0, s1);
+}
+
 }  // namespace gpu
 }  // namespace indexer
 #endif  // INDEXER_GPU_WGMMA

@@ -1,10 +1,13 @@
 #include "kernels/gpu/gpu_backend.h"
 
 #include <algorithm>
+#include <cmath>
 #include <cstdlib>
 #include <cstring>
+#include <map>
 #include <vector>
 
+#include "absl/cleanup/cleanup.h"
 #include "absl/strings/str_cat.h"
 #include "kernels/common/status_macros.h"
 #include "kernels/cpu/cpu_backend.h"  // ValidateStepRows: one set of rules
@@ -79,7 +82,40 @@ class GpuBackend::Step : public StepContext {
         num_rows_(rows.num_rows), num_seqs_(rows.num_seqs),
         max_pages_(rows.max_pages), new_entries_(rows.NewEntries()),
         max_page_(max_page) {}
-  ~Step() override { arena_->Release(meta_); }
+  ~Step() override {
+    arena_->Release(meta_);
+    for (auto& [set, pool] : pools_) arena_->Release(pool.mem);
+  }
+
+  // Candidate pools of the step's sets, in device memory from the arena
+  // (SPEC §5): [rows, topk_blocks] ascending block ids and [rows] entries.
+  struct CandPool {
+    int32_t block_size = 0;
+    int32_t topk_blocks = 0;
+    uint8_t* mem = nullptr;       // arena allocation holding both arrays
+    int32_t* blocks = nullptr;
+    int32_t* entries = nullptr;
+    std::vector<int32_t> row_visible;  // the rows the source ran on
+  };
+  // Publishes `pool` under `set` (replacing and releasing an earlier one).
+  void PutPool(int32_t set, CandPool pool) {
+    absl::MutexLock lock(&pools_mu_);
+    auto it = pools_.find(set);
+    if (it != pools_.end()) {
+      arena_->Release(it->second.mem);
+      it->second = std::move(pool);
+    } else {
+      pools_.emplace(set, std::move(pool));
+    }
+  }
+  // A copy of the pool of `set`, or null when its source has not run.
+  // REQUIRES: the step's layers run one at a time (the engine's order).
+  const CandPool* GetPool(int32_t set) const {
+    absl::MutexLock lock(&pools_mu_);
+    auto it = pools_.find(set);
+    return it == pools_.end() ? nullptr : &it->second;
+  }
+  DeviceArena* arena() const { return arena_; }
 
   const StepPlan& plan() const { return plan_; }
   const DeviceStepRows& dev() const { return dev_; }
@@ -103,6 +139,8 @@ class GpuBackend::Step : public StepContext {
   const DeviceStepRows dev_;
   const int32_t num_rows_, num_seqs_, max_pages_;
   const int64_t new_entries_, max_page_;
+  mutable absl::Mutex pools_mu_;
+  std::map<int32_t, CandPool> pools_ ABSL_GUARDED_BY(pools_mu_);
 };
 
 GpuBackend::GpuBackend(int ordinal, const DeviceProp& props)
@@ -164,6 +202,7 @@ absl::Status GpuBackend::Init() {
   // The cooperative top-k leaves its state zeroed after every use.
   GPU_RETURN_IF_ERROR(MemsetAsync(topk_state_, 0, int64_t{ws_.max_rows} * kTopkStateWords * 4, stream_));
   GPU_RETURN_IF_ERROR(StreamSynchronize(stream_));
+  RETURN_IF_ERROR(take(int64_t{ws_.max_rows} * 64 * 4, &aux_));
   RETURN_IF_ERROR(take(ws_.arena_bytes, &arena_base_));
   arena_ = std::make_unique<DeviceArena>(arena_base_, ws_.arena_bytes);
   return absl::OkStatus();
@@ -273,6 +312,7 @@ absl::StatusOr<std::unique_ptr<GpuBackend::Step>> GpuBackend::MakeStep(
   const int64_t o_old = Append(img, rows.seq_old_entries.data(), rows.seq_old_entries.size());
   const int64_t o_kb = Append(img, rows.seq_k_begin.data(), rows.seq_k_begin.size());
   const int64_t o_rv = Append(img, rows.row_visible.data(), rows.row_visible.size());
+  const int64_t o_rs = Append(img, rows.row_seq.data(), rows.row_seq.size());
   const int64_t o_g = Append(img, plan.groups.data(), plan.groups.size());
   const int64_t o_u = Append(img, plan.units.data(), plan.units.size());
   const int64_t bytes = static_cast<int64_t>(img.size()) * 4;
@@ -307,7 +347,8 @@ absl::StatusOr<std::unique_ptr<GpuBackend::Step>> GpuBackend::MakeStep(
                      w + o_kb,
                      w + o_rv,
                      reinterpret_cast<const LogitsGroup*>(w + o_g),
-                     reinterpret_cast<const LogitsUnit*>(w + o_u)};
+                     reinterpret_cast<const LogitsUnit*>(w + o_u),
+                     w + o_rs};
   return std::make_unique<Step>(arena_.get(), meta, std::move(plan), dev, rows, max_page);
 }
 
@@ -449,34 +490,13 @@ absl::StatusOr<double> GpuBackend::WriteEntries(const PageLayout& layout,
   return us;
 }
 
-absl::StatusOr<LayerTimings> GpuBackend::DenseTopk(
-    const PageLayout& layout, const uint8_t* pool, const StepRows& rows,
-    StepContext* ctx, const QInput& q, int32_t topk, int32_t* out) {
-  ASSIGN_OR_RETURN(const Pool p, FindPool(pool, layout));
-  ASSIGN_OR_RETURN(Step * step, CheckedStep(layout, rows, ctx, p));
-  if (topk < 0) return Bad("topk", ">= 0", topk);
-  if (q.num_heads < 1 || q.num_heads > ws_.max_heads) {
-    return Bad("q.num_heads", absl::StrCat("in [1, ", ws_.max_heads, "]"), q.num_heads);
-  }
-  LayerTimings timings;
-  if (rows.num_rows == 0 || topk == 0) return timings;
+absl::Status GpuBackend::DenseWalk(
+    const Pool& p, const PageLayout& layout, const uint8_t* pool, Step* step,
+    const QInput& q, LayerTimings* timings,
+    absl::FunctionRef<absl::Status(const SubChunk&)> after) {
   const bool mx = layout.format == KvFormat::kMxfp4;
-  if (q.values == nullptr || q.weights == nullptr || (mx && q.scales == nullptr)) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "q: expected values, weights", mx ? " and scales" : "", " tensors, got null"));
-  }
-  if (out == nullptr) return absl::InvalidArgumentError("out: expected a buffer, got null");
-  std::unique_ptr<Step> owned;
-  if (step == nullptr) {
-    ASSIGN_OR_RETURN(owned, MakeStep(layout, rows));
-    step = owned.get();
-  }
-
   const int64_t h = q.num_heads;
   const int64_t vb = layout.value_bytes(), nb = layout.head_dim / kMxBlock;
-  absl::MutexLock lock(&mu_);
-  RETURN_IF_ERROR(BeginCall());
-  DrainOnError drain(stream_);
   // Sub-chunks share the Q, logits and output buffers on the device: stream
   // order keeps each writer after the last reader, so only the end waits.
   for (const SubChunk& sc : step->plan().chunks) {
@@ -508,27 +528,311 @@ absl::StatusOr<LayerTimings> GpuBackend::DenseTopk(
     RETURN_IF_ERROR(BeginSpan());
     RETURN_IF_ERROR(LaunchDenseLogits(lp, props_.major, props_.minor, stream_, &which, max_path_));
     last_path_ = which;
-    RETURN_IF_ERROR(EndSpan(&timings.logits_us));
+    RETURN_IF_ERROR(EndSpan(&timings->logits_us));
+    RETURN_IF_ERROR(after(sc));
+  }
+  return absl::OkStatus();
+}
 
-    // ---- top-k, in pieces of rows that fit the output staging -------------
-    const int64_t piece = std::max<int64_t>(1, ws_.out_ints / topk);
-    for (int64_t a = 0; a < nr; a += piece) {
-      const int64_t m = std::min(piece, nr - a);
-      TopkParams tp{};
-      tp.logits = logits_ + a * sc.stride;
-      tp.stride = sc.stride;
-      tp.row_visible = step->dev().row_visible + rb + a;
-      tp.num_rows = static_cast<int32_t>(m);
-      tp.topk = topk;
-      tp.out = out_;
-      tp.cand_keys = cand_keys_;
-      tp.cand_pos = cand_pos_;
-      tp.state = topk_state_;
-      PlanTopkSplit(tp.num_rows, sc.max_visible, topk, props_.multiProcessorCount, ws_.cand, &tp);
+absl::Status GpuBackend::TopkPieces(
+    const float* logits, int64_t stride, const int32_t* row_visible,
+    int64_t rows, int32_t max_visible, int32_t topk, double* us,
+    absl::FunctionRef<absl::Status(int64_t, int64_t)> piece_done) {
+  const int64_t piece = std::max<int64_t>(1, ws_.out_ints / topk);
+  for (int64_t a = 0; a < rows; a += piece) {
+    const int64_t m = std::min(piece, rows - a);
+    TopkParams tp{};
+    tp.logits = logits + a * stride;
+    tp.stride = stride;
+    tp.row_visible = row_visible + a;
+    tp.num_rows = static_cast<int32_t>(m);
+    tp.topk = topk;
+    tp.out = out_;
+    tp.cand_keys = cand_keys_;
+    tp.cand_pos = cand_pos_;
+    tp.state = topk_state_;
+    PlanTopkSplit(tp.num_rows, max_visible, topk, props_.multiProcessorCount, ws_.cand, &tp);
+    RETURN_IF_ERROR(BeginSpan());
+    RETURN_IF_ERROR(LaunchTopk(tp, stream_));
+    RETURN_IF_ERROR(EndSpan(us));
+    RETURN_IF_ERROR(piece_done(a, m));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status GpuBackend::CheckDenseArgs(const PageLayout& layout,
+                                        const QInput& q, int32_t topk,
+                                        int32_t num_rows,
+                                        const int32_t* out) const {
+  if (topk < 0) return Bad("topk", ">= 0", topk);
+  if (q.num_heads < 1 || q.num_heads > ws_.max_heads) {
+    return Bad("q.num_heads", absl::StrCat("in [1, ", ws_.max_heads, "]"), q.num_heads);
+  }
+  if (num_rows == 0 || topk == 0) return absl::OkStatus();
+  const bool mx = layout.format == KvFormat::kMxfp4;
+  if (q.values == nullptr || q.weights == nullptr || (mx && q.scales == nullptr)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "q: expected values, weights", mx ? " and scales" : "", " tensors, got null"));
+  }
+  if (out == nullptr) return absl::InvalidArgumentError("out: expected a buffer, got null");
+  return absl::OkStatus();
+}
+
+absl::StatusOr<LayerTimings> GpuBackend::DenseTopk(
+    const PageLayout& layout, const uint8_t* pool, const StepRows& rows,
+    StepContext* ctx, const QInput& q, int32_t topk, int32_t* out) {
+  ASSIGN_OR_RETURN(const Pool p, FindPool(pool, layout));
+  ASSIGN_OR_RETURN(Step * step, CheckedStep(layout, rows, ctx, p));
+  RETURN_IF_ERROR(CheckDenseArgs(layout, q, topk, rows.num_rows, out));
+  LayerTimings timings;
+  if (rows.num_rows == 0 || topk == 0) return timings;
+  std::unique_ptr<Step> owned;
+  if (step == nullptr) {
+    ASSIGN_OR_RETURN(owned, MakeStep(layout, rows));
+    step = owned.get();
+  }
+  absl::MutexLock lock(&mu_);
+  RETURN_IF_ERROR(BeginCall());
+  DrainOnError drain(stream_);
+  RETURN_IF_ERROR(DenseWalk(p, layout, pool, step, q, &timings, [&](const SubChunk& sc) {
+    const int64_t rb = sc.row_begin;
+    return TopkPieces(logits_, sc.stride, step->dev().row_visible + rb, sc.row_end - rb,
+                      sc.max_visible, topk, &timings.topk_us, [&](int64_t a, int64_t m) {
+                        return Download(out + (rb + a) * topk, out_, m * topk * 4);
+                      });
+  }));
+  RETURN_IF_ERROR(EndCall());
+  drain.Dismiss();
+  return timings;
+}
+
+namespace {
+
+absl::Status CheckCandidateSpec(const CandidateSpec& spec) {
+  if (spec.set < 0) return Bad("candidate set", ">= 0", spec.set);
+  if (spec.block_size < 1) return Bad("candidate_block_size", ">= 1", spec.block_size);
+  if (spec.topk_blocks < 1) return Bad("candidate_topk_blocks", ">= 1", spec.topk_blocks);
+  return absl::OkStatus();
+}
+
+int32_t CeilDiv(int32_t a, int32_t b) { return (a + b - 1) / b; }
+
+}  // namespace
+
+absl::StatusOr<GpuBackend::Step*> GpuBackend::CandidateStep(
+    const PageLayout& layout, const StepRows& rows, StepContext* ctx,
+    const Pool& p) {
+  if (ctx == nullptr) {
+    return absl::InvalidArgumentError(
+        "ctx: expected the step's context from PrepareStep (candidate pools live in it)");
+  }
+  return CheckedStep(layout, rows, ctx, p);
+}
+
+absl::StatusOr<LayerTimings> GpuBackend::CandidateSource(
+    const PageLayout& layout, const uint8_t* pool, const StepRows& rows,
+    StepContext* ctx, const QInput& q, int32_t topk, const CandidateSpec& spec,
+    int32_t* out) {
+  ASSIGN_OR_RETURN(const Pool p, FindPool(pool, layout));
+  ASSIGN_OR_RETURN(Step * step, CandidateStep(layout, rows, ctx, p));
+  RETURN_IF_ERROR(CheckCandidateSpec(spec));
+  RETURN_IF_ERROR(CheckDenseArgs(layout, q, topk, rows.num_rows, out));
+  const int64_t n = rows.num_rows, k = spec.topk_blocks;
+  Step::CandPool cands;
+  cands.block_size = spec.block_size;
+  cands.topk_blocks = spec.topk_blocks;
+  cands.row_visible = rows.row_visible;
+  ASSIGN_OR_RETURN(cands.mem, step->arena()->Allocate(std::max<int64_t>(1, n * (k + 1)) * 4,
+                                                      "candidate pools"));
+  cands.blocks = reinterpret_cast<int32_t*>(cands.mem);
+  cands.entries = cands.blocks + n * k;
+  // Gives the pools back unless they are published.
+  auto release = absl::MakeCleanup([&] {
+    if (cands.mem != nullptr) step->arena()->Release(cands.mem);
+  });
+  LayerTimings timings;
+  if (n > 0) {
+    absl::MutexLock lock(&mu_);
+    RETURN_IF_ERROR(BeginCall());
+    DrainOnError drain(stream_);
+    RETURN_IF_ERROR(DenseWalk(p, layout, pool, step, q, &timings, [&](const SubChunk& sc) {
+      const int64_t rb = sc.row_begin, nr = sc.row_end - sc.row_begin;
+      const int32_t* visible = step->dev().row_visible + rb;
+      if (topk > 0) {
+        RETURN_IF_ERROR(TopkPieces(logits_, sc.stride, visible, nr, sc.max_visible, topk,
+                                   &timings.topk_us, [&](int64_t a, int64_t m) {
+                                     return Download(out + (rb + a) * topk, out_, m * topk * 4);
+                                   }));
+      }
+      // The pools, from the same logits: block maxima in place, their top
+      // k blocks, then the pin and the ascending order.
+      const int32_t max_blocks = CeilDiv(sc.max_visible, spec.block_size);
       RETURN_IF_ERROR(BeginSpan());
-      RETURN_IF_ERROR(LaunchTopk(tp, stream_));
+      RETURN_IF_ERROR(LaunchBlockMaxima(
+          BlockMaxParams{logits_, sc.stride, visible, static_cast<int32_t>(nr), spec.block_size, aux_},
+          stream_));
       RETURN_IF_ERROR(EndSpan(&timings.topk_us));
-      RETURN_IF_ERROR(Download(out + (rb + a) * topk, out_, m * topk * 4));
+      return TopkPieces(logits_, sc.stride, aux_, nr, max_blocks, spec.topk_blocks,
+                        &timings.topk_us, [&](int64_t a, int64_t m) {
+                          PoolParams pp{};
+                          pp.sel = out_;
+                          pp.sel_stride = k;
+                          pp.maxima = logits_ + a * sc.stride;
+                          pp.stride = sc.stride;
+                          pp.row_visible = visible + a;
+                          pp.num_rows = static_cast<int32_t>(m);
+                          pp.topk_blocks = spec.topk_blocks;
+                          pp.block_size = spec.block_size;
+                          pp.pin_newest = spec.pin_newest;
+                          pp.blocks = cands.blocks + (rb + a) * k;
+                          pp.entries = cands.entries + rb + a;
+                          return LaunchFinishPool(pp, max_blocks, stream_);
+                        });
+    }));
+    RETURN_IF_ERROR(EndCall());
+    drain.Dismiss();
+  }
+  step->PutPool(spec.set, std::move(cands));
+  cands.mem = nullptr;
+  return timings;
+}
+
+absl::StatusOr<LayerTimings> GpuBackend::CandidateConsumer(
+    const PageLayout& layout, const uint8_t* pool, const StepRows& rows,
+    StepContext* ctx, const QInput& q, int32_t topk, const CandidateSpec& spec,
+    ConsumerMode /*mode*/, int32_t* out) {
+  ASSIGN_OR_RETURN(const Pool p, FindPool(pool, layout));
+  ASSIGN_OR_RETURN(Step * step, CandidateStep(layout, rows, ctx, p));
+  RETURN_IF_ERROR(CheckCandidateSpec(spec));
+  if (topk < 0) return Bad("topk", ">= 0", topk);
+  const Step::CandPool* cands = step->GetPool(spec.set);
+  if (cands == nullptr) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("candidate set ", spec.set, ": the source layer has not run in this step"));
+  }
+  if (cands->block_size != spec.block_size || cands->topk_blocks != spec.topk_blocks) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "candidate set ", spec.set, ": expected the source's block_size ", cands->block_size,
+        " and topk_blocks ", cands->topk_blocks, ", got ", spec.block_size, " and ",
+        spec.topk_blocks));
+  }
+  if (cands->row_visible != rows.row_visible) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "rows: expected the rows candidate set ", spec.set, "'s source ran on (",
+        cands->row_visible.size(), " rows with the same visible entries), got ", rows.num_rows,
+        " rows"));
+  }
+  RETURN_IF_ERROR(CheckDenseArgs(layout, q, topk, rows.num_rows, out));
+  LayerTimings timings;
+  if (rows.num_rows == 0 || topk == 0) return timings;
+  const int64_t k = spec.topk_blocks;
+  const int64_t pool_entries = k * spec.block_size;
+  absl::MutexLock lock(&mu_);
+  RETURN_IF_ERROR(BeginCall());
+  DrainOnError drain(stream_);
+  RETURN_IF_ERROR(DenseWalk(p, layout, pool, step, q, &timings, [&](const SubChunk& sc) {
+    const int64_t rb = sc.row_begin, nr = sc.row_end - sc.row_begin;
+    PoolGatherParams gp{};
+    gp.logits = logits_;
+    gp.stride = sc.stride;
+    gp.blocks = cands->blocks + rb * k;
+    gp.entries = cands->entries + rb;
+    gp.num_rows = static_cast<int32_t>(nr);
+    gp.topk_blocks = spec.topk_blocks;
+    gp.block_size = spec.block_size;
+    gp.topk = topk;
+    gp.slot_count = aux_;
+    RETURN_IF_ERROR(BeginSpan());
+    RETURN_IF_ERROR(LaunchGatherPool(gp, stream_));
+    RETURN_IF_ERROR(EndSpan(&timings.topk_us));
+    const int32_t max_slots =
+        static_cast<int32_t>(std::min<int64_t>(sc.max_visible, pool_entries));
+    return TopkPieces(logits_, sc.stride, aux_, nr, max_slots, topk, &timings.topk_us,
+                      [&](int64_t a, int64_t m) {
+                        PoolRemapParams rp{};
+                        rp.out = out_;
+                        rp.blocks = cands->blocks + (rb + a) * k;
+                        rp.entries = cands->entries + rb + a;
+                        rp.num_rows = static_cast<int32_t>(m);
+                        rp.topk_blocks = spec.topk_blocks;
+                        rp.block_size = spec.block_size;
+                        rp.topk = topk;
+                        RETURN_IF_ERROR(LaunchRemapPool(rp, stream_));
+                        return Download(out + (rb + a) * topk, out_, m * topk * 4);
+                      });
+  }));
+  RETURN_IF_ERROR(EndCall());
+  drain.Dismiss();
+  return timings;
+}
+
+absl::StatusOr<LayerTimings> GpuBackend::BlockTopk(
+    const PageLayout& layout, const uint8_t* pool, const StepRows& rows,
+    StepContext* ctx, const BlockQInput& q, const BlockSpec& spec, int32_t* out) {
+  ASSIGN_OR_RETURN(const Pool p, FindPool(pool, layout));
+  if (layout.format != KvFormat::kMxfp4) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "layout: the block path expected MXFP4 K pages, got ", KvFormatName(layout.format)));
+  }
+  ASSIGN_OR_RETURN(Step * step, CheckedStep(layout, rows, ctx, p));
+  if (spec.topk_blocks < 0) return Bad("topk_blocks", ">= 0", spec.topk_blocks);
+  if (spec.init_blocks < 0) return Bad("init_blocks", ">= 0", spec.init_blocks);
+  if (spec.local_blocks < 0) return Bad("local_blocks", ">= 0", spec.local_blocks);
+  if (!std::isfinite(spec.scale) || spec.scale <= 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "scale: expected a finite value > 0 (D^-0.5), got ", spec.scale));
+  }
+  // Q [rows, Hi, D] fp32 travels in the Q staging sized for H 128 x 128 B.
+  const int32_t max_block_heads = ws_.max_heads * 128 / (4 * layout.head_dim);
+  if (q.num_heads < 1 || q.num_heads > max_block_heads) {
+    return Bad("q.num_heads", absl::StrCat("in [1, ", max_block_heads, "]"), q.num_heads);
+  }
+  LayerTimings timings;
+  if (rows.num_rows == 0 || spec.topk_blocks == 0) return timings;
+  if (q.q == nullptr) return absl::InvalidArgumentError("q: expected a [rows, Hi, D] tensor, got null");
+  if (out == nullptr) return absl::InvalidArgumentError("out: expected a buffer, got null");
+  std::unique_ptr<Step> owned;
+  if (step == nullptr) {
+    ASSIGN_OR_RETURN(owned, MakeStep(layout, rows));
+    step = owned.get();
+  }
+  const int64_t heads = q.num_heads, dim = layout.head_dim, k = spec.topk_blocks;
+  absl::MutexLock lock(&mu_);
+  RETURN_IF_ERROR(BeginCall());
+  DrainOnError drain(stream_);
+  for (const SubChunk& sc : step->plan().chunks) {
+    const int64_t rb = sc.row_begin, nr = sc.row_end - sc.row_begin;
+    const int32_t width = CeilDiv(sc.max_visible, layout.page_entries);
+    if (heads * nr * width > ws_.logits_floats || heads * nr > int64_t{ws_.max_rows} * 64) {
+      return absl::ResourceExhaustedError(absl::StrCat(
+          "block scores: ", heads, " heads x ", nr, " rows x ", width,
+          " blocks exceed the gpu workspace"));
+    }
+    RETURN_IF_ERROR(Upload(q_values_, q.q + rb * heads * dim, nr * heads * dim * 4));
+    BlockScoreParams bp{};
+    bp.layout = layout;
+    bp.pool = pool;
+    bp.step = step->dev();
+    bp.row_base = static_cast<int32_t>(rb);
+    bp.num_rows = static_cast<int32_t>(nr);
+    bp.num_heads = q.num_heads;
+    bp.q = reinterpret_cast<const float*>(q_values_);
+    bp.scale = spec.scale;
+    bp.init_blocks = spec.init_blocks;
+    bp.local_blocks = spec.local_blocks;
+    bp.scores = logits_;
+    bp.width = width;
+    bp.causal = aux_;
+    RETURN_IF_ERROR(BeginSpan());
+    RETURN_IF_ERROR(LaunchBlockScores(bp, stream_));
+    RETURN_IF_ERROR(EndSpan(&timings.logits_us));
+    // One head's rows at a time: out is [Hi, num_rows, k].
+    for (int64_t h = 0; h < heads; ++h) {
+      RETURN_IF_ERROR(TopkPieces(logits_ + h * nr * width, width, aux_ + h * nr, nr, width,
+                                 spec.topk_blocks, &timings.topk_us, [&](int64_t a, int64_t m) {
+                                   return Download(out + (h * rows.num_rows + rb + a) * k, out_,
+                                                   m * k * 4);
+                                 }));
     }
   }
   RETURN_IF_ERROR(EndCall());

@@ -33,6 +33,7 @@
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
+#include "absl/functional/function_ref.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "kernels/backend.h"
@@ -94,6 +95,25 @@ class GpuBackend : public Backend {
                                          const StepRows& rows,
                                          StepContext* ctx, const QInput& q,
                                          int32_t topk, int32_t* out) override;
+  // The candidate and block paths compose the dense logits and top-k kernels
+  // with the kernels of paths_kernels.cu. Consumers always take the masked
+  // form on the gpu (dense logits, then the pool's slots compacted in place
+  // before the top-k); `mode` only selects among identical results.
+  Paths SupportedPaths() const override { return {true, true}; }
+  absl::StatusOr<LayerTimings> CandidateSource(
+      const PageLayout& layout, const uint8_t* pool, const StepRows& rows,
+      StepContext* ctx, const QInput& q, int32_t topk,
+      const CandidateSpec& spec, int32_t* out) override;
+  absl::StatusOr<LayerTimings> CandidateConsumer(
+      const PageLayout& layout, const uint8_t* pool, const StepRows& rows,
+      StepContext* ctx, const QInput& q, int32_t topk,
+      const CandidateSpec& spec, ConsumerMode mode, int32_t* out) override;
+  absl::StatusOr<LayerTimings> BlockTopk(const PageLayout& layout,
+                                         const uint8_t* pool,
+                                         const StepRows& rows,
+                                         StepContext* ctx, const BlockQInput& q,
+                                         const BlockSpec& spec,
+                                         int32_t* out) override;
   absl::Status ReadEntries(const PageLayout& layout, const uint8_t* pool,
                            int32_t page, int32_t first, int32_t count,
                            uint8_t* out) override;
@@ -153,6 +173,30 @@ class GpuBackend : public Backend {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::Status BeginSpan() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::Status EndSpan(double* sum) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // DenseTopk's argument checks (shared with the candidate layers).
+  absl::Status CheckDenseArgs(const PageLayout& layout, const QInput& q,
+                              int32_t topk, int32_t num_rows,
+                              const int32_t* out) const;
+  // CheckedStep for the candidate layers, which need the step's context.
+  absl::StatusOr<Step*> CandidateStep(const PageLayout& layout,
+                                      const StepRows& rows, StepContext* ctx,
+                                      const Pool& pool);
+  // The dense walk of DenseTopk and the candidate layers: per sub-chunk of
+  // the step's plan, uploads the sub-chunk's Q, enqueues its logits into
+  // logits_, then `after` enqueues the rest of the sub-chunk's work.
+  absl::Status DenseWalk(const Pool& p, const PageLayout& layout,
+                         const uint8_t* pool, Step* step, const QInput& q,
+                         LayerTimings* timings,
+                         absl::FunctionRef<absl::Status(const SubChunk&)> after)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Top-k of `rows` rows of `logits` (row lengths on the device) in pieces
+  // that fit out_; after each piece's kernels `piece_done(first, count)`
+  // enqueues what reads out_ ([count, topk]).
+  absl::Status TopkPieces(const float* logits, int64_t stride,
+                          const int32_t* row_visible, int64_t rows,
+                          int32_t max_visible, int32_t topk, double* us,
+                          absl::FunctionRef<absl::Status(int64_t, int64_t)> piece_done)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Waits for the stream, adds the spans' times, fills the downloads.
   absl::Status Sync() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::Status EndCall() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -188,6 +232,9 @@ class GpuBackend : public Backend {
   uint32_t* cand_keys_ = nullptr;
   int32_t* cand_pos_ = nullptr;
   uint32_t* topk_state_ = nullptr;
+  // Per-call row scratch of the candidate and block paths: [max_rows x 64]
+  // int32 (block counts, slot counts, causal pages per head and row).
+  int32_t* aux_ = nullptr;
   std::string last_path_ ABSL_GUARDED_BY(mu_);
   int max_path_ ABSL_GUARDED_BY(mu_) = 2;
 };

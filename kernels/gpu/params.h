@@ -24,6 +24,7 @@ struct DeviceStepRows {
   const int32_t* row_visible;   // [num_rows] n_r
   const LogitsGroup* groups;    // [plan groups]
   const LogitsUnit* units;      // [plan units]
+  const int32_t* row_seq;       // [num_rows] sequence of each row
 };
 
 // ---- K write ---------------------------------------------------------------
@@ -120,6 +121,85 @@ inline constexpr int32_t kTopkStateWords = 2048 + 8;
 void PlanTopkSplit(int32_t num_rows, int32_t max_visible, int32_t topk,
                    int32_t num_sms, int64_t cand_capacity, TopkParams* p);
 absl::Status LaunchTopk(const TopkParams& p, Stream stream);
+
+// ---- candidate and block paths (paths_kernels.cu) ---------------------------
+// Source: block maxima in place, logits[r, b] = max over candidate block b of
+// row r (b < ceil(n_r / block_size)); num_blocks[r] gets that count.
+struct BlockMaxParams {
+  float* logits;             // [rows, stride]
+  int64_t stride;
+  const int32_t* row_visible;  // [rows] n_r
+  int32_t num_rows;
+  int32_t block_size;
+  int32_t* num_blocks;       // [rows] out
+};
+absl::Status LaunchBlockMaxima(const BlockMaxParams& p, Stream stream);
+
+// Source: each row's pool from the top-k selection over its maxima.
+struct PoolParams {
+  const int32_t* sel;        // [rows, sel_stride] chosen block ids (rows of nb > k)
+  int64_t sel_stride;
+  const float* maxima;       // [rows, stride] block maxima
+  int64_t stride;
+  const int32_t* row_visible;  // [rows] n_r
+  int32_t num_rows;
+  int32_t topk_blocks;       // k
+  int32_t block_size;
+  bool pin_newest;
+  int32_t* blocks;           // [rows, k] ascending block ids, -1 past the pool
+  int32_t* entries;          // [rows] pool entries below n_r
+};
+// `max_blocks` bounds ceil(n_r / block_size) over the rows (shared memory).
+absl::Status LaunchFinishPool(const PoolParams& p, int32_t max_blocks, Stream stream);
+
+// Consumer: rows whose pool holds more than topk entries get the pool's
+// logits compacted, in place, to slots [0, entries); slot_count[r] is that
+// count, 0 for the other rows (answered whole by LaunchRemapPool).
+struct PoolGatherParams {
+  float* logits;             // [rows, stride]
+  int64_t stride;
+  const int32_t* blocks;     // [rows, topk_blocks] the pool
+  const int32_t* entries;    // [rows]
+  int32_t num_rows;
+  int32_t topk_blocks;
+  int32_t block_size;
+  int32_t topk;
+  int32_t* slot_count;       // [rows] out
+};
+absl::Status LaunchGatherPool(const PoolGatherParams& p, Stream stream);
+
+// Consumer: top-k slots -> entry positions in place; rows with a pool of
+// <= topk entries get the whole pool, ascending, then -1.
+struct PoolRemapParams {
+  int32_t* out;              // [rows, topk]
+  const int32_t* blocks;
+  const int32_t* entries;
+  int32_t num_rows;
+  int32_t topk_blocks;
+  int32_t block_size;
+  int32_t topk;
+};
+absl::Status LaunchRemapPool(const PoolRemapParams& p, Stream stream);
+
+// Block path (MXFP4 pages, block = page): scores [Hi, num_rows, width] of
+// rows [row_base, row_base + num_rows), causal[h * num_rows + lr] = pages
+// the row sees (the top-k's row lengths).
+struct BlockScoreParams {
+  PageLayout layout;
+  const uint8_t* pool;
+  DeviceStepRows step;
+  int32_t row_base;
+  int32_t num_rows;
+  int32_t num_heads;         // Hi
+  const float* q;            // [num_rows, Hi, D] fp32
+  float scale;
+  int32_t init_blocks;
+  int32_t local_blocks;
+  float* scores;
+  int32_t width;             // >= max causal pages over the rows
+  int32_t* causal;           // [Hi, num_rows] out
+};
+absl::Status LaunchBlockScores(const BlockScoreParams& p, Stream stream);
 
 }  // namespace gpu
 }  // namespace indexer

@@ -492,5 +492,263 @@ TEST(GpuBackendTest, DescribesDevice) {
   EXPECT_FALSE(MakeGpuBackend(GpuDeviceCount(), 0).ok());
 }
 
+
+// ---- candidate and block paths ---------------------------------------------
+
+// Sequences with `hist` old entries each and `q_len` new rows, pages
+// shuffled, K written to both backends (history, then the step's entries).
+struct Scenario {
+  Pair p;
+  StepRows rows;
+  std::unique_ptr<StepContext> cpu_ctx, gpu_ctx;
+};
+
+Scenario MakeScenario(std::mt19937& rng, const PageLayout& layout,
+                      const std::vector<int32_t>& hist,
+                      const std::vector<int32_t>& q_lens) {
+  Scenario sc;
+  const int32_t seqs = static_cast<int32_t>(hist.size()), pe = layout.page_entries;
+  std::vector<int32_t> new_e, zeros(seqs, 0);
+  std::vector<std::vector<int32_t>> pages(seqs);
+  int64_t total = 0;
+  for (int32_t s = 0; s < seqs; ++s) {
+    new_e.push_back(hist[s] + q_lens[s]);
+    total += (new_e[s] + pe - 1) / pe;
+  }
+  std::vector<int32_t> perm(total + 3);
+  for (size_t i = 0; i < perm.size(); ++i) perm[i] = static_cast<int32_t>(i);
+  std::shuffle(perm.begin(), perm.end(), rng);
+  int64_t next = 0;
+  for (int32_t s = 0; s < seqs; ++s) {
+    for (int32_t i = 0; i < (new_e[s] + pe - 1) / pe; ++i) pages[s].push_back(perm[next++]);
+  }
+  sc.p = MakePair(layout, static_cast<int64_t>(perm.size()));
+  const StepRows h = MakeStep(zeros, hist, zeros, pe, pages, 0);
+  KData hk = MakeK(rng, layout, h.NewEntries(), KInput::Kind::kFloat32, true);
+  EXPECT_TRUE(sc.p.cpu->WriteEntries(layout, sc.p.cpu_pool, h, nullptr, hk.input).ok());
+  EXPECT_TRUE(sc.p.gpu->WriteEntries(layout, sc.p.gpu_pool, h, nullptr, hk.input).ok());
+  sc.rows = MakeStep(hist, new_e, q_lens, pe, pages, 0);
+  KData nk = MakeK(rng, layout, sc.rows.NewEntries(), KInput::Kind::kFloat32, true);
+  sc.cpu_ctx = *sc.p.cpu->PrepareStep(layout, sc.rows);
+  auto g = sc.p.gpu->PrepareStep(layout, sc.rows);
+  EXPECT_TRUE(g.ok()) << g.status();
+  sc.gpu_ctx = std::move(*g);
+  EXPECT_TRUE(sc.p.cpu->WriteEntries(layout, sc.p.cpu_pool, sc.rows, sc.cpu_ctx.get(), nk.input).ok());
+  EXPECT_TRUE(sc.p.gpu->WriteEntries(layout, sc.p.gpu_pool, sc.rows, sc.gpu_ctx.get(), nk.input).ok());
+  return sc;
+}
+
+struct CandCase {
+  KvFormat format;
+  int32_t page_entries;
+  int32_t block_size;
+  int32_t topk_blocks;
+  int32_t topk;
+  bool pin;
+  std::vector<int32_t> hist;
+  std::vector<int32_t> q_lens;
+};
+
+class GpuCandidateTest : public ::testing::TestWithParam<CandCase> {};
+
+// Source and consumer on the gpu against a float64 reference. The source's
+// own output by the dense rule. The consumer's pool is known up to blocks
+// whose maxima sit within the tolerance of the cut: blocks surely in (D),
+// surely out, and borderline (B); the newest is always in when pinned. Then
+// every kept entry lies in D or B, the count is right, every kept entry
+// scores at least the k-th best of D's entries (minus the tolerance: the
+// real pool holds D), and every entry of D above the k-th best of D and B
+// (plus the tolerance) is kept. Without borderline blocks this is the exact
+// SPEC §5 rule over the pool.
+TEST_P(GpuCandidateTest, SourceAndConsumerMatchReference) {
+  SKIP_WITHOUT_GPU();
+  const CandCase c = GetParam();
+  const PageLayout layout = *PageLayout::Make(c.format, 128, c.page_entries);
+  std::mt19937 rng(99 + c.block_size * 13 + c.topk_blocks);
+  Scenario sc = MakeScenario(rng, layout, c.hist, c.q_lens);
+  const StepRows& rows = sc.rows;
+  CandidateSpec spec;
+  spec.block_size = c.block_size;
+  spec.topk_blocks = c.topk_blocks;
+  spec.pin_newest = c.pin;
+  const QData qs = MakeQ(rng, layout, rows.num_rows, 64);
+  const QData qc = MakeQ(rng, layout, rows.num_rows, 64);
+  const int64_t k = c.topk;
+  std::vector<int32_t> src(rows.num_rows * k), got(rows.num_rows * k, -7);
+
+  // A consumer before its source: FAILED_PRECONDITION.
+  EXPECT_EQ(sc.p.gpu->CandidateConsumer(layout, sc.p.gpu_pool, rows, sc.gpu_ctx.get(), qc.input, c.topk,
+                                        spec, ConsumerMode::kAuto, got.data()).status().code(),
+            absl::StatusCode::kFailedPrecondition);
+  auto ts = sc.p.gpu->CandidateSource(layout, sc.p.gpu_pool, rows, sc.gpu_ctx.get(), qs.input, c.topk,
+                                      spec, src.data());
+  ASSERT_TRUE(ts.ok()) << ts.status();
+  auto tc = sc.p.gpu->CandidateConsumer(layout, sc.p.gpu_pool, rows, sc.gpu_ctx.get(), qc.input, c.topk,
+                                        spec, ConsumerMode::kAuto, got.data());
+  ASSERT_TRUE(tc.ok()) << tc.status();
+
+  int32_t borderline_rows = 0;
+  std::vector<double> logit, tol;
+  for (int32_t r = 0; r < rows.num_rows; ++r) {
+    const int32_t n = rows.row_visible[r];
+    const std::string what = "row " + std::to_string(r) + " n " + std::to_string(n);
+    RefLogits(sc.p, layout, rows, qs, r, &logit, &tol);
+    ExpectTopkRow(src.data() + r * k, n, c.topk, logit, tol, "source " + what);
+    if (HasFatalFailure()) return;
+    // in[b]: 2 surely in the pool, 1 borderline, 0 surely out.
+    const int32_t bs = c.block_size, nb = (n + bs - 1) / bs;
+    std::vector<int> in(nb, 2);
+    if (nb > c.topk_blocks) {
+      // Bounds of each block's maximum.
+      std::vector<double> lo(nb, -INFINITY), hi(nb, -INFINITY);
+      for (int32_t e = 0; e < n; ++e) {
+        hi[e / bs] = std::max(hi[e / bs], logit[e] + tol[e]);
+        lo[e / bs] = std::max(lo[e / bs], logit[e] - tol[e]);
+      }
+      const bool pin = c.pin;
+      const int32_t slots = pin ? c.topk_blocks - 1 : c.topk_blocks;
+      std::vector<double> his, los;
+      for (int32_t b = 0; b < nb; ++b) {
+        if (pin && b == nb - 1) continue;
+        his.push_back(hi[b]);
+        los.push_back(lo[b]);
+      }
+      std::sort(his.rbegin(), his.rend());
+      std::sort(los.rbegin(), los.rend());
+      for (int32_t b = 0; b < nb; ++b) {
+        if (pin && b == nb - 1) continue;
+        const bool surely_in = slots < static_cast<int32_t>(his.size()) && lo[b] > his[slots];
+        const bool surely_out = slots == 0 || hi[b] < los[slots - 1];
+        in[b] = surely_in ? 2 : surely_out ? 0 : 1;
+      }
+    }
+    RefLogits(sc.p, layout, rows, qc, r, &logit, &tol);
+    const double tmax = *std::max_element(tol.begin(), tol.end());
+    std::vector<double> d_vals, db_vals;
+    int64_t d_entries = 0, db_entries = 0;
+    for (int32_t e = 0; e < n; ++e) {
+      if (in[e / bs] == 2) d_vals.push_back(logit[e]), ++d_entries;
+      if (in[e / bs] >= 1) db_vals.push_back(logit[e]), ++db_entries;
+    }
+    borderline_rows += d_entries != db_entries;
+    const int32_t* row = got.data() + r * k;
+    std::set<int32_t> kept;
+    int32_t count = 0;
+    for (int32_t i = 0; i < c.topk; ++i) {
+      if (row[i] < 0) {
+        ASSERT_EQ(row[i], -1) << "consumer " << what << " slot " << i;
+        continue;
+      }
+      ASSERT_EQ(count, i) << "consumer " << what << ": an entry after -1 at slot " << i;
+      ++count;
+      ASSERT_LT(row[i], n) << "consumer " << what;
+      ASSERT_GE(in[row[i] / bs], 1) << "consumer " << what << ": entry " << row[i] << " outside the pool";
+      ASSERT_TRUE(kept.insert(row[i]).second) << "consumer " << what << " duplicate " << row[i];
+    }
+    // Count: min(topk, pool entries); the pool holds D and part of B.
+    EXPECT_GE(count, std::min<int64_t>(c.topk, d_entries)) << "consumer " << what;
+    EXPECT_LE(count, std::min<int64_t>(c.topk, db_entries)) << "consumer " << what;
+    if (d_entries > c.topk) {
+      std::nth_element(d_vals.begin(), d_vals.begin() + (c.topk - 1), d_vals.end(), std::greater<>());
+      const double kth_d = d_vals[c.topk - 1];
+      for (int32_t e : kept) {
+        ASSERT_GE(logit[e] + 2 * tmax, kth_d) << "consumer " << what << ": entry " << e;
+      }
+    }
+    if (db_entries > c.topk) {
+      std::nth_element(db_vals.begin(), db_vals.begin() + (c.topk - 1), db_vals.end(), std::greater<>());
+      const double kth_db = db_vals[c.topk - 1];
+      for (int32_t e = 0; e < n; ++e) {
+        if (in[e / bs] == 2 && logit[e] - 2 * tmax > kth_db) {
+          ASSERT_TRUE(kept.count(e)) << "consumer " << what << ": entry " << e << " scores "
+                                     << logit[e] << " above the cut " << kth_db << " but is missing";
+        }
+      }
+    }
+  }
+  std::printf("[   pools  ] %d rows, %d with borderline blocks\n", rows.num_rows, borderline_rows);
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Cases, GpuCandidateTest,
+    ::testing::Values(
+        // decode, pools a real subset, the newest pinned
+        CandCase{KvFormat::kFp8, 64, 8, 64, 256, true, {3000, 1200, 9000, 40}, {1, 1, 1, 1}},
+        // next_n 2, MXFP4, no pin, odd block size
+        CandCase{KvFormat::kMxfp4, 16, 3, 50, 64, false, {700, 2000, 31}, {2, 2, 2}},
+        // whole pools (<= topk entries) mixed with real ones; prefill rows
+        CandCase{KvFormat::kFp8, 16, 4, 16, 128, true, {100, 5000, 0}, {1, 3, 40}},
+        // a long row through the cooperative top-k, 2048 blocks of 8
+        CandCase{KvFormat::kFp8, 64, 8, 2048, 2048, true, {60000}, {1}}),
+    [](const auto& info) { return "c" + std::to_string(info.index); });
+
+// The block path on the gpu against a float64 reference of the block scores
+// (sentinels included): count, range, distinctness, -1 fill, and every
+// chosen block scores at least the reference's k-th.
+TEST(GpuBlockTest, BlockTopkMatchesReference) {
+  SKIP_WITHOUT_GPU();
+  struct Case {
+    int32_t page_entries, heads, topk, init, local;
+    std::vector<int32_t> hist, q_lens;
+  };
+  const std::vector<Case> cases = {
+      {128, 4, 16, 0, 1, {5000, 300, 20000}, {1, 1, 1}},
+      {32, 1, 4, 1, 2, {900, 100}, {2, 3}},
+      {16, 4, 6, 2, 1, {0, 2000}, {40, 1}},
+  };
+  for (const Case& c : cases) {
+    const PageLayout layout = *PageLayout::Make(KvFormat::kMxfp4, 128, c.page_entries);
+    std::mt19937 rng(5 + c.page_entries);
+    Scenario sc = MakeScenario(rng, layout, c.hist, c.q_lens);
+    const StepRows& rows = sc.rows;
+    std::normal_distribution<float> nd(0.f, 1.f);
+    std::vector<float> q(static_cast<size_t>(rows.num_rows) * c.heads * 128);
+    for (float& x : q) x = nd(rng);
+    BlockQInput bq;
+    bq.num_heads = c.heads;
+    bq.q = q.data();
+    BlockSpec spec;
+    spec.topk_blocks = c.topk;
+    spec.init_blocks = c.init;
+    spec.local_blocks = c.local;
+    std::vector<int32_t> got(static_cast<size_t>(c.heads) * rows.num_rows * c.topk, -7);
+    auto t = sc.p.gpu->BlockTopk(layout, sc.p.gpu_pool, rows, sc.gpu_ctx.get(), bq, spec, got.data());
+    ASSERT_TRUE(t.ok()) << t.status();
+    std::vector<uint8_t> entry(layout.entry_bytes());
+    for (int32_t r = 0; r < rows.num_rows; ++r) {
+      const int32_t n = rows.row_visible[r], s = rows.row_seq[r], pe = c.page_entries;
+      const int32_t causal = (n + pe - 1) / pe;
+      std::vector<std::vector<double>> kd(n, std::vector<double>(128));
+      for (int32_t e = 0; e < n; ++e) {
+        ASSERT_TRUE(sc.p.cpu->ReadEntries(layout, sc.p.cpu_pool, rows.Page(s, e / pe), e % pe, 1,
+                                          entry.data()).ok());
+        for (int32_t d = 0; d < 128; ++d) kd[e][d] = Mxfp4Element(entry.data(), entry.data() + 64, d);
+      }
+      for (int32_t h = 0; h < c.heads; ++h) {
+        const float* qh = q.data() + (static_cast<int64_t>(r) * c.heads + h) * 128;
+        std::vector<double> score(causal, -INFINITY), tol(causal, 0);
+        for (int32_t e = 0; e < n; ++e) {
+          double dot = 0, mag = 0;
+          for (int32_t d = 0; d < 128; ++d) {
+            dot += qh[d] * kd[e][d];
+            mag += std::fabs(qh[d] * kd[e][d]);
+          }
+          dot *= spec.scale;
+          if (dot > score[e / pe]) {
+            score[e / pe] = dot;
+            tol[e / pe] = std::ldexp(mag * spec.scale, -16);
+          }
+        }
+        for (int32_t b = std::max(0, causal - c.local); b < causal; ++b) score[b] = 1e29;
+        for (int32_t b = 0; b < std::min(causal, c.init); ++b) score[b] = 1e30;
+        const int32_t* row = got.data() + (static_cast<int64_t>(h) * rows.num_rows + r) * c.topk;
+        ExpectTopkRow(row, causal, c.topk, score, tol,
+                      "block head " + std::to_string(h) + " row " + std::to_string(r));
+        if (HasFatalFailure()) return;
+      }
+    }
+  }
+}
+
 }  // namespace
 }  // namespace indexer

@@ -8,6 +8,7 @@
 #include <sys/wait.h>
 
 #include <chrono>
+#include <cstdio>
 #include <cstdlib>
 #include <condition_variable>
 #include <mutex>
@@ -35,6 +36,11 @@ std::unique_ptr<Backend> TestBackend() {
   if (device == nullptr || *device == 0) return std::make_unique<CpuBackend>(2);
   auto backend = MakeBackend(device, 2);
   EXPECT_TRUE(backend.ok()) << backend.status();
+  static bool once = [&] {
+    if (backend.ok()) std::printf("[  backend ] %s\n", (*backend)->Describe().c_str());
+    return true;
+  }();
+  (void)once;
   return backend.ok() ? *std::move(backend) : nullptr;
 }
 

@@ -433,23 +433,31 @@ absl::StatusOr<LayerOutput> Step::RunLayer(const LayerInput& in) {
   uint8_t* pool = engine_->pools_[in.layer];
   StepContext* ctx = ctx_[group].get();
   absl::StatusOr<LayerTimings> t;
+  // The output: the caller's bytes when given (no second copy), else ours.
+  auto dest = [&](size_t n) -> int32_t* {
+    if (in.out_bytes == nullptr) {
+      out.indices.resize(n);
+      return out.indices.data();
+    }
+    in.out_bytes->resize(n * sizeof(int32_t));
+    return reinterpret_cast<int32_t*>(in.out_bytes->data());
+  };
   if (role.kind == LayerRoleKind::kBlock) {
     out.shape = {g.num_heads, rows.num_rows, g.block.topk_blocks};
-    out.indices.resize(static_cast<size_t>(g.num_heads) * rows.num_rows * g.block.topk_blocks);
-    t = b.BlockTopk(g.layout, pool, rows, ctx, *block_q, g.block, out.indices.data());
+    int32_t* o = dest(static_cast<size_t>(g.num_heads) * rows.num_rows * g.block.topk_blocks);
+    t = b.BlockTopk(g.layout, pool, rows, ctx, *block_q, g.block, o);
   } else {
     out.shape = {rows.num_rows, g.topk};
-    out.indices.resize(static_cast<size_t>(rows.num_rows) * g.topk);
+    int32_t* o = dest(static_cast<size_t>(rows.num_rows) * g.topk);
     switch (role.kind) {
       case LayerRoleKind::kCandidateSource:
-        t = b.CandidateSource(g.layout, pool, rows, ctx, *q, g.topk, *cand, out.indices.data());
+        t = b.CandidateSource(g.layout, pool, rows, ctx, *q, g.topk, *cand, o);
         break;
       case LayerRoleKind::kCandidateConsumer:
-        t = b.CandidateConsumer(g.layout, pool, rows, ctx, *q, g.topk, *cand, ConsumerMode::kAuto,
-                                out.indices.data());
+        t = b.CandidateConsumer(g.layout, pool, rows, ctx, *q, g.topk, *cand, ConsumerMode::kAuto, o);
         break;
       default:
-        t = b.DenseTopk(g.layout, pool, rows, ctx, *q, g.topk, out.indices.data());
+        t = b.DenseTopk(g.layout, pool, rows, ctx, *q, g.topk, o);
     }
   }
   if (!t.ok()) return t.status();

@@ -51,12 +51,16 @@ struct LayerInput {
   TensorView q;        // index queries
   TensorView q_scale;  // MXFP4 Q scales
   TensorView weights;  // head weights
+  // Optional: the indices are written here (resized to 4 bytes each, host
+  // byte order = the wire's little-endian) instead of LayerOutput::indices,
+  // e.g. straight into the reply's tensor bytes. Unspecified on failure.
+  std::string* out_bytes = nullptr;
 };
 
 struct LayerOutput {
   // [rows, topk] (dense, candidate roles) or [Hi, rows, topk_blocks] (block).
   std::vector<int64_t> shape;
-  std::vector<int32_t> indices;  // -1 = no entry
+  std::vector<int32_t> indices;  // -1 = no entry (empty with out_bytes)
   double validate_us = 0;
   LayerTimings timings;
 };

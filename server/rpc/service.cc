@@ -151,20 +151,21 @@ class StepReactor final
     in.q = View(r.has_q(), r.q());
     in.q_scale = View(r.has_q_scale(), r.q_scale());
     in.weights = View(r.has_weights(), r.weights());
+    // The backend writes the indices straight into the reply's bytes (the
+    // previous reply's write has completed: reads start after it).
+    resp_.Clear();
+    v1::LayerReply* reply = resp_.mutable_layer();
+    v1::Tensor* t = reply->mutable_topk();
+    in.out_bytes = t->mutable_data();
     const Clock::time_point start = Clock::now();
     auto out = step_->RunLayer(in);
     if (!out.ok()) {
       return absl::Status(out.status().code(),
                           absl::StrCat("layer ", r.layer(), ": ", out.status().message()));
     }
-    resp_.Clear();
-    v1::LayerReply* reply = resp_.mutable_layer();
     reply->set_layer(r.layer());
-    v1::Tensor* t = reply->mutable_topk();
     t->set_dtype(v1::INT32);
     for (int64_t d : out->shape) t->add_shape(d);
-    t->set_data(reinterpret_cast<const char*>(out->indices.data()),
-                out->indices.size() * sizeof(int32_t));
     v1::LayerTimings* tm = reply->mutable_timings();
     tm->set_queue_us(MicrosBetween(received_, start));
     tm->set_validate_us(out->validate_us);

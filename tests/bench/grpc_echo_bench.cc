@@ -230,6 +230,11 @@ int main(int argc, char** argv) {
   app.add_option("--arg", channel_args,
                  "NAME=INT gRPC channel argument for both ends, e.g. "
                  "grpc.http2.max_frame_size=1048576 (repeatable)");
+  std::string unix_path;
+  app.add_option("--unix", unix_path,
+                 "serve and connect over this Unix-domain socket path "
+                 "instead of TCP 127.0.0.1 (what `indexerd --listen "
+                 "unix:PATH` offers co-located front-ends)");
   CLI11_PARSE(app, argc, argv);
   std::vector<std::pair<std::string, int>> int_args;
   for (const std::string& a : channel_args) {
@@ -246,8 +251,10 @@ int main(int argc, char** argv) {
   EchoService service(static_cast<size_t>(reply_bytes));
   grpc::ServerBuilder builder;
   int port = 0;
-  builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(),
-                           &port);
+  const std::string listen =
+      unix_path.empty() ? "127.0.0.1:0" : "unix:" + unix_path;
+  if (!unix_path.empty()) std::remove(unix_path.c_str());
+  builder.AddListeningPort(listen, grpc::InsecureServerCredentials(), &port);
   builder.SetMaxReceiveMessageSize(-1);
   builder.SetMaxSendMessageSize(-1);
   for (const auto& [name, value] : int_args) {
@@ -255,8 +262,9 @@ int main(int argc, char** argv) {
   }
   builder.RegisterCallbackGenericService(&service);
   std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
-  if (server == nullptr || port == 0) {
-    std::fprintf(stderr, "could not start the echo server on 127.0.0.1:0\n");
+  if (server == nullptr || (unix_path.empty() && port == 0)) {
+    std::fprintf(stderr, "could not start the echo server on %s\n",
+                 listen.c_str());
     return 1;
   }
 
@@ -265,8 +273,8 @@ int main(int argc, char** argv) {
   args.SetMaxSendMessageSize(-1);
   for (const auto& [name, value] : int_args) args.SetInt(name, value);
   auto channel = grpc::CreateCustomChannel(
-      "127.0.0.1:" + std::to_string(port), grpc::InsecureChannelCredentials(),
-      args);
+      unix_path.empty() ? "127.0.0.1:" + std::to_string(port) : listen,
+      grpc::InsecureChannelCredentials(), args);
   grpc::GenericStub stub(channel);
 
   // The request, built once: its header, then a pattern (never zeros).

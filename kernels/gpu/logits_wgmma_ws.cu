@@ -108,25 +108,47 @@ __global__ void __launch_bounds__(C::kThreads, C::kMinBlocks)
   if (warp == C::kMath * kWarpsWg) {
     if (lane != 0) return;
     const PageLayout& l = p.layout;
-    int32_t n = 0;
-    // No count of the share's tiles up front: before its first copy the
-    // producer loads only the first unit and one block-table entry.
-    for (int32_t iu = u_first; iu < u_last; ++iu) {
-      const LogitsUnit u = p.step.units[iu];
-      const int32_t* block_row = p.step.block_table + static_cast<int64_t>(u.seq) * p.step.max_pages;
-      for (int32_t e = u.e_begin; e < u.e_end; e += kWsTile, ++n) {
-        const int slot = n % kSlots;
-        // Tile n - kSlots was the slot's last use: its release is completion
-        // n / kSlots - 1 of `empty`.
-        if (n >= kSlots) MbarWait(&empty[slot], static_cast<uint32_t>(n / kSlots + 1) & 1u);
-        // Units and groups start at multiples of 64 entries and pages hold
-        // whole tiles, so a tile is one box of one page.
-        const EntryRef ref = LocateEntry(l, p.pool, block_row, e);
-        const int32_t page = static_cast<int32_t>((ref.page - p.pool) / l.page_bytes());
-        MbarArriveExpectTx(&full[slot], kWsTileBytes + kWsScaleBytes);
-        TmaLoad3d(k_s + slot * kWsTileBytes, &p.tmap, 0, ref.e, page, &full[slot]);
-        BulkLoad(ks_s + slot * kWsTile, ref.page + l.ScaleOffset(ref.e, 0), kWsScaleBytes, &full[slot]);
+    // The walk runs one tile ahead: the next tile's block-table entry (and,
+    // at a unit's start, the unit after it) is loaded before this tile's
+    // slot wait and copies, so no load latency sits between two copies.
+    // Pages hold whole tiles and units and groups start at multiples of 64
+    // entries, so a tile is one box of one page. No count of the share's
+    // tiles up front: the first copy needs one unit and one table entry.
+    int32_t iu = u_first;
+    LogitsUnit u = p.step.units[iu];
+    LogitsUnit next_u = iu + 1 < u_last ? p.step.units[iu + 1] : u;
+    const int32_t* block_row = p.step.block_table + static_cast<int64_t>(u.seq) * p.step.max_pages;
+    int32_t pos = u.e_begin;
+    PagePos at = PagePosOf(l, pos);
+    int32_t page = block_row[at.lp];
+    for (int32_t n = 0;; ++n) {
+      // ---- the next tile, its table entry in flight ------------------------
+      const PagePos cur = at;
+      const int32_t cur_page = page;
+      bool last = false;
+      pos += kWsTile;
+      if (pos < u.e_end) {
+        StepPagePos(l, &at, kWsTile);
+      } else if (++iu < u_last) {
+        u = next_u;
+        if (iu + 1 < u_last) next_u = p.step.units[iu + 1];
+        block_row = p.step.block_table + static_cast<int64_t>(u.seq) * p.step.max_pages;
+        pos = u.e_begin;
+        at = PagePosOf(l, pos);
+      } else {
+        last = true;
       }
+      if (!last) page = block_row[at.lp];
+      // ---- this tile -> slot n % kSlots --------------------------------------
+      const int slot = n % kSlots;
+      // Tile n - kSlots was the slot's last use: its release is completion
+      // n / kSlots - 1 of `empty`.
+      if (n >= kSlots) MbarWait(&empty[slot], static_cast<uint32_t>(n / kSlots + 1) & 1u);
+      MbarArriveExpectTx(&full[slot], kWsTileBytes + kWsScaleBytes);
+      TmaLoad3d(k_s + slot * kWsTileBytes, &p.tmap, 0, cur.e, cur_page, &full[slot]);
+      BulkLoad(ks_s + slot * kWsTile, p.pool + l.PageOffset(cur_page) + l.ScaleOffset(cur.e, 0), kWsScaleBytes,
+               &full[slot]);
+      if (last) break;
     }
     return;
   }
@@ -139,7 +161,6 @@ __global__ void __launch_bounds__(C::kThreads, C::kMinBlocks)
   uint8_t* q_s = smem + C::kOffQ + wg * C::kQBytes;                   // [kN, 128] swizzled
   float* w_s = reinterpret_cast<float*>(smem + C::kOffW) + wg * kN;  // [kN], halved
   const uint64_t desc_q = Sw128KMajorDesc(q_s);
-  float acc[kN / 2];  // written by each tile's first k-slice
   int32_t cu = u_first, ct = 0;  // cursor: unit, tile in unit
   LogitsUnit u = p.step.units[cu];
   int32_t u_tiles = (u.e_end - u.e_begin + kWsTile - 1) / kWsTile;
@@ -157,74 +178,86 @@ __global__ void __launch_bounds__(C::kThreads, C::kMinBlocks)
   int32_t staged = -1;            // group whose Q this warpgroup holds
   int32_t my_rows = 0, row0 = 0;  // its rows of that group; the first (sub-chunk row)
   int32_t n_r[kRowsWg];
+  const int e0 = wwarp * 16 + gq;  // the thread's entries e0, e0 + 8 of a tile
 
-  for (int32_t n = team; more; n += kTeams) {
-    // ---- this warpgroup's rows of the group's Q (zero past the group) -----
-    if (u.group != staged) {
-      NamedBarrierSync(1 + wg, kWgSize);  // every warp is done with the old Q
-      staged = u.group;
-      const LogitsGroup g = p.step.groups[u.group];
-      const int32_t first = role * kRowsWg;  // the group's row this warpgroup starts at
-      my_rows = min(max(g.num_rows - first, 0), kRowsWg);
-      row0 = g.row_begin + first - p.row_base;
-      if (my_rows > 0) {
-        const int64_t q0 = static_cast<int64_t>(row0) * kWsHeads;
+  // ---- this warpgroup's rows of the cursor's group (zero past the group) --
+  auto stage = [&]() {
+    NamedBarrierSync(1 + wg, kWgSize);  // every warp is done with the old Q
+    staged = u.group;
+    const LogitsGroup g = p.step.groups[u.group];
+    const int32_t first = role * kRowsWg;  // the group's row this warpgroup starts at
+    my_rows = min(max(g.num_rows - first, 0), kRowsWg);
+    row0 = g.row_begin + first - p.row_base;
+    if (my_rows > 0) {
+      const int64_t q0 = static_cast<int64_t>(row0) * kWsHeads;
 #pragma unroll 1
-        for (int q = wt; q < kN * (kWsDim / 16); q += kWgSize) {
-          const int h = q / (kWsDim / 16), c = q % (kWsDim / 16);
-          uint4 v = make_uint4(0, 0, 0, 0);
-          if (h < my_rows * kWsHeads) v = *reinterpret_cast<const uint4*>(p.q_values + (q0 + h) * kWsDim + c * 16);
-          *reinterpret_cast<uint4*>(q_s + h * kWsDim + ((c ^ (h % 8)) * 16)) = v;
-        }
-        // Halved: ReLU(x) * w is taken as (x + |x|) * (w / 2), two full-rate
-        // ops; exact, since doubling and halving are.
-        for (int h = wt; h < kN; h += kWgSize) w_s[h] = h < my_rows * kWsHeads ? 0.5f * p.weights[q0 + h] : 0.f;
+      for (int q = wt; q < kN * (kWsDim / 16); q += kWgSize) {
+        const int h = q / (kWsDim / 16), c = q % (kWsDim / 16);
+        uint4 v = make_uint4(0, 0, 0, 0);
+        if (h < my_rows * kWsHeads) v = *reinterpret_cast<const uint4*>(p.q_values + (q0 + h) * kWsDim + c * 16);
+        *reinterpret_cast<uint4*>(q_s + h * kWsDim + ((c ^ (h % 8)) * 16)) = v;
       }
-#pragma unroll
-      for (int r = 0; r < kRowsWg; ++r) n_r[r] = r < my_rows ? p.step.row_visible[p.row_base + row0 + r] : 0;
-      FenceProxyAsyncShared();            // Q stores before the wgmma reads
-      NamedBarrierSync(1 + wg, kWgSize);
+      // Halved: ReLU(x) * w is taken as (x + |x|) * (w / 2), two full-rate
+      // ops; exact, since doubling and halving are.
+      for (int h = wt; h < kN; h += kWgSize) w_s[h] = h < my_rows * kWsHeads ? 0.5f * p.weights[q0 + h] : 0.f;
     }
+#pragma unroll
+    for (int r = 0; r < kRowsWg; ++r) n_r[r] = r < my_rows ? p.step.row_visible[p.row_base + row0 + r] : 0;
+    FenceProxyAsyncShared();            // Q stores before the wgmma reads
+    NamedBarrierSync(1 + wg, kWgSize);
+  };
+  // ---- C = K . Q^T over four k32 slices (issued; the caller waits) --------
+  auto mma = [&](float (&acc)[kN / 2], int slot) {
+    const uint64_t desc_k = Sw128KMajorDesc(k_s + slot * kWsTileBytes);
+    WgmmaFence();
+#pragma unroll
+    for (int k = 0; k < kWsDim / 32; ++k) {
+      // +32 bytes per slice: +2 in the descriptor's 16-byte address units.
+      if constexpr (kN == 64) {
+        if (k == 0) WgmmaE4m3N64First(acc, desc_k, desc_q);
+        else WgmmaE4m3N64(acc, desc_k + 2 * k, desc_q + 2 * k, 1);
+      } else {
+        if (k == 0) WgmmaE4m3N128First(acc, desc_k, desc_q);
+        else WgmmaE4m3N128(acc, desc_k + 2 * k, desc_q + 2 * k, 1);
+      }
+    }
+    WgmmaCommit();
+  };
+  // ---- release the slot (its wgmma done), then the epilogue ---------------
+  auto epilogue = [&](const float (&acc)[kN / 2], int slot, int32_t pos0) {
+    const float ks0 = ks_s[slot * kWsTile + e0], ks1 = ks_s[slot * kWsTile + e0 + 8];
+    __syncwarp();
+    if (lane == 0) MbarArrive(&empty[slot]);
+#pragma unroll
+    for (int r = 0; r < kRowsWg; ++r) {
+      const float2 sums = ReluWeightedHeadSums(acc, w_s, r, t);
+      if (r < my_rows) {
+        // Every lane of the quad holds both sums: two lanes store.
+        float* out = p.logits + static_cast<int64_t>(row0 + r) * p.stride;
+        if (t == 0 && pos0 < n_r[r]) out[pos0] = sums.x * ks0;
+        if (t == 1 && pos0 + 8 < n_r[r]) out[pos0 + 8] = sums.y * ks1;
+      }
+    }
+  };
+  // Even a warpgroup with no rows in the group waits for the tile: its
+  // release must count toward this use of the slot, not the previous one.
+  auto skip = [&](int slot) {
+    __syncwarp();
+    if (lane == 0) MbarArrive(&empty[slot]);
+  };
+
+  // ---- one tile at a time: wait, multiply, epilogue ------------------------
+  float acc[kN / 2];  // written by each tile's first k-slice
+  for (int32_t n = team; more; n += kTeams) {
+    if (u.group != staged) stage();
     const int slot = n % kSlots;
-    // Even a warpgroup with no rows here waits for the tile: its release
-    // must count toward this use of the slot, not the previous one.
     MbarWait(&full[slot], static_cast<uint32_t>(n / kSlots) & 1u);
     if (my_rows == 0) {
-      __syncwarp();
-      if (lane == 0) MbarArrive(&empty[slot]);
+      skip(slot);
     } else {
-      // ---- C = K . Q^T over four k32 slices ---------------------------------
-      const uint64_t desc_k = Sw128KMajorDesc(k_s + slot * kWsTileBytes);
-      WgmmaFence();
-#pragma unroll
-      for (int k = 0; k < kWsDim / 32; ++k) {
-        // +32 bytes per slice: +2 in the descriptor's 16-byte address units.
-        if constexpr (kN == 64) {
-          if (k == 0) WgmmaE4m3N64First(acc, desc_k, desc_q);
-          else WgmmaE4m3N64(acc, desc_k + 2 * k, desc_q + 2 * k, 1);
-        } else {
-          if (k == 0) WgmmaE4m3N128First(acc, desc_k, desc_q);
-          else WgmmaE4m3N128(acc, desc_k + 2 * k, desc_q + 2 * k, 1);
-        }
-      }
-      WgmmaCommit();
+      mma(acc, slot);
       WgmmaWaitAll();
-      // ---- release the slot, then the epilogue: rows wwarp*16 + gq (+8) -----
-      const int e0 = wwarp * 16 + gq;
-      const float ks0 = ks_s[slot * kWsTile + e0], ks1 = ks_s[slot * kWsTile + e0 + 8];
-      __syncwarp();
-      if (lane == 0) MbarArrive(&empty[slot]);
-      const int32_t pos0 = u.e_begin + ct * kWsTile + e0;
-#pragma unroll
-      for (int r = 0; r < kRowsWg; ++r) {
-        const float2 sums = ReluWeightedHeadSums(acc, w_s, r, t);
-        if (r < my_rows) {
-          // Every lane of the quad holds both sums: two lanes store.
-          float* out = p.logits + static_cast<int64_t>(row0 + r) * p.stride;
-          if (t == 0 && pos0 < n_r[r]) out[pos0] = sums.x * ks0;
-          if (t == 1 && pos0 + 8 < n_r[r]) out[pos0 + 8] = sums.y * ks1;
-        }
-      }
+      epilogue(acc, slot, u.e_begin + ct * kWsTile + e0);
     }
     for (int i = 0; i < kTeams && more; ++i) more = advance();
   }
@@ -261,34 +294,20 @@ absl::Status LaunchWs(const LogitsParams& p, Stream stream) {
 // separate tiles, three blocks per SM (72 registers, 67 KiB).
 using WsRows1 = WsConfig<1, 1, 2, 6, 3>;
 // Two rows (next_n 2): both warpgroups on every tile, one row each, so the
-// registers and blocks per SM stay those of one row.
+// registers and blocks per SM stay those of one row. (Measured against one
+// N = 128 warpgroup per tile at two blocks per SM, B=64 n=32k: 139 vs 142 us
+// and 134 vs 160 us; against two such teams in one block per SM: 139 vs 208.)
 using WsRows2 = WsConfig<1, 2, 2, 6, 3>;
-// Alternatives measured against it (INDEXER_GPU_WS_ROWS2=1, 2): one
-// warpgroup of N = 128 per tile (two blocks per SM), two teams of two
-// warpgroups (one block per SM).
-using WsRows2Wide = WsConfig<2, 1, 2, 8, 2>;
-using WsRows2Teams = WsConfig<1, 2, 4, 16, 1>;
 // Three or four rows (next_n 3-4, prefill groups): a team of two
-// warpgroups of N = 128, two blocks per SM.
+// warpgroups of N = 128, two blocks per SM (96 registers). (Prefill 4k x 32k:
+// 700 TFLOP/s; two such teams in one block per SM 580, a team of four N = 64
+// warpgroups in one block 587, the serial N = 256 kernel 519.)
 using WsRows4 = WsConfig<2, 2, 2, 8, 2>;
-// Alternatives (INDEXER_GPU_WS_ROWS4=1, 2): two such teams in one block per
-// SM; one team of four warpgroups of N = 64.
-using WsRows4Teams = WsConfig<2, 2, 4, 16, 1>;
-using WsRows4Quad = WsConfig<1, 4, 4, 16, 1>;
-
-// An experiment knob (unset in production): the configuration index.
-int EnvChoice(const char* name) {
-  const char* s = std::getenv(name);
-  return s == nullptr ? 0 : std::atoi(s);
-}
 
 }  // namespace
 
 bool WgmmaWsSupported(const LogitsParams& p) {
-  // INDEXER_GPU_WS_ROWS4=-1 leaves groups of 3-4 rows to the serial kernel
-  // (A/B runs).
-  static const bool rows4 = EnvChoice("INDEXER_GPU_WS_ROWS4") >= 0;
-  return p.use_tma && p.max_group_rows <= (rows4 ? kMaxGroupRows : 2) && WgmmaTmaSupported(p.layout);
+  return p.use_tma && p.max_group_rows <= kMaxGroupRows && WgmmaTmaSupported(p.layout);
 }
 
 bool WgmmaWsEnabled() {
@@ -311,19 +330,14 @@ absl::Status LaunchDenseLogitsWgmmaWs(const LogitsParams& p, Stream stream) {
         "warp-specialized wgmma logits: expected a tensor-mapped pool and groups of <= ",
         kMaxGroupRows, " rows, got ", p.max_group_rows, " rows, use_tma ", p.use_tma));
   }
-  static const int rows2 = EnvChoice("INDEXER_GPU_WS_ROWS2"), rows4 = EnvChoice("INDEXER_GPU_WS_ROWS4");
   return DispatchWgmmaRows(p.max_group_rows <= 1 ? 1 : p.max_group_rows <= 2 ? 2 : 4,
                            [&](auto r) -> absl::Status {
     constexpr int kRows = decltype(r)::value;
     if constexpr (kRows == 1) {
       return LaunchWs<WsRows1>(p, stream);
     } else if constexpr (kRows == 2) {
-      if (rows2 == 1) return LaunchWs<WsRows2Wide>(p, stream);
-      if (rows2 == 2) return LaunchWs<WsRows2Teams>(p, stream);
       return LaunchWs<WsRows2>(p, stream);
     } else {
-      if (rows4 == 1) return LaunchWs<WsRows4Teams>(p, stream);
-      if (rows4 == 2) return LaunchWs<WsRows4Quad>(p, stream);
       return LaunchWs<WsRows4>(p, stream);
     }
   });

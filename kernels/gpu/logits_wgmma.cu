@@ -9,9 +9,9 @@
 // shared memory as one B operand of N = kRows * 64 heads.
 //   wgmma m64nNk32 x 4:  C[64 entries, N] = K[64, 128] . Q[N, 128]^T
 //   epilogue:             logit[e] = kscale[e] * sum_h w[h] * ReLU(C[e, h])
-// Decode on tensor-mapped pools (groups of <= 2 rows) runs the
-// warp-specialized form in logits_wgmma_ws.cu instead; this kernel keeps
-// prefill groups (N = 256) and layouts the tensor map cannot read.
+// Tensor-mapped pools run the warp-specialized form in logits_wgmma_ws.cu
+// instead; this kernel keeps the layouts the tensor map cannot read (and
+// the tensor-mapped ones when INDEXER_GPU_WGMMA_WS=0, for A/B runs).
 #include "kernels/gpu/gpu_compat.h"  // first: the runtime defines __device__ & co.
 
 #include <algorithm>

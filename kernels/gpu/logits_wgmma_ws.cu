@@ -1,22 +1,27 @@
-// Hopper (sm_90a) FP8 dense logits, warp-specialized: the decode fast path
-// for linear pages of a multiple of 64 entries (the pool has a tensor map).
+// Hopper (sm_90a) FP8 dense logits, warp-specialized: the fast path for
+// linear pages of a multiple of 64 entries (the pool has a tensor map),
+// decode and prefill groups alike.
 //
 // A persistent grid; block b takes an equal contiguous share of the plan's
 // work units and streams their 64-entry K tiles. One producer warp (one
 // elected lane) walks the share and issues, for tile n, the bulk tensor copy
 // of its 8 KiB of values (128-byte swizzle) and the bulk copy of its 64
 // scales into ring slot n % kSlots, completing on the slot's `full`
-// mbarrier; it waits on the slot's `empty` mbarrier before reusing it. kMath
-// math warpgroups consume the ring round robin (tile n -> warpgroup n %
-// kMath, so each owns kStages slots), each with its own copy of the row
-// group's Q (B operand, N = kRows * 64 heads) and weights, restaged only
-// when its group changes. A warpgroup releases a slot as soon as its wgmma
-// has read the tile and it has the tile's scales in registers, so the
-// producer refills the slot while the epilogue runs; the other warpgroups'
-// wgmma and the other blocks on the SM overlap it too.
+// mbarrier; it waits on the slot's `empty` mbarrier before reusing it.
+//
+// The kMath math warpgroups form kMath / kTeam teams of kTeam warpgroups.
+// Teams take the tiles round robin (tile n -> team n % teams); all kTeam
+// warpgroups of a team read the SAME tile, warpgroup `role` multiplying it
+// by rows role * kRowsWg .. + kRowsWg - 1 of the row group (N = kRowsWg * 64
+// heads). So a group of up to kRowsWg * kTeam rows reads K once while each
+// warpgroup keeps a small accumulator (registers for more blocks per SM),
+// and one team's epilogue overlaps the other teams' and blocks' wgmma. Each
+// warpgroup holds its own rows of the group's Q (B operand) and weights,
+// restaged only when its group changes. A warpgroup releases a slot as soon
+// as its wgmma has read the tile and it has the tile's scales in registers
+// (the slot frees once all kTeam * 4 warps of the team arrived).
 //   wgmma m64nNk32 x 4:  C[64 entries, N] = K[64, 128] . Q[N, 128]^T
 //   epilogue:             logit[e] = kscale[e] * sum_h w[h] * ReLU(C[e, h])
-// next_n = 2 rows of one sequence share every K tile (N = 128).
 #include "kernels/gpu/gpu_compat.h"  // first: the runtime defines __device__ & co.
 
 #include <algorithm>
@@ -39,12 +44,18 @@ constexpr int kWsTileBytes = kWsTile * kWsDim;
 constexpr int kWsScaleBytes = kWsTile * 4;
 constexpr int kWgSize = 4 * kWarpSize;  // a warpgroup: four warps
 
-template <int kRows, int kMath, int kStages>
+// One configuration of the kernel: rows per warpgroup (wgmma N = 64 x),
+// warpgroups per team (sharing each tile), math warpgroups, ring slots and
+// the blocks per SM the register cap is set for.
+template <int kRowsWg_, int kTeam_, int kMath_, int kSlots_, int kMinBlocks_>
 struct WsConfig {
-  static constexpr int kN = kRows * kWsHeads;            // wgmma N
-  static constexpr int kSlots = kMath * kStages;         // ring slots
+  static constexpr int kRowsWg = kRowsWg_, kTeam = kTeam_, kMath = kMath_;
+  static constexpr int kSlots = kSlots_, kMinBlocks = kMinBlocks_;
+  static constexpr int kTeams = kMath / kTeam;
+  static constexpr int kGroupRows = kRowsWg * kTeam;          // rows a group may have
+  static constexpr int kN = kRowsWg * kWsHeads;               // wgmma N
   static constexpr int kThreads = kMath * kWgSize + kWarpSize;  // + producer warp
-  static constexpr int kQBytes = kN * kWsDim;            // one warpgroup's Q
+  static constexpr int kQBytes = kN * kWsDim;                 // one warpgroup's Q rows
   // Shared memory from a 1024-byte aligned base: K slots | Q per warpgroup
   // (both in the 128-byte swizzle, 1024-byte aligned) | scales per slot |
   // weights per warpgroup | alignment slack.
@@ -52,32 +63,31 @@ struct WsConfig {
   static constexpr int kOffScale = kOffQ + kMath * kQBytes;
   static constexpr int kOffW = kOffScale + kSlots * kWsScaleBytes;
   static constexpr int kSmem = kOffW + kMath * kN * 4 + 1024;
-  // Blocks per SM the register cap is set for (shared memory allows them).
-  static constexpr int kMinBlocks = kRows == 1 ? 3 : 2;
 
-  static_assert(kN == 64 || kN == 128, "wgmma N of 64 or 128 (kRows 1 or 2)");
+  static_assert(kN == 64 || kN == 128, "wgmma N of 64 or 128 (1 or 2 rows per warpgroup)");
   static_assert(kMath >= 1 && kMath <= 4, "1..4 math warpgroups (named barriers 1..kMath)");
-  static_assert(kStages >= 2, "at least double-buffered per warpgroup");
+  static_assert(kTeam >= 1 && kMath % kTeam == 0, "whole teams");
+  static_assert(kGroupRows <= kMaxGroupRows, "no more rows than a plan group holds");
+  static_assert(kSlots >= 2 * kTeams, "at least double-buffered per team");
   static_assert(kOffQ % 1024 == 0 && kQBytes % 1024 == 0, "swizzled tiles 1024-byte aligned");
   static_assert(kOffScale % 16 == 0, "bulk copies land 16-byte aligned");
-  static_assert(kSmem <= 227 * 1024, "fits one block's shared memory");
+  static_assert(kSmem * kMinBlocks <= 227 * 1024, "kMinBlocks blocks fit one SM's shared memory");
 };
 
-template <int kRows, int kMath, int kStages>
-__global__ void __launch_bounds__((WsConfig<kRows, kMath, kStages>::kThreads),
-                                  (WsConfig<kRows, kMath, kStages>::kMinBlocks))
+template <class C>
+__global__ void __launch_bounds__(C::kThreads, C::kMinBlocks)
     DenseLogitsWgmmaWsKernel(const INDEXER_GRID_CONSTANT LogitsParams p) {
 #if INDEXER_GPU_WGMMA
-  using C = WsConfig<kRows, kMath, kStages>;
-  constexpr int kN = C::kN, kSlots = C::kSlots;
+  constexpr int kN = C::kN, kSlots = C::kSlots, kTeams = C::kTeams, kRowsWg = C::kRowsWg;
+  constexpr int kWarpsWg = kWgSize / kWarpSize;
   static_assert(kWgSize == 128, "wgmma runs on warpgroups of 128 threads");
   extern __shared__ uint8_t smem_raw[];
   uint8_t* smem = reinterpret_cast<uint8_t*>(
       (reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t{1023});
   uint8_t* k_s = smem;                                            // [kSlots][64, 128]
   float* ks_s = reinterpret_cast<float*>(smem + C::kOffScale);   // [kSlots][64]
-  __shared__ __align__(8) uint64_t full[kSlots];   // producer -> warpgroup
-  __shared__ __align__(8) uint64_t empty[kSlots];  // warpgroup -> producer
+  __shared__ __align__(8) uint64_t full[kSlots];   // producer -> team
+  __shared__ __align__(8) uint64_t empty[kSlots];  // team -> producer
 
   // ---- this block's share of the units ----------------------------------
   const int64_t units = p.unit_end - p.unit_begin;
@@ -85,97 +95,119 @@ __global__ void __launch_bounds__((WsConfig<kRows, kMath, kStages>::kThreads),
   const int32_t u_last = p.unit_begin + static_cast<int32_t>(units * (blockIdx.x + 1) / gridDim.x);
   if (u_first == u_last) return;
   const int tid = threadIdx.x, warp = WarpId(), lane = LaneId();
-  auto tiles_of = [](const LogitsUnit& u) { return (u.e_end - u.e_begin + kWsTile - 1) / kWsTile; };
-  int32_t total = 0;
-  for (int32_t ui = u_first; ui < u_last; ++ui) total += tiles_of(p.step.units[ui]);
   if (tid == 0) {
     for (int s = 0; s < kSlots; ++s) {
       MbarInit(&full[s], 1);                    // the producer's expect_tx
-      MbarInit(&empty[s], kWgSize / kWarpSize); // one arrival per consumer warp
+      MbarInit(&empty[s], C::kTeam * kWarpsWg); // one arrival per team warp
     }
     FenceMbarInit();
   }
   __syncthreads();  // the last block-wide barrier: the roles part here
 
   // ---- producer: tile n -> slot n % kSlots ---------------------------------
-  if (warp == kMath * (kWgSize / kWarpSize)) {
+  if (warp == C::kMath * kWarpsWg) {
     if (lane != 0) return;
     const PageLayout& l = p.layout;
-    int32_t iu = u_first, it = 0;
+    // The walk runs one tile ahead: the next tile's block-table entry (and,
+    // at a unit's start, the unit after it) is loaded before this tile's
+    // slot wait and copies, so no load latency sits between two copies.
+    // Pages hold whole tiles and units and groups start at multiples of 64
+    // entries, so a tile is one box of one page. No count of the share's
+    // tiles up front: the first copy needs one unit and one table entry.
+    int32_t iu = u_first;
     LogitsUnit u = p.step.units[iu];
-    const int32_t* block_row =
-        p.step.block_table + static_cast<int64_t>(p.step.groups[u.group].seq) * p.step.max_pages;
-    for (int32_t n = 0; n < total; ++n) {
+    LogitsUnit next_u = iu + 1 < u_last ? p.step.units[iu + 1] : u;
+    const int32_t* block_row = p.step.block_table + static_cast<int64_t>(u.seq) * p.step.max_pages;
+    int32_t pos = u.e_begin;
+    PagePos at = PagePosOf(l, pos);
+    int32_t page = block_row[at.lp];
+    for (int32_t n = 0;; ++n) {
+      // ---- the next tile, its table entry in flight ------------------------
+      const PagePos cur = at;
+      const int32_t cur_page = page;
+      bool last = false;
+      pos += kWsTile;
+      if (pos < u.e_end) {
+        StepPagePos(l, &at, kWsTile);
+      } else if (++iu < u_last) {
+        u = next_u;
+        if (iu + 1 < u_last) next_u = p.step.units[iu + 1];
+        block_row = p.step.block_table + static_cast<int64_t>(u.seq) * p.step.max_pages;
+        pos = u.e_begin;
+        at = PagePosOf(l, pos);
+      } else {
+        last = true;
+      }
+      if (!last) page = block_row[at.lp];
+      // ---- this tile -> slot n % kSlots --------------------------------------
       const int slot = n % kSlots;
       // Tile n - kSlots was the slot's last use: its release is completion
       // n / kSlots - 1 of `empty`.
       if (n >= kSlots) MbarWait(&empty[slot], static_cast<uint32_t>(n / kSlots + 1) & 1u);
-      // Units and groups start at multiples of 64 entries and pages hold
-      // whole tiles, so a tile is one box of one page.
-      const EntryRef ref = LocateEntry(l, p.pool, block_row, u.e_begin + it * kWsTile);
-      const int32_t page = static_cast<int32_t>((ref.page - p.pool) / l.page_bytes());
       MbarArriveExpectTx(&full[slot], kWsTileBytes + kWsScaleBytes);
-      TmaLoad3d(k_s + slot * kWsTileBytes, &p.tmap, 0, ref.e, page, &full[slot]);
-      BulkLoad(ks_s + slot * kWsTile, ref.page + l.ScaleOffset(ref.e, 0), kWsScaleBytes, &full[slot]);
-      if (++it == tiles_of(u) && ++iu < u_last) {
-        it = 0;
-        u = p.step.units[iu];
-        block_row = p.step.block_table + static_cast<int64_t>(p.step.groups[u.group].seq) * p.step.max_pages;
-      }
+      TmaLoad3d(k_s + slot * kWsTileBytes, &p.tmap, 0, cur.e, cur_page, &full[slot]);
+      BulkLoad(ks_s + slot * kWsTile, p.pool + l.PageOffset(cur_page) + l.ScaleOffset(cur.e, 0), kWsScaleBytes,
+               &full[slot]);
+      if (last) break;
     }
     return;
   }
 
-  // ---- math warpgroup wg: tiles wg, wg + kMath, ... -------------------------
-  const int wg = warp / (kWgSize / kWarpSize);
-  const int wt = tid % kWgSize, wwarp = warp % (kWgSize / kWarpSize);
+  // ---- math warpgroup wg: team wg / kTeam takes tiles team, team + kTeams, ..
+  const int wg = warp / kWarpsWg;
+  const int team = wg / C::kTeam, role = wg % C::kTeam;
+  const int wt = tid % kWgSize, wwarp = warp % kWarpsWg;
   const int gq = lane / 4, t = lane % 4;
   uint8_t* q_s = smem + C::kOffQ + wg * C::kQBytes;                   // [kN, 128] swizzled
   float* w_s = reinterpret_cast<float*>(smem + C::kOffW) + wg * kN;  // [kN], halved
   const uint64_t desc_q = Sw128KMajorDesc(q_s);
-  float acc[kN / 2];  // written by each tile's first k-slice
   int32_t cu = u_first, ct = 0;  // cursor: unit, tile in unit
   LogitsUnit u = p.step.units[cu];
-  int32_t u_tiles = tiles_of(u);
-  auto advance = [&]() {
-    if (++ct == u_tiles && ++cu < u_last) {
-      ct = 0;
-      u = p.step.units[cu];
-      u_tiles = tiles_of(u);
-    }
+  int32_t u_tiles = (u.e_end - u.e_begin + kWsTile - 1) / kWsTile;
+  // Moves the cursor one tile on; false past the share's last tile.
+  auto advance = [&]() -> bool {
+    if (++ct < u_tiles) return true;
+    if (++cu >= u_last) return false;
+    ct = 0;
+    u = p.step.units[cu];
+    u_tiles = (u.e_end - u.e_begin + kWsTile - 1) / kWsTile;
+    return true;
   };
-  for (int i = 0; i < wg; ++i) advance();
-  int32_t staged = -1;  // group whose Q this warpgroup holds
-  int32_t g_rows = 0, g_row0 = 0;  // its rows; its first row in the sub-chunk
-  int32_t n_r[kRows];
+  bool more = true;
+  for (int i = 0; i < team && more; ++i) more = advance();
+  int32_t staged = -1;            // group whose Q this warpgroup holds
+  int32_t my_rows = 0, row0 = 0;  // its rows of that group; the first (sub-chunk row)
+  int32_t n_r[kRowsWg];
+  const int e0 = wwarp * 16 + gq;  // the thread's entries e0, e0 + 8 of a tile
 
-  for (int32_t n = wg; n < total; n += kMath) {
-    // ---- the group's Q (rows past the group are zero) and weights ---------
-    if (u.group != staged) {
-      NamedBarrierSync(1 + wg, kWgSize);  // every warp is done with the old Q
-      staged = u.group;
-      const LogitsGroup g = p.step.groups[u.group];
-      g_rows = g.num_rows;
-      g_row0 = g.row_begin - p.row_base;
-      const int64_t q0 = static_cast<int64_t>(g.row_begin - p.row_base) * kWsHeads;
+  // ---- this warpgroup's rows of the cursor's group (zero past the group) --
+  auto stage = [&]() {
+    NamedBarrierSync(1 + wg, kWgSize);  // every warp is done with the old Q
+    staged = u.group;
+    const LogitsGroup g = p.step.groups[u.group];
+    const int32_t first = role * kRowsWg;  // the group's row this warpgroup starts at
+    my_rows = min(max(g.num_rows - first, 0), kRowsWg);
+    row0 = g.row_begin + first - p.row_base;
+    if (my_rows > 0) {
+      const int64_t q0 = static_cast<int64_t>(row0) * kWsHeads;
 #pragma unroll 1
       for (int q = wt; q < kN * (kWsDim / 16); q += kWgSize) {
         const int h = q / (kWsDim / 16), c = q % (kWsDim / 16);
         uint4 v = make_uint4(0, 0, 0, 0);
-        if (h < g.num_rows * kWsHeads) v = *reinterpret_cast<const uint4*>(p.q_values + (q0 + h) * kWsDim + c * 16);
+        if (h < my_rows * kWsHeads) v = *reinterpret_cast<const uint4*>(p.q_values + (q0 + h) * kWsDim + c * 16);
         *reinterpret_cast<uint4*>(q_s + h * kWsDim + ((c ^ (h % 8)) * 16)) = v;
       }
       // Halved: ReLU(x) * w is taken as (x + |x|) * (w / 2), two full-rate
       // ops; exact, since doubling and halving are.
-      for (int h = wt; h < kN; h += kWgSize) w_s[h] = h < g.num_rows * kWsHeads ? 0.5f * p.weights[q0 + h] : 0.f;
-#pragma unroll
-      for (int r = 0; r < kRows; ++r) n_r[r] = r < g.num_rows ? p.step.row_visible[g.row_begin + r] : 0;
-      FenceProxyAsyncShared();            // Q stores before the wgmma reads
-      NamedBarrierSync(1 + wg, kWgSize);
+      for (int h = wt; h < kN; h += kWgSize) w_s[h] = h < my_rows * kWsHeads ? 0.5f * p.weights[q0 + h] : 0.f;
     }
-    const int slot = n % kSlots;
-    MbarWait(&full[slot], static_cast<uint32_t>(n / kSlots) & 1u);
-    // ---- C = K . Q^T over four k32 slices -----------------------------------
+#pragma unroll
+    for (int r = 0; r < kRowsWg; ++r) n_r[r] = r < my_rows ? p.step.row_visible[p.row_base + row0 + r] : 0;
+    FenceProxyAsyncShared();            // Q stores before the wgmma reads
+    NamedBarrierSync(1 + wg, kWgSize);
+  };
+  // ---- C = K . Q^T over four k32 slices (issued; the caller waits) --------
+  auto mma = [&](float (&acc)[kN / 2], int slot) {
     const uint64_t desc_k = Sw128KMajorDesc(k_s + slot * kWsTileBytes);
     WgmmaFence();
 #pragma unroll
@@ -190,39 +222,54 @@ __global__ void __launch_bounds__((WsConfig<kRows, kMath, kStages>::kThreads),
       }
     }
     WgmmaCommit();
-    WgmmaWaitAll();
-    // ---- release the slot, then the epilogue: rows wwarp*16 + gq (+8) -------
-    const int e0 = wwarp * 16 + gq;
+  };
+  // ---- release the slot (its wgmma done), then the epilogue ---------------
+  auto epilogue = [&](const float (&acc)[kN / 2], int slot, int32_t pos0) {
     const float ks0 = ks_s[slot * kWsTile + e0], ks1 = ks_s[slot * kWsTile + e0 + 8];
     __syncwarp();
     if (lane == 0) MbarArrive(&empty[slot]);
-    const int32_t pos0 = u.e_begin + ct * kWsTile + e0;
 #pragma unroll
-    for (int r = 0; r < kRows; ++r) {
+    for (int r = 0; r < kRowsWg; ++r) {
       const float2 sums = ReluWeightedHeadSums(acc, w_s, r, t);
-      const float s0 = sums.x, s1 = sums.y;
-      if (r < g_rows) {
+      if (r < my_rows) {
         // Every lane of the quad holds both sums: two lanes store.
-        float* out = p.logits + static_cast<int64_t>(g_row0 + r) * p.stride;
-        if (t == 0 && pos0 < n_r[r]) out[pos0] = s0 * ks0;
-        if (t == 1 && pos0 + 8 < n_r[r]) out[pos0 + 8] = s1 * ks1;
+        float* out = p.logits + static_cast<int64_t>(row0 + r) * p.stride;
+        if (t == 0 && pos0 < n_r[r]) out[pos0] = sums.x * ks0;
+        if (t == 1 && pos0 + 8 < n_r[r]) out[pos0 + 8] = sums.y * ks1;
       }
     }
-#pragma unroll
-    for (int i = 0; i < kMath; ++i) advance();
+  };
+  // Even a warpgroup with no rows in the group waits for the tile: its
+  // release must count toward this use of the slot, not the previous one.
+  auto skip = [&](int slot) {
+    __syncwarp();
+    if (lane == 0) MbarArrive(&empty[slot]);
+  };
+
+  // ---- one tile at a time: wait, multiply, epilogue ------------------------
+  float acc[kN / 2];  // written by each tile's first k-slice
+  for (int32_t n = team; more; n += kTeams) {
+    if (u.group != staged) stage();
+    const int slot = n % kSlots;
+    MbarWait(&full[slot], static_cast<uint32_t>(n / kSlots) & 1u);
+    if (my_rows == 0) {
+      skip(slot);
+    } else {
+      mma(acc, slot);
+      WgmmaWaitAll();
+      epilogue(acc, slot, u.e_begin + ct * kWsTile + e0);
+    }
+    for (int i = 0; i < kTeams && more; ++i) more = advance();
   }
 #endif  // INDEXER_GPU_WGMMA
 }
 
-template <int kRows>
+template <class C>
 absl::Status LaunchWs(const LogitsParams& p, Stream stream) {
-  // Two math warpgroups; N = 64 fits three blocks per SM (72 registers,
-  // 68 KiB) with three slots each, N = 128 two blocks with four slots each.
-  constexpr int kMath = 2, kStages = kRows == 1 ? 3 : 4;
-  using C = WsConfig<kRows, kMath, kStages>;
-  auto* kernel = &DenseLogitsWgmmaWsKernel<kRows, kMath, kStages>;
-  // Once per process: the shared-memory limit and the blocks per SM (host
-  // calls that would otherwise sit between the timing events).
+  auto* kernel = &DenseLogitsWgmmaWsKernel<C>;
+  // Once per process and configuration: the shared-memory limit and the
+  // blocks per SM (host calls that would otherwise sit between the timing
+  // events).
   static const absl::StatusOr<int> per_sm = [&]() -> absl::StatusOr<int> {
     GPU_RETURN_IF_ERROR(SetMaxDynamicSmem(kernel, C::kSmem));
     int n = 0;
@@ -242,12 +289,25 @@ absl::Status LaunchWs(const LogitsParams& p, Stream stream) {
   return absl::OkStatus();
 }
 
+// Configurations: <rows per warpgroup, warpgroups per team, math
+// warpgroups, slots, blocks per SM>. One row: N = 64, two warpgroups on
+// separate tiles, three blocks per SM (72 registers, 67 KiB).
+using WsRows1 = WsConfig<1, 1, 2, 6, 3>;
+// Two rows (next_n 2): both warpgroups on every tile, one row each, so the
+// registers and blocks per SM stay those of one row. (Measured against one
+// N = 128 warpgroup per tile at two blocks per SM, B=64 n=32k: 139 vs 142 us
+// and 134 vs 160 us; against two such teams in one block per SM: 139 vs 208.)
+using WsRows2 = WsConfig<1, 2, 2, 6, 3>;
+// Three or four rows (next_n 3-4, prefill groups): a team of two
+// warpgroups of N = 128, two blocks per SM (96 registers). (Prefill 4k x 32k:
+// 700 TFLOP/s; two such teams in one block per SM 580, a team of four N = 64
+// warpgroups in one block 587, the serial N = 256 kernel 519.)
+using WsRows4 = WsConfig<2, 2, 2, 8, 2>;
+
 }  // namespace
 
 bool WgmmaWsSupported(const LogitsParams& p) {
-  // The serial kernel keeps N = 256 (prefill groups of 4 rows): two copies
-  // of a 32 KiB Q would leave one block per SM.
-  return p.use_tma && p.max_group_rows <= 2 && WgmmaTmaSupported(p.layout);
+  return p.use_tma && p.max_group_rows <= kMaxGroupRows && WgmmaTmaSupported(p.layout);
 }
 
 bool WgmmaWsEnabled() {
@@ -267,15 +327,18 @@ absl::Status LaunchDenseLogitsWgmmaWs(const LogitsParams& p, Stream stream) {
   if (p.unit_end == p.unit_begin) return absl::OkStatus();
   if (!WgmmaWsSupported(p)) {
     return absl::InvalidArgumentError(absl::StrCat(
-        "warp-specialized wgmma logits: expected a tensor-mapped pool and groups of <= 2 rows, got ",
-        p.max_group_rows, " rows, use_tma ", p.use_tma));
+        "warp-specialized wgmma logits: expected a tensor-mapped pool and groups of <= ",
+        kMaxGroupRows, " rows, got ", p.max_group_rows, " rows, use_tma ", p.use_tma));
   }
-  return DispatchWgmmaRows(p.max_group_rows <= 1 ? 1 : 2, [&](auto r) -> absl::Status {
+  return DispatchWgmmaRows(p.max_group_rows <= 1 ? 1 : p.max_group_rows <= 2 ? 2 : 4,
+                           [&](auto r) -> absl::Status {
     constexpr int kRows = decltype(r)::value;
-    if constexpr (kRows <= 2) {
-      return LaunchWs<kRows>(p, stream);
+    if constexpr (kRows == 1) {
+      return LaunchWs<WsRows1>(p, stream);
+    } else if constexpr (kRows == 2) {
+      return LaunchWs<WsRows2>(p, stream);
     } else {
-      return absl::InternalError("unreachable: groups of <= 2 rows");
+      return LaunchWs<WsRows4>(p, stream);
     }
   });
 #endif

@@ -24,6 +24,27 @@ INDEXER_HD EntryRef LocateEntry(const PageLayout& layout, const uint8_t* pool,
   return {pool + layout.PageOffset(block_row[lp]), pos - lp * layout.page_entries};
 }
 
+// A position inside a sequence as (logical page, entry inside the page):
+// streaming kernels step it on without a division per step.
+struct PagePos {
+  int32_t lp;  // index into the sequence's block-table row
+  int32_t e;   // entry inside the page
+};
+
+INDEXER_HD PagePos PagePosOf(const PageLayout& layout, int32_t pos) {
+  const int32_t lp = pos / layout.page_entries;
+  return {lp, pos - lp * layout.page_entries};
+}
+
+// `step` entries on. REQUIRES: page_entries % step == 0, p->e % step == 0.
+INDEXER_HD void StepPagePos(const PageLayout& layout, PagePos* p, int32_t step) {
+  p->e += step;
+  if (p->e == layout.page_entries) {
+    ++p->lp;
+    p->e = 0;
+  }
+}
+
 // fp32 scale of an FP8 entry (little-endian word at ScaleOffset(e, 0); the
 // scale region keeps it 4-byte aligned since E * D is a multiple of 4).
 INDEXER_HD float Fp8EntryScale(const PageLayout& layout, EntryRef r) {

@@ -85,9 +85,10 @@ absl::Status LaunchDenseLogitsMma(const LogitsParams& p, Stream stream);
 bool WgmmaTmaSupported(const PageLayout& layout);
 bool WgmmaLogitsSupported(const LogitsParams& p, int cc_major, int cc_minor);
 absl::Status LaunchDenseLogitsWgmma(const LogitsParams& p, Stream stream);
-// Its warp-specialized form (TMA producer warp + math warpgroups over an
-// mbarrier ring): tensor-mapped pools, groups of <= 2 rows (decode). On by
-// default; env INDEXER_GPU_WGMMA_WS=0 turns it off.
+// Its warp-specialized form (TMA producer warp + teams of math warpgroups
+// over an mbarrier ring): tensor-mapped pools, groups of any size up to
+// kMaxGroupRows (decode and prefill). On by default; env
+// INDEXER_GPU_WGMMA_WS=0 turns it off.
 bool WgmmaWsEnabled();
 bool WgmmaWsSupported(const LogitsParams& p);
 absl::Status LaunchDenseLogitsWgmmaWs(const LogitsParams& p, Stream stream);

@@ -72,7 +72,7 @@ absl::StatusOr<StepPlan> PlanStep(const StepRows& rows,
     for (size_t gi = g0; gi < plan.groups.size(); ++gi) {
       const LogitsGroup& g = plan.groups[gi];
       for (int32_t e = 0; e < g.extent; e += unit) {
-        plan.units.push_back({static_cast<int32_t>(gi), e, std::min(e + unit, g.extent)});
+        plan.units.push_back({static_cast<int32_t>(gi), e, std::min(e + unit, g.extent), g.seq});
       }
     }
     sc.unit_end = static_cast<int32_t>(plan.units.size());

@@ -37,6 +37,7 @@ struct LogitsUnit {
   int32_t group;
   int32_t e_begin;
   int32_t e_end;
+  int32_t seq;  // the group's sequence: a K producer needs no group load
 };
 
 struct SubChunk {

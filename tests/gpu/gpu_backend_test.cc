@@ -388,11 +388,22 @@ std::vector<Shape> Shapes() {
       {f8, 64, false, 23, 1, 4, 0, 5000, 64, 512, 2},
       {f8, 64, false, 23, 1, 4, 0, 5000, 64, 512, 0},
       {f8, 64, true, 5, 1, 3, 0, 2000, 64, 256, 2},
-      // the warp-specialized wgmma kernel (groups of <= 2 rows, linear E64)
+      // the warp-specialized wgmma kernel (tensor-mapped pools: linear, E a
+      // multiple of 64)
       {f8, 64, false, 23, 1, 1, 0, 5000, 64, 512, 2},
       {f8, 64, false, 23, 1, 2, 0, 5000, 64, 512, 2},
       {f8, 64, false, 1, 1, 1, 30000, 40000, 64, 2048, 2},   // split top-k
       {f8, 64, false, 3, 2, 2, 9000, 20000, 64, 1024, 2, K::kBf16},
+      // its teams: next_n 2 alone (two warpgroups, one row each, on every
+      // tile); next_n 3..4 and groups of 1..4 rows (a team member with no
+      // rows in a group); E = 128 pages (two tiles a page)
+      {f8, 64, false, 23, 2, 2, 0, 5000, 64, 512, 2},
+      {f8, 64, false, 23, 3, 4, 0, 5000, 64, 512, 2},
+      {f8, 128, false, 7, 1, 4, 100, 6000, 64, 512, 2},
+      // prefill groups of 4 rows (n_r one apart) over many units, and
+      // prefill chunks cut by server chunks on E = 128 (groups of 1..4 rows)
+      {f8, 64, false, 1, 37, 43, 3000, 6000, 64, 1024, 2},
+      {f8, 128, false, 2, 20, 70, 0, 3000, 64, 256, 2, K::kFloat32, true, 37},
       {f8, 16, false, 5, 1, 4, 0, 900, 64, 64, 2, K::kFloat32, false},
       {f8, 16, false, 5, 1, 4, 0, 900, 64, 64, 2, K::kQuantized},
       {f8, 64, false, 5, 1, 4, 0, 900, 8, 64, 2},            // H = 8: portable

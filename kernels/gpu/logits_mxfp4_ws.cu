@@ -76,10 +76,9 @@ struct MxConfig {
   static constexpr int kOffSq = kOffW + kMath * kN * 4;
   static constexpr int kOffSh = kOffSq + kMath * kN * 16;
   static constexpr int kSmem = kOffSh + kMath * kN * 4 + 1024;
-  // One block per SM, kMath warpgroups + the producer warp sharing the
-  // register file: the largest multiple of 8 registers that fits (ptxas
-  // would otherwise size the cap for whole warpgroups: 96 at kMath = 4).
-  static constexpr int kMaxRegs = (65536 / (kThreads / kWarpSize * 32)) / 8 * 8;
+  // One block per SM: each of the four SM sub-partitions holds 16K
+  // registers and ceil(warps / 4) of the block's warps.
+  static constexpr int kMaxRegs = 16384 / ((kThreads / kWarpSize + 3) / 4 * kWarpSize) / 8 * 8;
 
   static_assert(kN == 64 || kN == 128, "wgmma N of 64 or 128 (kRows 1 or 2)");
   static_assert(kN <= kMxWgSize, "Q staging: one thread per head");
@@ -417,11 +416,9 @@ __global__ void __launch_bounds__((MxConfig<kRows, kMath, kStages>::kThreads))
 #endif  // INDEXER_GPU_WGMMA
 }
 
-template <int kRows>
+template <int kRows, int kMath>
 absl::Status LaunchMx(const LogitsParams& p, Stream stream) {
-  // N = 64: four math warpgroups (~110 registers, 12 slots); N = 128:
-  // three (~142 registers, 12 slots).
-  constexpr int kMath = kRows == 1 ? 4 : 3, kStages = kRows == 1 ? 3 : 4;
+  constexpr int kStages = kRows == 1 ? 3 : 4;
   using C = MxConfig<kRows, kMath, kStages>;
   auto* kernel = &DenseLogitsWgmmaMxfp4Kernel<kRows, kMath, kStages>;
   // Once per process: the shared-memory limit and the blocks per SM (host
@@ -436,6 +433,19 @@ absl::Status LaunchMx(const LogitsParams& p, Stream stream) {
   const int64_t grid = std::min<int64_t>(p.unit_end - p.unit_begin, static_cast<int64_t>(*per_sm) * p.num_sms);
   GPU_LAUNCH(kernel, static_cast<int>(grid), C::kThreads, C::kSmem, stream, p);
   return absl::OkStatus();
+}
+
+// Math warpgroups of the one block per SM: N = 64 four (96 registers), N =
+// 128 three (128 registers). INDEXER_GPU_MXFP4_WARPGROUPS picks the other
+// measured size (3 for N = 64, 2 for N = 128: fewer warpgroups, more
+// registers; experiments, unset in production).
+int MxWarpgroups(int rows) {
+  static const int env = [] {
+    const char* v = std::getenv("INDEXER_GPU_MXFP4_WARPGROUPS");
+    return v == nullptr ? 0 : std::atoi(v);
+  }();
+  if (rows == 1) return env == 3 ? 3 : 4;
+  return env == 2 ? 2 : 3;
 }
 
 }  // namespace
@@ -474,8 +484,10 @@ absl::Status LaunchDenseLogitsWgmmaMxfp4(const LogitsParams& p, Stream stream) {
         "H = 64 and groups of <= 2 rows, got ", p.layout.DebugString(), ", H ", p.num_heads,
         ", ", p.max_group_rows, " rows"));
   }
-  if (p.max_group_rows <= 1) return LaunchMx<1>(p, stream);
-  return LaunchMx<2>(p, stream);
+  if (p.max_group_rows <= 1) {
+    return MxWarpgroups(1) == 3 ? LaunchMx<1, 3>(p, stream) : LaunchMx<1, 4>(p, stream);
+  }
+  return MxWarpgroups(2) == 2 ? LaunchMx<2, 2>(p, stream) : LaunchMx<2, 3>(p, stream);
 #endif
 }
 

@@ -435,16 +435,17 @@ absl::Status LaunchMx(const LogitsParams& p, Stream stream) {
   return absl::OkStatus();
 }
 
-// Math warpgroups of the one block per SM: N = 64 four (96 registers), N =
-// 128 three (128 registers). INDEXER_GPU_MXFP4_WARPGROUPS picks the other
-// measured size (3 for N = 64, 2 for N = 128: fewer warpgroups, more
-// registers; experiments, unset in production).
+// Math warpgroups of the one block per SM: three for N = 64 (110 registers)
+// and N = 128 (128 registers). INDEXER_GPU_MXFP4_WARPGROUPS picks the other
+// measured size (4 for N = 64: 96 registers, a few spilled; 2 for N = 128:
+// 142 registers; experiments, unset in production). H200, B = 64, 32k:
+// N = 64 164.4 us at 3, 168.2 at 4; N = 128 183.0 us at 3, 211.7 at 2.
 int MxWarpgroups(int rows) {
   static const int env = [] {
     const char* v = std::getenv("INDEXER_GPU_MXFP4_WARPGROUPS");
     return v == nullptr ? 0 : std::atoi(v);
   }();
-  if (rows == 1) return env == 3 ? 3 : 4;
+  if (rows == 1) return env == 4 ? 4 : 3;
   return env == 2 ? 2 : 3;
 }
 

@@ -1,6 +1,7 @@
-// Hopper warpgroup MMA (sm_90a) for the FP8 logits kernel: shared-memory
-// matrix descriptors for K-major tiles in the 128-byte swizzle, the
-// m64nNk32 e4m3 wgmma for N = 64, 128, 256, and the fences around it.
+// Hopper warpgroup MMA (sm_90a) for the FP8 and MXFP4 logits kernels:
+// shared-memory matrix descriptors for K-major tiles in the 128-byte
+// swizzle, the m64nNk32 e4m3 wgmma for N = 64, 128, 256, the e5m2 wgmma with
+// A from registers for N = 32, 64, 128, and the fences around them.
 // Device code for INDEXER_GPU_WGMMA passes only; include after gpu_compat.h.
 #pragma once
 

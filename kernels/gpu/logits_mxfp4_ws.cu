@@ -157,28 +157,50 @@ __global__ void __launch_bounds__((MxConfig<kRows, kMath, kStages>::kThreads))
   }
   __syncthreads();  // the last block-wide barrier: the roles part here
 
-  // ---- producer: tile n -> slot n % kSlots ---------------------------------
+  // ---- producer warp: lane i owns slot i, issuing tiles i, i + kSlots, ... ---
+  // Each lane walks its own cursor and looks its next tile's page up right
+  // after issuing the current one, so the block-table reads (a dependent
+  // global load per tile with 64-entry pages) overlap the slot's drain and
+  // each other instead of serializing in one lane.
   if (warp == kMath * (kMxWgSize / kWarpSize)) {
-    if (lane != 0) return;
+    static_assert(kSlots <= kWarpSize, "one producer lane per slot");
+    if (lane >= kSlots || lane >= total) return;
     const PageLayout& l = p.layout;
-    int32_t iu = u_first, it = 0;
-    LogitsUnit u = p.step.units[iu];
-    const int32_t* block_row =
-        p.step.block_table + static_cast<int64_t>(p.step.groups[u.group].seq) * p.step.max_pages;
-    for (int32_t n = 0; n < total; ++n) {
-      const int slot = n % kSlots;
-      if (n >= kSlots) MbarWait(&empty[slot], static_cast<uint32_t>(n / kSlots + 1) & 1u);
+    int32_t cu = u_first, ct = 0;
+    LogitsUnit u = p.step.units[cu];
+    LogitsUnit nxt = p.step.units[min(cu + 1, u_last - 1)];  // in flight a unit ahead
+    auto step = [&]() {
+      if (++ct == tiles_of(u) && ++cu < u_last) {
+        ct = 0;
+        u = nxt;
+        nxt = p.step.units[min(cu + 1, u_last - 1)];
+      }
+    };
+    for (int i = 0; i < lane; ++i) step();
+    int32_t group = -1;
+    const int32_t* block_row = nullptr;
+    auto locate = [&]() {
+      if (u.group != group) {
+        group = u.group;
+        block_row = p.step.block_table + static_cast<int64_t>(p.step.groups[group].seq) * p.step.max_pages;
+      }
       // Units start at multiples of 64 entries and pages hold whole tiles:
       // a tile's values and scales are two contiguous runs of one page.
-      const EntryRef ref = LocateEntry(l, p.pool, block_row, u.e_begin + it * kMxTile);
-      uint8_t* dst = slots + slot * kMxSlotBytes;
+      return LocateEntry(l, p.pool, block_row, u.e_begin + ct * kMxTile);
+    };
+    EntryRef ref = locate();
+    const int slot = lane;  // n % kSlots
+    uint8_t* dst = slots + slot * kMxSlotBytes;
+    for (int32_t n = lane; n < total; n += kSlots) {
+      // Tile n - kSlots was the slot's last use: its release is completion
+      // n / kSlots - 1 of `empty`.
+      if (n >= kSlots) MbarWait(&empty[slot], static_cast<uint32_t>(n / kSlots + 1) & 1u);
       MbarArriveExpectTx(&full[slot], kMxSlotBytes);
       BulkLoad(dst, ref.page + l.ValueOffset(ref.e, 0), kMxValueBytes, &full[slot]);
       BulkLoad(dst + kMxValueBytes, ref.page + l.ScaleOffset(ref.e, 0), kMxScaleBytes, &full[slot]);
-      if (++it == tiles_of(u) && ++iu < u_last) {
-        it = 0;
-        u = p.step.units[iu];
-        block_row = p.step.block_table + static_cast<int64_t>(p.step.groups[u.group].seq) * p.step.max_pages;
+      if (n + kSlots < total) {
+        for (int i = 0; i < kSlots; ++i) step();
+        ref = locate();
       }
     }
     return;

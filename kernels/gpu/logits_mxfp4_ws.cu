@@ -177,13 +177,8 @@ __global__ void __launch_bounds__((MxConfig<kRows, kMath, kStages>::kThreads))
       }
     };
     for (int i = 0; i < lane; ++i) step();
-    int32_t group = -1;
-    const int32_t* block_row = nullptr;
     auto locate = [&]() {
-      if (u.group != group) {
-        group = u.group;
-        block_row = p.step.block_table + static_cast<int64_t>(p.step.groups[group].seq) * p.step.max_pages;
-      }
+      const int32_t* block_row = p.step.block_table + static_cast<int64_t>(u.seq) * p.step.max_pages;
       // Units start at multiples of 64 entries and pages hold whole tiles:
       // a tile's values and scales are two contiguous runs of one page.
       return LocateEntry(l, p.pool, block_row, u.e_begin + ct * kMxTile);

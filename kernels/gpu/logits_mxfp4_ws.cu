@@ -3,9 +3,12 @@
 //
 // Structure as logits_wgmma_ws.cu: a persistent grid, block b streams an
 // equal contiguous share of the plan's units as 64-entry K tiles through a
-// ring of kSlots slots filled by one producer lane (two 1-D bulk copies per
-// tile: with linear pages a tile's 4 KiB of packed values and its 256 scale
-// bytes are contiguous), consumed round robin by kMath math warpgroups.
+// ring of kSlots slots, consumed round robin by kMath math warpgroups. The
+// producer warp's lane i owns slot i (tiles i, i + kSlots, ...): two 1-D
+// bulk copies per tile (with linear pages a tile's 4 KiB of packed values
+// and its 256 scale bytes are contiguous) plus the tile's unit facts in
+// shared memory, so neither side waits on a block-table or unit load
+// between two tiles.
 //
 // K is the wgmma A operand from REGISTERS: every math thread reads its
 // fragment bytes (16 packed bytes per entry row) and the entry's scale word
@@ -138,6 +141,9 @@ __global__ void __launch_bounds__((MxConfig<kRows, kMath, kStages>::kThreads))
   uint8_t* slots = smem + C::kOffSlots;  // [kSlots][64 x 64 B values | 64 x 4 B scales]
   __shared__ __align__(8) uint64_t full[kSlots];   // producer -> warpgroup
   __shared__ __align__(8) uint64_t empty[kSlots];  // warpgroup -> producer
+  // Per slot, written by the producer before its copies: {group, the tile's
+  // first entry, the unit's end}; the consumers walk no units.
+  __shared__ int4 tinfo[kSlots];
 
   // ---- this block's share of the units ----------------------------------
   const int64_t units = p.unit_end - p.unit_begin;
@@ -190,6 +196,7 @@ __global__ void __launch_bounds__((MxConfig<kRows, kMath, kStages>::kThreads))
       // Tile n - kSlots was the slot's last use: its release is completion
       // n / kSlots - 1 of `empty`.
       if (n >= kSlots) MbarWait(&empty[slot], static_cast<uint32_t>(n / kSlots + 1) & 1u);
+      tinfo[slot] = make_int4(u.group, u.e_begin + ct * kMxTile, u.e_end, 0);  // released by the arrive
       MbarArriveExpectTx(&full[slot], kMxSlotBytes);
       BulkLoad(dst, ref.page + l.ValueOffset(ref.e, 0), kMxValueBytes, &full[slot]);
       BulkLoad(dst + kMxValueBytes, ref.page + l.ScaleOffset(ref.e, 0), kMxScaleBytes, &full[slot]);
@@ -210,28 +217,20 @@ __global__ void __launch_bounds__((MxConfig<kRows, kMath, kStages>::kThreads))
   float* sq_s = reinterpret_cast<float*>(smem + C::kOffSq) + wg * kN * 4; // [kN, 4]
   uint32_t* sh_s = reinterpret_cast<uint32_t*>(smem + C::kOffSh) + wg * kN;  // [kN] 4 shift bytes
   const uint64_t desc_q = Sw128KMajorDesc(q_s);
-  int32_t cu = u_first, ct = 0;  // cursor: unit, tile in unit
-  LogitsUnit u = p.step.units[cu];
-  int32_t u_tiles = tiles_of(u);
-  auto advance = [&]() {
-    if (++ct == u_tiles && ++cu < u_last) {
-      ct = 0;
-      u = p.step.units[cu];
-      u_tiles = tiles_of(u);
-    }
-  };
-  for (int i = 0; i < wg; ++i) advance();
   int32_t staged = -1;             // group whose Q this warpgroup holds
   int32_t g_rows = 0, g_row0 = 0;  // its rows; its first row in the sub-chunk
   int32_t n_r[kRows];
   bool q_raw = false;              // its Q is staged unscaled (per-block route)
 
   for (int32_t n = wg; n < total; n += kMath) {
+    const int slot = n % kSlots;
+    MbarWait(&full[slot], static_cast<uint32_t>(n / kSlots) & 1u);
+    const int4 ti = tinfo[slot];  // {group, first entry, unit end}: read before the release
     // ---- the group's Q (rows past the group are zero) and weights ---------
-    if (u.group != staged) {
+    if (ti.x != staged) {
       NamedBarrierSync(1 + wg, kMxWgSize);  // every warp is done with the old Q
-      staged = u.group;
-      const LogitsGroup g = p.step.groups[u.group];
+      staged = ti.x;
+      const LogitsGroup g = p.step.groups[ti.x];
       g_rows = g.num_rows;
       g_row0 = g.row_begin - p.row_base;
       const int64_t q0 = static_cast<int64_t>(g.row_begin - p.row_base) * kMxHeads;
@@ -305,8 +304,6 @@ __global__ void __launch_bounds__((MxConfig<kRows, kMath, kStages>::kThreads))
       FenceProxyAsyncShared();  // Q stores before the wgmma reads
       NamedBarrierSync(1 + wg, kMxWgSize);
     }
-    const int slot = n % kSlots;
-    MbarWait(&full[slot], static_cast<uint32_t>(n / kSlots) & 1u);
     // ---- K rows e0, e0 + 8: block t's bytes and the scale words; release --
     const int e0 = wwarp * 16 + gq;
     const uint8_t* kv = slots + slot * kMxSlotBytes;
@@ -316,11 +313,11 @@ __global__ void __launch_bounds__((MxConfig<kRows, kMath, kStages>::kThreads))
     const uint32_t sc1 = *reinterpret_cast<const uint32_t*>(kv + kMxValueBytes + (e0 + 8) * 4);
     __syncwarp();
     if (lane == 0) MbarArrive(&empty[slot]);
-    const int32_t pos0 = u.e_begin + ct * kMxTile + e0;
+    const int32_t pos0 = ti.y + e0, e_end = ti.z;
     // ---- the route (entries past the unit are never stored: ignored) -------
     const uint32_t emax0 = MaxByte(sc0), emax1 = MaxByte(sc1);
-    const bool ok = (pos0 >= u.e_end || FastRow(v0, sc0, emax0, t)) &&
-                    (pos0 + 8 >= u.e_end || FastRow(v1, sc1, emax1, t));
+    const bool ok = (pos0 >= e_end || FastRow(v0, sc0, emax0, t)) &&
+                    (pos0 + 8 >= e_end || FastRow(v1, sc1, emax1, t));
     const bool per_block = q_raw || NamedBarrierOr(1 + wg, kMxWgSize, !ok);
     // Stores rows e0 (s0), e0 + 8 (s1) of query row r: every lane of the
     // quad holds both sums, two lanes store.
@@ -427,8 +424,6 @@ __global__ void __launch_bounds__((MxConfig<kRows, kMath, kStages>::kThreads))
         store(r, s0, s1);
       }
     }
-#pragma unroll
-    for (int i = 0; i < kMath; ++i) advance();
   }
 #endif  // INDEXER_GPU_WGMMA
 }

@@ -303,7 +303,9 @@ absl::StatusOr<std::unique_ptr<GpuBackend::Step>> GpuBackend::MakeStep(
       ws_.logits_floats,
       static_cast<int32_t>(std::min<int64_t>(ws_.max_rows, ws_.q_bytes / (int64_t{ws_.max_heads} * vb))),
       props_.multiProcessorCount,
-      // FP8 on sm_90 runs the persistent wgmma kernel: fine units.
+      // FP8 on sm_90 runs the persistent wgmma kernel: fine units. (The
+      // MXFP4 one keeps the coarse units: its producer lanes walk kSlots
+      // tiles a step and would stall on every unit crossed.)
       layout.format == KvFormat::kFp8 && props_.major == 9 ? 256 : 0};
   ASSIGN_OR_RETURN(StepPlan plan, PlanStep(rows, limits));
 

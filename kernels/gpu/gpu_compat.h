@@ -48,6 +48,8 @@ struct alignas(64) TensorMap {
 
 #if defined(INDEXER_GPU_HIP)
 #define INDEXER_GRID_CONSTANT
+// A kernel's register cap (CUDA __maxnreg__); HIP sizes from launch bounds.
+#define INDEXER_MAXNREG(n)
 using Error = hipError_t;
 using Stream = hipStream_t;
 using Event = hipEvent_t;
@@ -111,6 +113,7 @@ inline bool IsSticky(Error e) {
 }
 #else
 #define INDEXER_GRID_CONSTANT __grid_constant__
+#define INDEXER_MAXNREG(n) __maxnreg__(n)
 using Error = cudaError_t;
 using Stream = cudaStream_t;
 using Event = cudaEvent_t;

@@ -265,6 +265,10 @@ absl::Status LaunchDenseLogits(const LogitsParams& p, int cc_major,
                                const char** which, int max_path) {
   const char* unused;
   if (which == nullptr) which = &unused;
+  if (max_path >= 2 && WgmmaMxfp4Enabled() && WgmmaMxfp4Supported(p, cc_major, cc_minor)) {
+    *which = "wgmma_mxfp4";
+    return LaunchDenseLogitsWgmmaMxfp4(p, stream);
+  }
   if (max_path >= 2 && WgmmaLogitsSupported(p, cc_major, cc_minor)) {
     if (WgmmaWsEnabled() && WgmmaWsSupported(p)) {
       *which = "wgmma_ws";

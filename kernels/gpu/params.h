@@ -68,9 +68,10 @@ struct LogitsParams {
 };
 
 // The fastest path the device, format, layout and H allow: "wgmma_ws" or
-// "wgmma" (sm_90a, FP8), "mma" (sm_89+ mma.sync, FP8 and MXFP4) or
-// "portable"; `which` (may be null) gets its name. `max_path` caps it (tests
-// compare the paths): 0 portable, 1 mma, 2 wgmma (either form).
+// "wgmma" (sm_90a, FP8), "wgmma_mxfp4" (sm_90a, MXFP4), "mma" (sm_89+
+// mma.sync, FP8 and MXFP4) or "portable"; `which` (may be null) gets its
+// name. `max_path` caps it (tests compare the paths): 0 portable, 1 mma,
+// 2 wgmma (any form).
 absl::Status LaunchDenseLogits(const LogitsParams& p, int cc_major,
                                int cc_minor, Stream stream,
                                const char** which = nullptr, int max_path = 2);
@@ -92,6 +93,13 @@ absl::Status LaunchDenseLogitsWgmma(const LogitsParams& p, Stream stream);
 bool WgmmaWsEnabled();
 bool WgmmaWsSupported(const LogitsParams& p);
 absl::Status LaunchDenseLogitsWgmmaWs(const LogitsParams& p, Stream stream);
+// Hopper warpgroup-MMA MXFP4 path (sm_90a, logits_mxfp4_ws.cu): linear
+// pages of a multiple of 64 entries, D = 128, H = 64, groups of <= 2 rows
+// (decode); K streamed by bulk copies and widened to e5m2 in registers. On
+// by default; env INDEXER_GPU_WGMMA_MXFP4=0 turns it off.
+bool WgmmaMxfp4Enabled();
+bool WgmmaMxfp4Supported(const LogitsParams& p, int cc_major, int cc_minor);
+absl::Status LaunchDenseLogitsWgmmaMxfp4(const LogitsParams& p, Stream stream);
 
 // ---- top-k -----------------------------------------------------------------
 struct TopkParams {

@@ -476,6 +476,7 @@ int main(int argc, char** argv) {
   shapes.push_back({"decode fp8 B=64 next_n=2 n=32k (mma.sync)", f8, 64, 2, 32768, 2048, "", 1});
   shapes.push_back({"decode mxfp4 B=64 next_n=1 n=32k", mx, 64, 1, 32768, 2048, "layer <= 0.6x fp8"});
   shapes.push_back({"decode mxfp4 B=64 next_n=2 n=32k", mx, 64, 2, 32768, 2048, ""});
+  shapes.push_back({"decode mxfp4 B=64 next_n=1 n=32k (mma.sync)", mx, 64, 1, 32768, 2048, "", 1});
   shapes.push_back({"decode mxfp4 B=1 next_n=1 n=128k", mx, 1, 1, 131072, 2048, ""});
   shapes.push_back({"decode mxfp4 B=128 next_n=1 n=128k", mx, 128, 1, 131072, 2048, ""});
   shapes.push_back({"prefill fp8 4k rows n=32k", f8, 1, 4096, 32768, 2048, ">= 800 TFLOP/s"});

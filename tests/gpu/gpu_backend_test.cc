@@ -422,11 +422,152 @@ std::vector<Shape> Shapes() {
       {mx, 64, false, 1, 1, 1, 30000, 40000, 64, 2048, 2},
       {mx, 64, false, 3, 5, 70, 0, 3000, 64, 256, 2, K::kBf16, true, 37},
       {mx, 16, false, 5, 1, 4, 0, 900, 64, 64, 2, K::kQuantized},
+      // the MXFP4 wgmma kernel (linear E % 64, groups of <= 2 rows) and
+      // mma.sync on the same shapes
+      {mx, 64, false, 23, 1, 1, 0, 5000, 64, 512, 2},
+      {mx, 64, false, 23, 1, 2, 0, 5000, 64, 512, 2},
+      {mx, 64, false, 23, 1, 2, 0, 5000, 64, 512, 1},
+      {mx, 128, false, 5, 1, 2, 100, 3000, 64, 256, 2},
+      {mx, 128, false, 1, 1, 1, 60, 70, 64, 64, 2},
+      {mx, 64, false, 3, 2, 2, 9000, 20000, 64, 1024, 2, K::kQuantized},
+      {mx, 128, false, 2, 1, 1, 30000, 40000, 64, 2048, 2, K::kBf16},
   };
 }
 
 INSTANTIATE_TEST_SUITE_P(Shapes, GpuDenseTest, ::testing::ValuesIn(Shapes()),
                          [](const auto& info) { return Name(info.param); });
+
+// MXFP4 with adversarial block exponents (SPEC §3 dot products must stay
+// exact per block): pre-quantized K and Q whose blocks differ by 14..30
+// binary orders inside one entry or one head, arranged so that the small
+// blocks meet large blocks of the other operand and carry as much of the
+// dot product as the rest. Sequence kinds (s % 4):
+//   0: Q spans 13 (block 0 high), K entries normal or block 0 low by 14..20;
+//   1: Q spans 20..24 (block 1 high), K normal or block 1 low by the same;
+//   2: K entries near 2^70 against Q at 2^-70;
+//   3: normal, with all-zero blocks in some K entries and Q heads (scale
+//      byte 1, as the quantizer writes them).
+// The wgmma kernel takes its fast route, the per-block route for K and the
+// unscaled-Q route on these; mma.sync and portable are run on them too.
+struct AdversarialShape {
+  int32_t page_entries;
+  int32_t q_len_max;
+  int max_path;
+};
+
+class GpuMxfp4AdversarialTest : public ::testing::TestWithParam<AdversarialShape> {};
+
+TEST_P(GpuMxfp4AdversarialTest, TopkMatchesReference) {
+  SKIP_WITHOUT_GPU();
+  const AdversarialShape sh = GetParam();
+  const PageLayout layout = *PageLayout::Make(KvFormat::kMxfp4, 128, sh.page_entries);
+  const int32_t seqs = 8, heads = 64, topk = 128;
+  std::mt19937 rng(99 + sh.page_entries + sh.q_len_max);
+  std::uniform_int_distribution<int32_t> hist(700, 2600), ql(1, sh.q_len_max), byte(0, 255);
+  std::vector<int32_t> old_e, new_e, q_lens, zeros(seqs, 0);
+  std::vector<std::vector<int32_t>> pages(seqs);
+  int64_t total_pages = 0;
+  for (int32_t s = 0; s < seqs; ++s) {
+    q_lens.push_back(ql(rng));
+    old_e.push_back(hist(rng));
+    new_e.push_back(old_e.back() + q_lens.back());
+    total_pages += (new_e.back() + sh.page_entries - 1) / sh.page_entries;
+  }
+  int64_t next = 0;
+  for (int32_t s = 0; s < seqs; ++s) {
+    for (int32_t i = 0; i < (new_e[s] + sh.page_entries - 1) / sh.page_entries; ++i) pages[s].push_back(next++);
+  }
+  Pair p = MakePair(layout, total_pages);
+  ASSERT_NE(p.gpu_pool, nullptr);
+  static_cast<gpu::GpuBackend*>(p.gpu.get())->set_max_logits_path(sh.max_path);
+  const StepRows rows = MakeStep(zeros, new_e, q_lens, sh.page_entries, pages, 0);
+
+  // ---- K: [n, 64 packed | 4 scale bytes], sequence by sequence -----------
+  const int32_t eb = layout.entry_bytes();
+  std::vector<uint8_t> kq(static_cast<size_t>(rows.NewEntries()) * eb);
+  std::uniform_int_distribution<int32_t> kind(0, 3), base(120, 134), wide(14, 20), block(0, 3);
+  for (int32_t s = 0; s < seqs; ++s) {
+    for (int32_t e = rows.seq_k_begin[s]; e < rows.seq_k_begin[s + 1]; ++e) {
+      uint8_t* x = kq.data() + static_cast<int64_t>(e) * eb;
+      for (int32_t i = 0; i < 64; ++i) x[i] = static_cast<uint8_t>(byte(rng));
+      const int32_t b0 = base(rng), k = kind(rng);
+      for (int32_t b = 0; b < 4; ++b) x[64 + b] = static_cast<uint8_t>(b0 + block(rng) % 2);
+      // Wide entries in half of the 64-entry tiles: the others stay fast.
+      if (s % 4 == 0 && k < 2 && (e - rows.seq_k_begin[s]) % 128 < 64) {
+        x[64 + 0] = static_cast<uint8_t>(b0 - wide(rng));
+      }
+      if (s % 4 == 1 && k < 2) x[64 + 1] = static_cast<uint8_t>(b0 - 20 - block(rng));
+      if (s % 4 == 3 && k == 0) {
+        const int32_t zb = block(rng);
+        for (int32_t i = 0; i < 16; ++i) x[zb * 16 + i] = 0;
+        x[64 + zb] = 1;
+      }
+      if (s % 4 == 2 && k == 1) {
+        for (int32_t b = 0; b < 4; ++b) x[64 + b] = static_cast<uint8_t>(127 + 70 + block(rng));
+      }
+    }
+  }
+  KInput kin;
+  kin.kind = KInput::Kind::kQuantized;
+  kin.data = kq.data();
+  ASSERT_TRUE(p.cpu->WriteEntries(layout, p.cpu_pool, rows, nullptr, kin).ok());
+  auto ctx = p.gpu->PrepareStep(layout, rows);
+  ASSERT_TRUE(ctx.ok()) << ctx.status();
+  auto w = p.gpu->WriteEntries(layout, p.gpu_pool, rows, ctx->get(), kin);
+  ASSERT_TRUE(w.ok()) << w.status();
+  ExpectPoolsEqual(p, layout);
+
+  // ---- Q: the sequence's kind of spans -----------------------------------
+  QData q = MakeQ(rng, layout, rows.num_rows, heads);
+  for (int32_t r = 0; r < rows.num_rows; ++r) {
+    const int32_t s = rows.row_seq[r];
+    for (int32_t h = 0; h < heads; ++h) {
+      uint8_t* sc = q.scales.data() + (static_cast<int64_t>(r) * heads + h) * 4;
+      uint8_t* v = q.values.data() + (static_cast<int64_t>(r) * heads + h) * 64;
+      const int32_t b0 = base(rng);
+      for (int32_t b = 0; b < 4; ++b) sc[b] = static_cast<uint8_t>(b0 + block(rng) % 2);
+      if (s % 4 == 0) sc[0] = static_cast<uint8_t>(b0 + 13 - block(rng) % 2);
+      if (s % 4 == 1) sc[1] = static_cast<uint8_t>(b0 + 20 + block(rng));
+      if (s % 4 == 2) {
+        for (int32_t b = 0; b < 4; ++b) sc[b] = static_cast<uint8_t>(sc[b] - 70);
+      }
+      if (s % 4 == 3) {
+        if (h % 3 == 0) {
+          const int32_t zb = block(rng);
+          for (int32_t i = 0; i < 16; ++i) v[zb * 16 + i] = static_cast<uint8_t>(v[zb * 16 + i] & 0x88);
+          sc[zb] = 1;
+        }
+      }
+    }
+  }
+  std::vector<int32_t> got(static_cast<size_t>(rows.num_rows) * topk, -7);
+  auto t = p.gpu->DenseTopk(layout, p.gpu_pool, rows, ctx->get(), q.input, topk, got.data());
+  ASSERT_TRUE(t.ok()) << t.status();
+  const std::string path = static_cast<gpu::GpuBackend*>(p.gpu.get())->last_logits_path();
+  std::printf("[   path   ] logits kernel: %s\n", path.c_str());
+  gpu::DeviceProp prop;
+  ASSERT_EQ(gpu::GetDeviceProperties(&prop, 0), gpu::kSuccess);
+  if (sh.max_path == 2 && prop.major == 9 && prop.minor == 0 && std::getenv("INDEXER_GPU_WGMMA_MXFP4") == nullptr) {
+    EXPECT_EQ(path, "wgmma_mxfp4");
+  }
+  std::vector<double> logit, tol;
+  for (int32_t r = 0; r < rows.num_rows; ++r) {
+    RefLogits(p, layout, rows, q, r, &logit, &tol);
+    ExpectTopkRow(got.data() + static_cast<int64_t>(r) * topk, rows.row_visible[r], topk, logit, tol,
+                  "gpu (" + path + ") row " + std::to_string(r) + " seq " + std::to_string(rows.row_seq[r]));
+    if (HasFatalFailure()) return;
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Scales, GpuMxfp4AdversarialTest,
+                         ::testing::Values(AdversarialShape{64, 1, 2}, AdversarialShape{128, 1, 2},
+                                           AdversarialShape{64, 2, 2}, AdversarialShape{128, 2, 2},
+                                           AdversarialShape{64, 2, 1}, AdversarialShape{64, 2, 0}),
+                         [](const auto& info) {
+                           return "E" + std::to_string(info.param.page_entries) + "_q" +
+                                  std::to_string(info.param.q_len_max) +
+                                  (info.param.max_path == 0 ? "_portable" : info.param.max_path == 1 ? "_mma" : "");
+                         });
 
 // A tiny logits workspace forces sub-chunks inside the server's chunks
 // (~9 of them: more timed kernels than one call's events, so the call also

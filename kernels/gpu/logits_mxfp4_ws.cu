@@ -1,0 +1,508 @@
+// Hopper (sm_90a) MXFP4 dense logits, warp-specialized: the decode fast path
+// for linear MXFP4 pages of a multiple of 64 entries, H = 64, D = 128.
+//
+// Structure as logits_wgmma_ws.cu: a persistent grid, block b streams an
+// equal contiguous share of the plan's units as 64-entry K tiles through a
+// ring of kSlots slots, consumed round robin by kMath math warpgroups. The
+// producer warp's lane i owns slot i (tiles i, i + kSlots, ...): two 1-D
+// bulk copies per tile (with linear pages a tile's 4 KiB of packed values
+// and its 256 scale bytes are contiguous) plus the tile's unit facts in
+// shared memory, so neither side waits on a block-table or unit load
+// between two tiles.
+//
+// K is the wgmma A operand from REGISTERS: every math thread reads its
+// fragment bytes (16 packed bytes per entry row) and the entry's scale word
+// from the slot, releases the slot at once, and widens e2m1 to e5m2 with a
+// byte-permute table. Q (B operand, N = kRows * 64 heads) is widened once per
+// row group into a 128-byte-swizzled tile.
+//
+// Exactness (SPEC §3: sum_b 2^(eq_b + ek_b - 254) * P_b, P_b the exact 32-term
+// partial of block b). The reduction dimension is permuted identically in A
+// and B so that thread quad lane t holds all of block t of its rows: k-slice
+// j takes elements 8j..8j+7 of every block (A bytes t*4.. and 16 + t*4..).
+//   fast route: each block's values are scaled in the operand by 2^-s, s =
+//     (the entry's / head's largest block exponent) - (the block's), exact
+//     in e5m2 for s <= 13; one accumulator chain then yields
+//     sum_b 2^-(s_b + sq_b) P_b, and the powers 2^(ek_max - 127) (per entry,
+//     after the head sum) and 2^(eq_max - 127) (per head, in the weight)
+//     restore the scale. Every block partial is exact; the four are summed
+//     in the tensor core's fp32 accumulator, as the FP8 kernel sums its
+//     products.
+//   per-block route, for a tile with an entry outside that range (a block
+//     shift > 13 on a nonzero block, or a largest exponent farther than
+//     kExpWindow from 2^0): four chains, chain b with every block but b
+//     zeroed in A, each P_b exact in its own accumulator, then
+//     total += C_b * 2^(ek_b - 127) in fp32. A row group whose Q is outside
+//     the range is staged unscaled and all its tiles take this route with the
+//     factor 2^(ek_b - 127) * 2^(eq_b - 127) per (entry, head, block).
+//   The route is uniform over a warpgroup (bar.red.or), since wgmma is.
+#include "kernels/gpu/gpu_compat.h"  // first: the runtime defines __device__ & co.
+
+#include <algorithm>
+#include <cstdlib>
+
+#include "absl/strings/str_cat.h"
+#include "kernels/format/fp8.h"
+#include "kernels/format/mxfp4.h"
+#include "kernels/gpu/paged.h"
+#include "kernels/gpu/params.h"
+#include "kernels/gpu/wgmma_sm90.h"
+
+namespace indexer {
+namespace gpu {
+namespace {
+
+constexpr int kMxTile = 64;                          // entries per K tile (wgmma M)
+constexpr int kMxDim = 128;                          // D
+constexpr int kMxHeads = 64;                         // H
+constexpr int kMxValueBytes = kMxTile * kMxDim / 2;  // packed e2m1 of a tile
+constexpr int kMxScaleBytes = kMxTile * kMxDim / 32; // e8m0 of a tile
+constexpr int kMxSlotBytes = kMxValueBytes + kMxScaleBytes;
+constexpr int kMxWgSize = 4 * kWarpSize;             // a warpgroup
+// e2m1 * 2^-s stays a normal e5m2 value for s <= 13 (0.5 * 2^-13 = 2^-14).
+constexpr uint32_t kMaxShift = 13;
+// Fast route only for largest block exponents within 2^+-60: the folded
+// powers and the weight products stay normal fp32.
+constexpr uint32_t kExpWindow = 60;
+
+template <int kRows, int kMath, int kStages>
+struct MxConfig {
+  static constexpr int kN = kRows * kMxHeads;              // wgmma N
+  static constexpr int kSlots = kMath * kStages;           // ring slots
+  static constexpr int kThreads = kMath * kMxWgSize + kWarpSize;  // + producer warp
+  static constexpr int kQBytes = kN * kMxDim;              // one warpgroup's widened Q
+  // Shared memory from a 1024-byte aligned base: Q per warpgroup (swizzled,
+  // 1024-byte aligned) | slots [values | scales] | per warpgroup: weights
+  // [kN], Q block factors [kN, 4], Q block shifts [kN] | alignment slack.
+  static constexpr int kOffSlots = kMath * kQBytes;
+  static constexpr int kOffW = kOffSlots + kSlots * kMxSlotBytes;
+  static constexpr int kOffSq = kOffW + kMath * kN * 4;
+  static constexpr int kOffSh = kOffSq + kMath * kN * 16;
+  static constexpr int kSmem = kOffSh + kMath * kN * 4 + 1024;
+  // One block per SM: each of the four SM sub-partitions holds 16K
+  // registers and ceil(warps / 4) of the block's warps.
+  static constexpr int kMaxRegs = 16384 / ((kThreads / kWarpSize + 3) / 4 * kWarpSize) / 8 * 8;
+
+  static_assert(kN == 64 || kN == 128, "wgmma N of 64 or 128 (kRows 1 or 2)");
+  static_assert(kN <= kMxWgSize, "Q staging: one thread per head");
+  static_assert(kMath >= 1 && kMath <= 4, "1..4 math warpgroups (named barriers 1..kMath)");
+  static_assert(kStages >= 2, "at least double-buffered per warpgroup");
+  static_assert(kOffSlots % 1024 == 0 && kQBytes % 1024 == 0, "swizzled Q 1024-byte aligned");
+  static_assert(kMxSlotBytes % 16 == 0 && kMxValueBytes % 16 == 0, "bulk copies land 16-byte aligned");
+  static_assert(kSmem <= 227 * 1024, "fits one block's shared memory");
+};
+
+#if INDEXER_GPU_WGMMA
+// e5m2 codes of the e2m1 magnitudes {0, .5, 1, 1.5, 2, 3, 4, 6} * 2^-s
+// (s <= kMaxShift: each exponent field stays >= 1), as the two words of a
+// byte-permute table.
+__device__ __forceinline__ uint2 E5m2Table(uint32_t s) {
+  return make_uint2(0x3e3c3800u - s * 0x04040400u, 0x46444240u - s * 0x04040404u);
+}
+
+// Four e2m1 nibbles (bits 0..15 of x, element i in nibble i) -> four e5m2
+// codes (element i in byte i): magnitude through the table, sign to bit 7.
+__device__ __forceinline__ uint32_t WidenE2m1x4(uint32_t x, uint2 lut) {
+  return __byte_perm(lut.x, lut.y, x & 0x7777u) | __byte_perm(0u, 0x80808080u, (x >> 1) & 0x4444u);
+}
+
+__device__ __forceinline__ uint32_t MaxByte(uint32_t w) {
+  const uint32_t m = __vmaxu4(w, w >> 16);
+  return __vmaxu4(m, m >> 8) & 0xffu;
+}
+
+__device__ __forceinline__ bool InWindow(uint32_t e) {
+  return e + kExpWindow >= 127u && e <= 127u + kExpWindow;
+}
+
+__device__ __forceinline__ uint32_t Word(const uint4& v, int j) {
+  return j == 0 ? v.x : j == 1 ? v.y : j == 2 ? v.z : v.w;
+}
+
+// Whether the fast route holds for one entry row: block t's shift from the
+// row's largest exponent, exact when <= kMaxShift or the block is all zeros.
+__device__ __forceinline__ bool FastRow(const uint4& v, uint32_t sc, uint32_t emax, int t) {
+  const uint32_t s = emax - ((sc >> (8 * t)) & 0xffu);
+  const bool zero = ((v.x | v.y | v.z | v.w) & 0x77777777u) == 0;
+  return (s <= kMaxShift || zero) && InWindow(emax);
+}
+#endif  // INDEXER_GPU_WGMMA
+
+template <int kRows, int kMath, int kStages>
+__global__ void __launch_bounds__((MxConfig<kRows, kMath, kStages>::kThreads))
+    INDEXER_MAXNREG((MxConfig<kRows, kMath, kStages>::kMaxRegs)) DenseLogitsWgmmaMxfp4Kernel(const INDEXER_GRID_CONSTANT LogitsParams p) {
+#if INDEXER_GPU_WGMMA
+  using C = MxConfig<kRows, kMath, kStages>;
+  constexpr int kN = C::kN, kSlots = C::kSlots;
+  static_assert(kMxWgSize == 128, "wgmma runs on warpgroups of 128 threads");
+  extern __shared__ uint8_t smem_raw[];
+  uint8_t* smem = reinterpret_cast<uint8_t*>(
+      (reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t{1023});
+  uint8_t* slots = smem + C::kOffSlots;  // [kSlots][64 x 64 B values | 64 x 4 B scales]
+  __shared__ __align__(8) uint64_t full[kSlots];   // producer -> warpgroup
+  __shared__ __align__(8) uint64_t empty[kSlots];  // warpgroup -> producer
+  // Per slot, written by the producer before its copies: {group, the tile's
+  // first entry, the unit's end}; the consumers walk no units.
+  __shared__ int4 tinfo[kSlots];
+
+  // ---- this block's share of the units ----------------------------------
+  const int64_t units = p.unit_end - p.unit_begin;
+  const int32_t u_first = p.unit_begin + static_cast<int32_t>(units * blockIdx.x / gridDim.x);
+  const int32_t u_last = p.unit_begin + static_cast<int32_t>(units * (blockIdx.x + 1) / gridDim.x);
+  if (u_first == u_last) return;
+  const int tid = threadIdx.x, warp = WarpId(), lane = LaneId();
+  auto tiles_of = [](const LogitsUnit& u) { return (u.e_end - u.e_begin + kMxTile - 1) / kMxTile; };
+  int32_t total = 0;
+  for (int32_t ui = u_first; ui < u_last; ++ui) total += tiles_of(p.step.units[ui]);
+  if (tid == 0) {
+    for (int s = 0; s < kSlots; ++s) {
+      MbarInit(&full[s], 1);                        // the producer's expect_tx
+      MbarInit(&empty[s], kMxWgSize / kWarpSize);   // one arrival per consumer warp
+    }
+    FenceMbarInit();
+  }
+  __syncthreads();  // the last block-wide barrier: the roles part here
+
+  // ---- producer warp: lane i owns slot i, issuing tiles i, i + kSlots, ... ---
+  // Each lane walks its own cursor and looks its next tile's page up right
+  // after issuing the current one, so the block-table reads (a dependent
+  // global load per tile with 64-entry pages) overlap the slot's drain and
+  // each other instead of serializing in one lane.
+  if (warp == kMath * (kMxWgSize / kWarpSize)) {
+    static_assert(kSlots <= kWarpSize, "one producer lane per slot");
+    if (lane >= kSlots || lane >= total) return;
+    const PageLayout& l = p.layout;
+    int32_t cu = u_first, ct = 0;
+    LogitsUnit u = p.step.units[cu];
+    LogitsUnit nxt = p.step.units[min(cu + 1, u_last - 1)];  // in flight a unit ahead
+    auto step = [&]() {
+      if (++ct == tiles_of(u) && ++cu < u_last) {
+        ct = 0;
+        u = nxt;
+        nxt = p.step.units[min(cu + 1, u_last - 1)];
+      }
+    };
+    for (int i = 0; i < lane; ++i) step();
+    auto locate = [&]() {
+      const int32_t* block_row = p.step.block_table + static_cast<int64_t>(u.seq) * p.step.max_pages;
+      // Units start at multiples of 64 entries and pages hold whole tiles:
+      // a tile's values and scales are two contiguous runs of one page.
+      return LocateEntry(l, p.pool, block_row, u.e_begin + ct * kMxTile);
+    };
+    EntryRef ref = locate();
+    const int slot = lane;  // n % kSlots
+    uint8_t* dst = slots + slot * kMxSlotBytes;
+    for (int32_t n = lane; n < total; n += kSlots) {
+      // Tile n - kSlots was the slot's last use: its release is completion
+      // n / kSlots - 1 of `empty`.
+      if (n >= kSlots) MbarWait(&empty[slot], static_cast<uint32_t>(n / kSlots + 1) & 1u);
+      tinfo[slot] = make_int4(u.group, u.e_begin + ct * kMxTile, u.e_end, 0);  // released by the arrive
+      MbarArriveExpectTx(&full[slot], kMxSlotBytes);
+      BulkLoad(dst, ref.page + l.ValueOffset(ref.e, 0), kMxValueBytes, &full[slot]);
+      BulkLoad(dst + kMxValueBytes, ref.page + l.ScaleOffset(ref.e, 0), kMxScaleBytes, &full[slot]);
+      if (n + kSlots < total) {
+        for (int i = 0; i < kSlots; ++i) step();
+        ref = locate();
+      }
+    }
+    return;
+  }
+
+  // ---- math warpgroup wg: tiles wg, wg + kMath, ... -------------------------
+  const int wg = warp / (kMxWgSize / kWarpSize);
+  const int wt = tid % kMxWgSize, wwarp = warp % (kMxWgSize / kWarpSize);
+  const int gq = lane / 4, t = lane % 4;
+  uint8_t* q_s = smem + wg * C::kQBytes;                                   // [kN, 128] e5m2, swizzled
+  float* w_s = reinterpret_cast<float*>(smem + C::kOffW) + wg * kN;       // [kN], halved
+  float* sq_s = reinterpret_cast<float*>(smem + C::kOffSq) + wg * kN * 4; // [kN, 4]
+  uint32_t* sh_s = reinterpret_cast<uint32_t*>(smem + C::kOffSh) + wg * kN;  // [kN] 4 shift bytes
+  const uint64_t desc_q = Sw128KMajorDesc(q_s);
+  int32_t staged = -1;             // group whose Q this warpgroup holds
+  int32_t g_rows = 0, g_row0 = 0;  // its rows; its first row in the sub-chunk
+  int32_t n_r[kRows];
+  bool q_raw = false;              // its Q is staged unscaled (per-block route)
+
+  for (int32_t n = wg; n < total; n += kMath) {
+    const int slot = n % kSlots;
+    MbarWait(&full[slot], static_cast<uint32_t>(n / kSlots) & 1u);
+    const int4 ti = tinfo[slot];  // {group, first entry, unit end}: read before the release
+    // ---- the group's Q (rows past the group are zero) and weights ---------
+    if (ti.x != staged) {
+      NamedBarrierSync(1 + wg, kMxWgSize);  // every warp is done with the old Q
+      staged = ti.x;
+      const LogitsGroup g = p.step.groups[ti.x];
+      g_rows = g.num_rows;
+      g_row0 = g.row_begin - p.row_base;
+      const int64_t q0 = static_cast<int64_t>(g.row_begin - p.row_base) * kMxHeads;
+      const int nh = g.num_rows * kMxHeads;
+      // Phase 1, thread h = head h: largest exponent over the nonzero
+      // blocks, each block's shift from it, and whether all are in range.
+      bool bad = false;
+      uint32_t emax = 127;
+      float wh = 0.f;
+      if (wt < kN) {
+        uint32_t shifts = 0;
+        float sq[4] = {0.f, 0.f, 0.f, 0.f};
+        if (wt < nh) {
+          const uint4* src = reinterpret_cast<const uint4*>(p.q_values + (q0 + wt) * (kMxDim / 2));
+          const uint32_t sc = *reinterpret_cast<const uint32_t*>(p.q_scales + (q0 + wt) * 4);
+          uint32_t nz = 0, m = 0;
+#pragma unroll
+          for (int b = 0; b < 4; ++b) {
+            const uint4 x = src[b];
+            const uint32_t eb = (sc >> (8 * b)) & 0xffu;
+            if (((x.x | x.y | x.z | x.w) & 0x77777777u) != 0) {
+              nz |= 1u << b;
+              m = max(m, eb);
+            }
+            sq[b] = format_internal::ExactPow2(static_cast<int32_t>(eb) - 127);
+          }
+          if (nz != 0) emax = m;
+#pragma unroll
+          for (int b = 0; b < 4; ++b) {
+            const uint32_t s = (nz >> b) & 1u ? emax - ((sc >> (8 * b)) & 0xffu) : 0u;
+            bad |= s > kMaxShift;
+            shifts |= min(s, kMaxShift) << (8 * b);
+          }
+          bad |= !InWindow(emax);
+          wh = p.weights[q0 + wt];
+        }
+        sh_s[wt] = shifts;
+#pragma unroll
+        for (int b = 0; b < 4; ++b) sq_s[wt * 4 + b] = sq[b];
+      }
+      q_raw = NamedBarrierOr(1 + wg, kMxWgSize, bad);
+      if (wt < kN) {
+        // Halved: ReLU(x) * w is taken as (x + |x|) * (w / 2), exact.
+        wh *= 0.5f;
+        if (!q_raw) {
+          wh *= format_internal::ExactPow2(static_cast<int32_t>(emax) - 127);
+          sq_s[wt * 4 + 0] = sq_s[wt * 4 + 1] = sq_s[wt * 4 + 2] = sq_s[wt * 4 + 3] = 1.f;
+        }
+        w_s[wt] = wh;
+      }
+      // Phase 2: 16-byte chunk c of head h holds, for block b = 0..3, the
+      // e5m2 of elements 32b + 8(c/2) + 4(c%2) + 0..3 at bytes 4b..4b+3: the
+      // k order of the K fragments.
+#pragma unroll 1
+      for (int q = wt; q < kN * (kMxDim / 16); q += kMxWgSize) {
+        const int h = q / (kMxDim / 16), c = q % (kMxDim / 16);
+        uint32_t o[4] = {0u, 0u, 0u, 0u};
+        if (h < nh) {
+          const uint32_t sh = q_raw ? 0u : sh_s[h];
+          const uint8_t* src = p.q_values + (q0 + h) * (kMxDim / 2) + 4 * (c / 2) + 2 * (c % 2);
+#pragma unroll
+          for (int b = 0; b < 4; ++b) {
+            const uint32_t x = *reinterpret_cast<const uint16_t*>(src + 16 * b);
+            o[b] = WidenE2m1x4(x, E5m2Table((sh >> (8 * b)) & 0xffu));
+          }
+        }
+        *reinterpret_cast<uint4*>(q_s + h * kMxDim + ((c ^ (h % 8)) * 16)) = make_uint4(o[0], o[1], o[2], o[3]);
+      }
+#pragma unroll
+      for (int r = 0; r < kRows; ++r) n_r[r] = r < g.num_rows ? p.step.row_visible[g.row_begin + r] : 0;
+      FenceProxyAsyncShared();  // Q stores before the wgmma reads
+      NamedBarrierSync(1 + wg, kMxWgSize);
+    }
+    // ---- K rows e0, e0 + 8: block t's bytes and the scale words; release --
+    const int e0 = wwarp * 16 + gq;
+    const uint8_t* kv = slots + slot * kMxSlotBytes;
+    const uint4 v0 = *reinterpret_cast<const uint4*>(kv + e0 * (kMxDim / 2) + t * 16);
+    const uint4 v1 = *reinterpret_cast<const uint4*>(kv + (e0 + 8) * (kMxDim / 2) + t * 16);
+    const uint32_t sc0 = *reinterpret_cast<const uint32_t*>(kv + kMxValueBytes + e0 * 4);
+    const uint32_t sc1 = *reinterpret_cast<const uint32_t*>(kv + kMxValueBytes + (e0 + 8) * 4);
+    __syncwarp();
+    if (lane == 0) MbarArrive(&empty[slot]);
+    const int32_t pos0 = ti.y + e0, e_end = ti.z;
+    // ---- the route (entries past the unit are never stored: ignored) -------
+    const uint32_t emax0 = MaxByte(sc0), emax1 = MaxByte(sc1);
+    const bool ok = (pos0 >= e_end || FastRow(v0, sc0, emax0, t)) &&
+                    (pos0 + 8 >= e_end || FastRow(v1, sc1, emax1, t));
+    const bool per_block = q_raw || NamedBarrierOr(1 + wg, kMxWgSize, !ok);
+    // Stores rows e0 (s0), e0 + 8 (s1) of query row r: every lane of the
+    // quad holds both sums, two lanes store.
+    auto store = [&](int r, float s0, float s1) {
+      if (r < g_rows) {
+        float* out = p.logits + static_cast<int64_t>(g_row0 + r) * p.stride;
+        if (t == 0 && pos0 < n_r[r]) out[pos0] = s0;
+        if (t == 1 && pos0 + 8 < n_r[r]) out[pos0 + 8] = s1;
+      }
+    };
+    if (!per_block) {
+      // ---- fast route: A fragments, k-slice j = elements 8j..8j+7 of block
+      // t scaled by 2^-s; one chain C = K' . Q'^T over four k32 slices ------
+      const uint2 lut0 = E5m2Table(min(emax0 - ((sc0 >> (8 * t)) & 0xffu), kMaxShift));
+      const uint2 lut1 = E5m2Table(min(emax1 - ((sc1 >> (8 * t)) & 0xffu), kMaxShift));
+      uint32_t a[4][4];
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        const uint32_t w0 = Word(v0, j), w1 = Word(v1, j);
+        a[j][0] = WidenE2m1x4(w0, lut0);
+        a[j][1] = WidenE2m1x4(w1, lut1);
+        a[j][2] = WidenE2m1x4(w0 >> 16, lut0);
+        a[j][3] = WidenE2m1x4(w1 >> 16, lut1);
+      }
+      float acc[kN / 2];
+      WgmmaFence();
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        // +32 bytes per slice: +2 in the descriptor's 16-byte address units.
+        if constexpr (kN == 64) {
+          if (j == 0) WgmmaE5m2RegAN64First(acc, a[0], desc_q);
+          else WgmmaE5m2RegAN64(acc, a[j], desc_q + 2 * j);
+        } else {
+          if (j == 0) WgmmaE5m2RegAN128First(acc, a[0], desc_q);
+          else WgmmaE5m2RegAN128(acc, a[j], desc_q + 2 * j);
+        }
+      }
+      WgmmaCommit();
+      WgmmaWaitAll();
+      const float rs0 = format_internal::ExactPow2(static_cast<int32_t>(emax0) - 127);
+      const float rs1 = format_internal::ExactPow2(static_cast<int32_t>(emax1) - 127);
+#pragma unroll
+      for (int r = 0; r < kRows; ++r) {
+        const float2 sums = ReluWeightedHeadSums(acc, w_s, r, t);
+        store(r, sums.x * rs0, sums.y * rs1);
+      }
+    } else {
+      // ---- per-block route: chain b sees block b only (the quad's lane b
+      // keeps its bytes, unscaled; the others give zeros), per query row r
+      // and half hf of its heads (N = 32 keeps the registers down) ---------
+      const uint2 lut = E5m2Table(0u);
+#pragma unroll 1
+      for (int r = 0; r < kRows; ++r) {
+        float s0 = 0.f, s1 = 0.f;
+#pragma unroll 1
+        for (int hf = 0; hf < 2; ++hf) {
+          const int h0 = r * kMxHeads + hf * 32;  // first head (column) of the half
+          const uint64_t desc_h = desc_q + ((h0 * kMxDim) >> 4);
+          float tot[16];
+#pragma unroll
+          for (int i = 0; i < 16; ++i) tot[i] = 0.f;
+#pragma unroll 1
+          for (int b = 0; b < 4; ++b) {
+            uint32_t ab[4][4];
+#pragma unroll
+            for (int j = 0; j < 4; ++j) {
+              const uint32_t w0 = t == b ? Word(v0, j) : 0u, w1 = t == b ? Word(v1, j) : 0u;
+              ab[j][0] = WidenE2m1x4(w0, lut);
+              ab[j][1] = WidenE2m1x4(w1, lut);
+              ab[j][2] = WidenE2m1x4(w0 >> 16, lut);
+              ab[j][3] = WidenE2m1x4(w1 >> 16, lut);
+            }
+            float part[16];
+            WgmmaFence();
+            WgmmaE5m2RegAN32First(part, ab[0], desc_h);
+#pragma unroll
+            for (int j = 1; j < 4; ++j) WgmmaE5m2RegAN32(part, ab[j], desc_h + 2 * j);
+            WgmmaCommit();
+            WgmmaWaitAll();
+            // P_b exact in part; scaled by powers of two, then summed in fp32.
+            const float sk0 = format_internal::ExactPow2(static_cast<int32_t>((sc0 >> (8 * b)) & 0xffu) - 127);
+            const float sk1 = format_internal::ExactPow2(static_cast<int32_t>((sc1 >> (8 * b)) & 0xffu) - 127);
+#pragma unroll
+            for (int i = 0; i < 4; ++i) {
+              const float* sq = sq_s + (h0 + 8 * i + 2 * t) * 4 + b;
+              const float f0 = sq[0], f1 = sq[4];  // columns 8i + 2t, + 1
+              tot[4 * i + 0] = fmaf(part[4 * i + 0], sk0 * f0, tot[4 * i + 0]);
+              tot[4 * i + 1] = fmaf(part[4 * i + 1], sk0 * f1, tot[4 * i + 1]);
+              tot[4 * i + 2] = fmaf(part[4 * i + 2], sk1 * f0, tot[4 * i + 2]);
+              tot[4 * i + 3] = fmaf(part[4 * i + 3], sk1 * f1, tot[4 * i + 3]);
+            }
+          }
+#pragma unroll
+          for (int i = 0; i < 4; ++i) {
+            const float2 w = *reinterpret_cast<const float2*>(w_s + h0 + 8 * i + 2 * t);
+            s0 = fmaf(tot[4 * i] + fabsf(tot[4 * i]), w.x, fmaf(tot[4 * i + 1] + fabsf(tot[4 * i + 1]), w.y, s0));
+            s1 = fmaf(tot[4 * i + 2] + fabsf(tot[4 * i + 2]), w.x, fmaf(tot[4 * i + 3] + fabsf(tot[4 * i + 3]), w.y, s1));
+          }
+        }
+        s0 += ShflXor(s0, 1);
+        s0 += ShflXor(s0, 2);
+        s1 += ShflXor(s1, 1);
+        s1 += ShflXor(s1, 2);
+        store(r, s0, s1);
+      }
+    }
+  }
+#endif  // INDEXER_GPU_WGMMA
+}
+
+template <int kRows, int kMath>
+absl::Status LaunchMx(const LogitsParams& p, Stream stream) {
+  constexpr int kStages = kRows == 1 ? 3 : 4;
+  using C = MxConfig<kRows, kMath, kStages>;
+  auto* kernel = &DenseLogitsWgmmaMxfp4Kernel<kRows, kMath, kStages>;
+  // Once per process: the shared-memory limit and the blocks per SM (host
+  // calls that would otherwise sit between the timing events).
+  static const absl::StatusOr<int> per_sm = [&]() -> absl::StatusOr<int> {
+    GPU_RETURN_IF_ERROR(SetMaxDynamicSmem(kernel, C::kSmem));
+    int n = 0;
+    GPU_RETURN_IF_ERROR(MaxActiveBlocksPerSm(&n, kernel, C::kThreads, C::kSmem));
+    return std::max(n, 1);
+  }();
+  if (!per_sm.ok()) return per_sm.status();
+  const int64_t grid = std::min<int64_t>(p.unit_end - p.unit_begin, static_cast<int64_t>(*per_sm) * p.num_sms);
+  GPU_LAUNCH(kernel, static_cast<int>(grid), C::kThreads, C::kSmem, stream, p);
+  return absl::OkStatus();
+}
+
+// Math warpgroups of the one block per SM: three for N = 64 (110 registers)
+// and N = 128 (128 registers). INDEXER_GPU_MXFP4_WARPGROUPS picks the other
+// measured size (4 for N = 64: 96 registers, a few spilled; 2 for N = 128:
+// 142 registers; experiments, unset in production). H200, B = 64, 32k:
+// N = 64 164.4 us at 3, 168.2 at 4; N = 128 183.0 us at 3, 211.7 at 2.
+int MxWarpgroups(int rows) {
+  static const int env = [] {
+    const char* v = std::getenv("INDEXER_GPU_MXFP4_WARPGROUPS");
+    return v == nullptr ? 0 : std::atoi(v);
+  }();
+  if (rows == 1) return env == 4 ? 4 : 3;
+  return env == 2 ? 2 : 3;
+}
+
+}  // namespace
+
+bool WgmmaMxfp4Supported(const LogitsParams& p, int cc_major, int cc_minor) {
+#if defined(INDEXER_GPU_HIP)
+  (void)p, (void)cc_major, (void)cc_minor;
+  return false;
+#else
+  const PageLayout& l = p.layout;
+  return cc_major == 9 && cc_minor == 0 && l.format == KvFormat::kMxfp4 && l.head_dim == kMxDim &&
+         !l.tiled() && l.page_entries % kMxTile == 0 && l.page_bytes() % 16 == 0 &&
+         p.num_heads == kMxHeads && p.max_group_rows >= 1 && p.max_group_rows <= 2 &&
+         p.q_scales != nullptr;
+#endif
+}
+
+bool WgmmaMxfp4Enabled() {
+  // INDEXER_GPU_WGMMA_MXFP4=0 leaves MXFP4 on the mma.sync kernel (A/B runs).
+  static const bool on = [] {
+    const char* v = std::getenv("INDEXER_GPU_WGMMA_MXFP4");
+    return v == nullptr || std::atoi(v) != 0;
+  }();
+  return on;
+}
+
+absl::Status LaunchDenseLogitsWgmmaMxfp4(const LogitsParams& p, Stream stream) {
+#if defined(INDEXER_GPU_HIP)
+  (void)p, (void)stream;
+  return absl::UnimplementedError("MXFP4 wgmma logits: sm_90a only");
+#else
+  if (p.unit_end == p.unit_begin) return absl::OkStatus();
+  if (!WgmmaMxfp4Supported(p, 9, 0)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "MXFP4 wgmma logits: expected linear MXFP4 pages of a multiple of 64 entries, D = 128, "
+        "H = 64 and groups of <= 2 rows, got ", p.layout.DebugString(), ", H ", p.num_heads,
+        ", ", p.max_group_rows, " rows"));
+  }
+  if (p.max_group_rows <= 1) {
+    return MxWarpgroups(1) == 3 ? LaunchMx<1, 3>(p, stream) : LaunchMx<1, 4>(p, stream);
+  }
+  return MxWarpgroups(2) == 2 ? LaunchMx<2, 2>(p, stream) : LaunchMx<2, 3>(p, stream);
+#endif
+}
+
+}  // namespace gpu
+}  // namespace indexer

@@ -187,34 +187,28 @@ Ceilings MeasureCeilings() {
   float* sink = nullptr;
   CHECK_GPU(gpu::Malloc(reinterpret_cast<void**>(&sink), 4096));
   const int iters = 20000, blocks = prop.multiProcessorCount * 4, threads = 256;
-  t.clear();
-  for (int i = 0; i < 5; ++i) {
-    CHECK_GPU(gpu::EventRecord(e0, nullptr));
-    MmaPeakKernel<<<blocks, threads>>>(sink, iters);
-    CHECK_GPU(gpu::GetLastError());
-    CHECK_GPU(gpu::EventRecord(e1, nullptr));
-    CHECK_GPU(gpu::StreamSynchronize(nullptr));
-    float ms = 0;
-    CHECK_GPU(gpu::EventElapsedMs(&ms, e0, e1));
-    if (i >= 1) t.push_back(ms);
-  }
-  const double flops = 2.0 * 16 * 8 * 32 * 4.0 * iters * (blocks * threads / 32);
-  c.mma_tflops = flops / (Median(t) * 1e-3) / 1e12;
-  if (prop.major == 9) {
-    const int witers = 20000, wblocks = prop.multiProcessorCount * kPeakBlocksPerSm;
-    t.clear();
+  // Median ms of `launch` over 4 timed runs after one warm-up.
+  auto median_ms = [&](auto launch) {
+    std::vector<double> runs;
     for (int i = 0; i < 5; ++i) {
       CHECK_GPU(gpu::EventRecord(e0, nullptr));
-      WgmmaPeakKernel<<<wblocks, 128>>>(sink, witers);
+      launch();
       CHECK_GPU(gpu::GetLastError());
       CHECK_GPU(gpu::EventRecord(e1, nullptr));
       CHECK_GPU(gpu::StreamSynchronize(nullptr));
       float ms = 0;
       CHECK_GPU(gpu::EventElapsedMs(&ms, e0, e1));
-      if (i >= 1) t.push_back(ms);
+      if (i >= 1) runs.push_back(ms);
     }
+    return Median(runs);
+  };
+  const double flops = 2.0 * 16 * 8 * 32 * 4.0 * iters * (blocks * threads / 32);
+  c.mma_tflops = flops / (median_ms([&] { MmaPeakKernel<<<blocks, threads>>>(sink, iters); }) * 1e-3) / 1e12;
+  if (prop.major == 9) {
+    const int witers = 20000, wblocks = prop.multiProcessorCount * kPeakBlocksPerSm;
     const double wflops = 2.0 * 64 * 256 * 128 * static_cast<double>(witers) * wblocks;
-    c.wgmma_tflops = wflops / (Median(t) * 1e-3) / 1e12;
+    c.wgmma_tflops =
+        wflops / (median_ms([&] { WgmmaPeakKernel<<<wblocks, 128>>>(sink, witers); }) * 1e-3) / 1e12;
   }
   CHECK_GPU(gpu::Free(sink));
 #endif

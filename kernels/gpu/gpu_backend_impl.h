@@ -121,6 +121,10 @@ class GpuBackend : public Backend {
   // For tests and the benchmark.
   int num_sms() const { return props_.multiProcessorCount; }
   const DeviceProp& props() const { return props_; }
+  // The backend's stream: the benchmark enqueues its L2 flush there, so the
+  // backend's events see the flush complete before they are stamped (a
+  // flush on another stream overlaps them).
+  Stream stream_for_bench() const ABSL_NO_THREAD_SAFETY_ANALYSIS { return stream_; }
   // "wgmma_ws", "wgmma", "mma" or "portable": the logits kernel of the last
   // DenseTopk.
   std::string last_logits_path() const;

@@ -325,16 +325,18 @@ Result RunShape(const BenchShape& bs, const Ceilings& ceil, int iters,
   const int call_iters = wait_flush ? 0 : std::max(5, iters / 3);
   for (int i = 0; i < iters + 2 + (call_iters > 0 ? call_iters + 1 : 0); ++i) {
     const bool call_pass = i >= iters + 2;
-    CHECK_GPU(gpu::MemsetAsync(flush, 0, flush_bytes, nullptr));
+    // On the backend's stream: its events then follow the flush.
+    const gpu::Stream fs = be->stream_for_bench();
+    CHECK_GPU(gpu::MemsetAsync(flush, 0, flush_bytes, fs));
     if (clean_flush) {
       // The first half read back (long evicted): the zeroing's dirty lines
       // (its last ones) leave the L2 here, not during the timed kernels.
       const size_t half = flush_bytes / 2;
-      ReadFlushKernel<<<1024, 256>>>(static_cast<const uint4*>(flush), static_cast<int64_t>(half / 16),
+      ReadFlushKernel<<<1024, 256, 0, fs>>>(static_cast<const uint4*>(flush), static_cast<int64_t>(half / 16),
                                      static_cast<uint32_t*>(flush) + half / 4);
       CHECK_GPU(gpu::GetLastError());
     }
-    if (wait_flush || call_pass) CHECK_GPU(gpu::StreamSynchronize(nullptr));
+    if (wait_flush || call_pass) CHECK_GPU(gpu::StreamSynchronize(fs));
     const auto t0 = std::chrono::steady_clock::now();
     const absl::StatusOr<double> w =
         host ? be->WriteEntries(layout, pool, rows, ctx.get(), k) : absl::StatusOr<double>(0.0);

@@ -404,6 +404,10 @@ std::vector<Shape> Shapes() {
       // prefill chunks cut by server chunks on E = 128 (groups of 1..4 rows)
       {f8, 64, false, 1, 37, 43, 3000, 6000, 64, 1024, 2},
       {f8, 128, false, 2, 20, 70, 0, 3000, 64, 256, 2, K::kFloat32, true, 37},
+      // a prefill chunk of 40 rows over ~20000 entries: every ring slot of the
+      // 4-row ws configuration reused many times
+      {f8, 64, false, 1, 40, 40, 19000, 20000, 64, 1024, 2},
+      {f8, 128, false, 2, 40, 40, 19000, 20000, 64, 512, 2},
       {f8, 16, false, 5, 1, 4, 0, 900, 64, 64, 2, K::kFloat32, false},
       {f8, 16, false, 5, 1, 4, 0, 900, 64, 64, 2, K::kQuantized},
       {f8, 64, false, 5, 1, 4, 0, 900, 8, 64, 2},            // H = 8: portable

@@ -571,12 +571,17 @@ absl::Status GpuBackend::CheckDenseArgs(const PageLayout& layout,
     return Bad("q.num_heads", absl::StrCat("in [1, ", ws_.max_heads, "]"), q.num_heads);
   }
   if (num_rows == 0 || topk == 0) return absl::OkStatus();
+  RETURN_IF_ERROR(CheckQTensors(layout, q));
+  if (out == nullptr) return absl::InvalidArgumentError("out: expected a buffer, got null");
+  return absl::OkStatus();
+}
+
+absl::Status GpuBackend::CheckQTensors(const PageLayout& layout, const QInput& q) {
   const bool mx = layout.format == KvFormat::kMxfp4;
   if (q.values == nullptr || q.weights == nullptr || (mx && q.scales == nullptr)) {
     return absl::InvalidArgumentError(absl::StrCat(
         "q: expected values, weights", mx ? " and scales" : "", " tensors, got null"));
   }
-  if (out == nullptr) return absl::InvalidArgumentError("out: expected a buffer, got null");
   return absl::OkStatus();
 }
 
@@ -639,6 +644,8 @@ absl::StatusOr<LayerTimings> GpuBackend::CandidateSource(
   ASSIGN_OR_RETURN(Step * step, CandidateStep(layout, rows, ctx, p));
   RETURN_IF_ERROR(CheckCandidateSpec(spec));
   RETURN_IF_ERROR(CheckDenseArgs(layout, q, topk, rows.num_rows, out));
+  // The pools need the logits even when the source's own top-k is empty.
+  if (rows.num_rows > 0) RETURN_IF_ERROR(CheckQTensors(layout, q));
   const int64_t n = rows.num_rows, k = spec.topk_blocks;
   Step::CandPool cands;
   cands.block_size = spec.block_size;

@@ -181,6 +181,8 @@ class GpuBackend : public Backend {
   absl::Status CheckDenseArgs(const PageLayout& layout, const QInput& q,
                               int32_t topk, int32_t num_rows,
                               const int32_t* out) const;
+  // INVALID_ARGUMENT unless Q's values, weights (and MXFP4 scales) are set.
+  static absl::Status CheckQTensors(const PageLayout& layout, const QInput& q);
   // CheckedStep for the candidate layers, which need the step's context.
   absl::StatusOr<Step*> CandidateStep(const PageLayout& layout,
                                       const StepRows& rows, StepContext* ctx,

@@ -157,7 +157,7 @@ __global__ void __launch_bounds__((MxConfig<kRows, kMath, kStages>::kThreads))
   if (tid == 0) {
     for (int s = 0; s < kSlots; ++s) {
       MbarInit(&full[s], 1);                        // the producer's expect_tx
-      MbarInit(&empty[s], kMxWgSize / kWarpSize);   // one arrival per consumer warp
+      MbarInit(&empty[s], kMxWgSize);               // every thread of the consuming warpgroup
     }
     FenceMbarInit();
   }
@@ -311,8 +311,10 @@ __global__ void __launch_bounds__((MxConfig<kRows, kMath, kStages>::kThreads))
     const uint4 v1 = *reinterpret_cast<const uint4*>(kv + (e0 + 8) * (kMxDim / 2) + t * 16);
     const uint32_t sc0 = *reinterpret_cast<const uint32_t*>(kv + kMxValueBytes + e0 * 4);
     const uint32_t sc1 = *reinterpret_cast<const uint32_t*>(kv + kMxValueBytes + (e0 + 8) * 4);
-    __syncwarp();
-    if (lane == 0) MbarArrive(&empty[slot]);
+    // Every thread releases its own reads: one arrival per warp after
+    // __syncwarp let racecheck see the other lanes' reads race the slot's
+    // next bulk copy once slots were reused many times.
+    MbarArrive(&empty[slot]);
     const int32_t pos0 = ti.y + e0, e_end = ti.z;
     // ---- the route (entries past the unit are never stored: ignored) -------
     const uint32_t emax0 = MaxByte(sc0), emax1 = MaxByte(sc1);

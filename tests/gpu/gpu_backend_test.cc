@@ -7,6 +7,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstdlib>
+#include <functional>
 #include <memory>
 #include <random>
 #include <set>
@@ -22,6 +23,7 @@
 #include "kernels/gpu/gpu_backend.h"
 #include "kernels/gpu/gpu_backend_impl.h"
 #include "kernels/gpu/gpu_compat.h"
+#include "kernels/gpu/params.h"
 
 namespace indexer {
 namespace {
@@ -435,6 +437,9 @@ std::vector<Shape> Shapes() {
       {mx, 128, false, 1, 1, 1, 60, 70, 64, 64, 2},
       {mx, 64, false, 3, 2, 2, 9000, 20000, 64, 1024, 2, K::kQuantized},
       {mx, 128, false, 2, 1, 1, 30000, 40000, 64, 2048, 2, K::kBf16},
+      // 32 rows over ~30000 entries: every ring slot of the MXFP4 kernel
+      // reused many times (for racecheck)
+      {mx, 64, false, 16, 2, 2, 29000, 30000, 64, 1024, 2},
   };
 }
 
@@ -609,6 +614,151 @@ TEST(GpuBackendTest, SmallWorkspaceSplitsChunks) {
   }
   EXPECT_GE(same, static_cast<int64_t>(rows.num_rows) * 128 * 99 / 100);
 }
+
+// ---- top-k kernels on given logits -------------------------------------------
+// Every top-k route (one block per row with its keys in shared memory, one
+// block per row reading global memory, rows split over blocks) on logits
+// chosen to stress it: crowded into a few histogram bins, many exact ties
+// at the cut, all equal, signed zeros, extremes. The check is exact: right
+// count, distinct in-range indices, -1 fill, nothing kept below the k-th
+// value and nothing left out above it.
+struct TopkCase {
+  const char* dist;
+  int32_t rows;
+  int32_t n_min, n_max;  // visible entries per row
+  int32_t topk;
+  bool coop_room;        // candidate buffers large enough to split rows
+  int expect_route;      // 0 rows in shared memory, 1 rows from global, 2 split
+};
+
+std::vector<float> TopkLogits(const std::string& dist, int64_t n, std::mt19937& rng) {
+  std::vector<float> v(n);
+  std::normal_distribution<float> normal(10.f, 0.5f);
+  std::uniform_int_distribution<int> pick(0, 15);
+  for (int64_t i = 0; i < n; ++i) {
+    if (dist == "crowded") {
+      v[i] = normal(rng);  // a few exponent bins hold everything
+    } else if (dist == "ties") {
+      v[i] = 1.f + 0.125f * static_cast<float>(pick(rng));  // 16 values
+    } else if (dist == "equal") {
+      v[i] = 3.f;
+    } else {  // mixed: signed zeros, negatives, extremes, subnormals
+      const int c = pick(rng);
+      v[i] = c == 0 ? 0.f : c == 1 ? -0.f : c == 2 ? 3.0e38f : c == 3 ? -3.0e38f
+           : c == 4 ? 1e-40f : c == 5 ? -1e-40f : (normal(rng) - 10.f) * 1e3f;
+    }
+  }
+  return v;
+}
+
+class GpuTopkKernelTest : public ::testing::TestWithParam<TopkCase> {};
+
+TEST_P(GpuTopkKernelTest, ExactSetOnStressedLogits) {
+  SKIP_WITHOUT_GPU();
+  const TopkCase c = GetParam();
+  std::mt19937 rng(1234 + c.n_max + c.topk);
+  std::uniform_int_distribution<int32_t> len(c.n_min, c.n_max);
+  std::vector<int32_t> visible(c.rows);
+  for (auto& n : visible) n = len(rng);
+  const int32_t max_visible = *std::max_element(visible.begin(), visible.end());
+  const int64_t stride = (max_visible + 3) / 4 * 4;
+  std::vector<float> logits(c.rows * stride, -1.f);
+  for (int32_t r = 0; r < c.rows; ++r) {
+    const std::vector<float> v = TopkLogits(c.dist, visible[r], rng);
+    std::copy(v.begin(), v.end(), logits.begin() + r * stride);
+  }
+  const int64_t cand_capacity = c.coop_room ? stride * c.rows : 0;
+  gpu::TopkParams tp{};
+  tp.stride = stride;
+  tp.num_rows = c.rows;
+  tp.topk = c.topk;
+  gpu::PlanTopkSplit(c.rows, max_visible, c.topk, 132, cand_capacity, &tp);
+  const int route = tp.cand_stride > 0 ? 2 : max_visible > gpu::kTopkCache ? 1 : 0;
+  ASSERT_EQ(route, c.expect_route) << "slices " << tp.slices << " slice_len " << tp.slice_len;
+
+  // Device buffers, freed at scope exit.
+  std::vector<void*> bufs;
+  auto dev = [&](size_t bytes) {
+    void* p = nullptr;
+    EXPECT_EQ(gpu::Malloc(&p, std::max<size_t>(bytes, 4)), gpu::kSuccess);
+    bufs.push_back(p);
+    return p;
+  };
+  struct Free {
+    std::vector<void*>* b;
+    ~Free() { for (void* p : *b) gpu::Free(p); }
+  } free_at_exit{&bufs};
+  gpu::Stream stream = nullptr;
+  ASSERT_EQ(gpu::StreamCreate(&stream), gpu::kSuccess);
+  tp.logits = static_cast<float*>(dev(logits.size() * 4));
+  tp.row_visible = static_cast<int32_t*>(dev(c.rows * 4));
+  tp.out = static_cast<int32_t*>(dev(int64_t{c.rows} * c.topk * 4));
+  tp.state = static_cast<uint32_t*>(dev(int64_t{c.rows} * gpu::kTopkStateWords * 4));
+  tp.cand_keys = static_cast<uint32_t*>(dev(std::max<int64_t>(cand_capacity, 1) * 4));
+  tp.cand_pos = static_cast<int32_t*>(dev(std::max<int64_t>(cand_capacity, 1) * 4));
+  ASSERT_EQ(gpu::CopyH2D(const_cast<float*>(tp.logits), logits.data(), logits.size() * 4, stream), gpu::kSuccess);
+  ASSERT_EQ(gpu::CopyH2D(const_cast<int32_t*>(tp.row_visible), visible.data(), c.rows * 4, stream), gpu::kSuccess);
+  ASSERT_EQ(gpu::MemsetAsync(tp.state, 0, int64_t{c.rows} * gpu::kTopkStateWords * 4, stream), gpu::kSuccess);
+  std::vector<int32_t> got(int64_t{c.rows} * c.topk);
+  // Twice: the split route must leave its per-row state clean for reuse.
+  for (int round = 0; round < 2; ++round) {
+    ASSERT_EQ(gpu::MemsetAsync(tp.out, 0x7f, got.size() * 4, stream), gpu::kSuccess);
+    ASSERT_TRUE(gpu::LaunchTopk(tp, stream).ok());
+    ASSERT_EQ(gpu::CopyD2H(got.data(), tp.out, got.size() * 4, stream), gpu::kSuccess);
+    ASSERT_EQ(gpu::StreamSynchronize(stream), gpu::kSuccess);
+    for (int32_t r = 0; r < c.rows; ++r) {
+      const std::string what = std::string(c.dist) + " round " + std::to_string(round) +
+                               " row " + std::to_string(r) + " n " + std::to_string(visible[r]);
+      const float* x = logits.data() + r * stride;
+      const int32_t* g = got.data() + int64_t{r} * c.topk;
+      const int32_t n = visible[r], valid = std::min(n, c.topk);
+      std::vector<char> kept(n, 0);
+      for (int32_t i = 0; i < c.topk; ++i) {
+        if (i >= valid) {
+          ASSERT_EQ(g[i], -1) << what << " slot " << i;
+          continue;
+        }
+        ASSERT_TRUE(g[i] >= 0 && g[i] < n) << what << " slot " << i << " holds " << g[i];
+        ASSERT_FALSE(kept[g[i]]) << what << " duplicate " << g[i];
+        kept[g[i]] = 1;
+      }
+      if (n <= c.topk) continue;
+      std::vector<float> sorted(x, x + n);
+      std::nth_element(sorted.begin(), sorted.begin() + (c.topk - 1), sorted.end(), std::greater<>());
+      const float kth = sorted[c.topk - 1];
+      for (int32_t e = 0; e < n; ++e) {
+        if (kept[e]) ASSERT_GE(x[e], kth) << what << ": kept entry " << e << " below the k-th";
+        else ASSERT_LE(x[e], kth) << what << ": entry " << e << " above the k-th left out";
+      }
+    }
+  }
+  gpu::StreamDestroy(stream);
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Routes, GpuTopkKernelTest,
+    ::testing::Values(
+        // one block per row, keys in shared memory
+        TopkCase{"crowded", 5, 2000, 8192, 2048, true, 0},
+        TopkCase{"ties", 5, 2040, 2060, 2048, true, 0},
+        TopkCase{"equal", 3, 8000, 8192, 512, true, 0},
+        TopkCase{"mixed", 70, 4000, 8192, 2048, true, 0},
+        // one block per row from global memory (no room for candidates)
+        TopkCase{"crowded", 3, 20000, 40000, 2048, false, 1},
+        TopkCase{"equal", 2, 9000, 9000, 100, false, 1},
+        TopkCase{"mixed", 4, 9000, 32768, 2048, false, 1},
+        // rows split over blocks
+        TopkCase{"crowded", 1, 131072, 131072, 2048, true, 2},
+        TopkCase{"ties", 8, 60000, 131072, 2048, true, 2},
+        TopkCase{"equal", 2, 20000, 40000, 2048, true, 2},
+        TopkCase{"mixed", 64, 16384, 32768, 2048, true, 2},
+        TopkCase{"crowded", 3, 1000, 70000, 1024, true, 2}),
+    [](const auto& info) {
+      const TopkCase& c = info.param;
+      return std::string(c.dist) + "_B" + std::to_string(c.rows) + "_n" + std::to_string(c.n_max) +
+             "_k" + std::to_string(c.topk) +
+             (c.expect_route == 0 ? "_shared" : c.expect_route == 1 ? "_global" : "_split");
+    });
 
 TEST(GpuBackendTest, RejectsForeignPoolAndContext) {
   SKIP_WITHOUT_GPU();

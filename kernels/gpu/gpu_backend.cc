@@ -30,6 +30,18 @@ int64_t EnvMegabytes(const char* name, int64_t dflt) {
   return mb > 0 ? mb : dflt;
 }
 
+// Entries per work unit of the persistent FP8 wgmma kernel: the planner's
+// rule for it (kWsUnits), or INDEXER_GPU_WS_UNIT entries (a multiple of 64;
+// experiments).
+int32_t WsUnitEntries() {
+  static const int32_t unit = [] {
+    const char* v = std::getenv("INDEXER_GPU_WS_UNIT");
+    const int32_t n = v == nullptr ? 0 : std::atoi(v);
+    return n >= 64 && n % 64 == 0 ? n : kWsUnits;
+  }();
+  return unit;
+}
+
 // Appends `v` to the int32 metadata image, 64-byte aligned; returns the
 // word offset.
 template <class T>
@@ -306,8 +318,11 @@ absl::StatusOr<std::unique_ptr<GpuBackend::Step>> GpuBackend::MakeStep(
       // FP8 on sm_90 runs the persistent wgmma kernel: fine units. (The
       // MXFP4 one keeps the coarse units: its producer lanes walk kSlots
       // tiles a step and would stall on every unit crossed.)
-      layout.format == KvFormat::kFp8 && props_.major == 9 ? 256 : 0};
+      layout.format == KvFormat::kFp8 && props_.major == 9 ? WsUnitEntries() : 0};
   ASSIGN_OR_RETURN(StepPlan plan, PlanStep(rows, limits));
+  // Each unit's first physical page: the ws producer's first copy of a unit
+  // then waits on the unit's load alone, not on a block-table load after it.
+  for (LogitsUnit& u : plan.units) u.page0 = rows.Page(u.seq, u.e_begin / layout.page_entries);
 
   std::vector<int32_t> img;
   const int64_t o_bt = Append(img, rows.block_table.data(), rows.block_table.size());

@@ -113,32 +113,34 @@ __global__ void __launch_bounds__(C::kThreads, C::kMinBlocks)
     // slot wait and copies, so no load latency sits between two copies.
     // Pages hold whole tiles and units and groups start at multiples of 64
     // entries, so a tile is one box of one page. No count of the share's
-    // tiles up front: the first copy needs one unit and one table entry.
+    // tiles up front, and a unit's first page rides in the unit: the first
+    // copy waits on one unit load alone, and so does the first copy of every
+    // later unit (the unit is loaded a unit ahead).
     int32_t iu = u_first;
     LogitsUnit u = p.step.units[iu];
     LogitsUnit next_u = iu + 1 < u_last ? p.step.units[iu + 1] : u;
     const int32_t* block_row = p.step.block_table + static_cast<int64_t>(u.seq) * p.step.max_pages;
     int32_t pos = u.e_begin;
     PagePos at = PagePosOf(l, pos);
-    int32_t page = block_row[at.lp];
+    int32_t page = u.page0;
     for (int32_t n = 0;; ++n) {
       // ---- the next tile, its table entry in flight ------------------------
       const PagePos cur = at;
       const int32_t cur_page = page;
-      bool last = false;
       pos += kWsTile;
       if (pos < u.e_end) {
         StepPagePos(l, &at, kWsTile);
+        page = block_row[at.lp];
       } else if (++iu < u_last) {
         u = next_u;
         if (iu + 1 < u_last) next_u = p.step.units[iu + 1];
         block_row = p.step.block_table + static_cast<int64_t>(u.seq) * p.step.max_pages;
         pos = u.e_begin;
         at = PagePosOf(l, pos);
+        page = u.page0;
       } else {
-        last = true;
+        pos = -1;  // the share's last tile
       }
-      if (!last) page = block_row[at.lp];
       // ---- this tile -> slot n % kSlots --------------------------------------
       const int slot = n % kSlots;
       // Tile n - kSlots was the slot's last use: its release is completion
@@ -148,7 +150,7 @@ __global__ void __launch_bounds__(C::kThreads, C::kMinBlocks)
       TmaLoad3d(k_s + slot * kWsTileBytes, &p.tmap, 0, cur.e, cur_page, &full[slot]);
       BulkLoad(ks_s + slot * kWsTile, p.pool + l.PageOffset(cur_page) + l.ScaleOffset(cur.e, 0), kWsScaleBytes,
                &full[slot]);
-      if (last) break;
+      if (pos < 0) break;
     }
     return;
   }
@@ -184,10 +186,10 @@ __global__ void __launch_bounds__(C::kThreads, C::kMinBlocks)
   auto stage = [&]() {
     NamedBarrierSync(1 + wg, kWgSize);  // every warp is done with the old Q
     staged = u.group;
-    const LogitsGroup g = p.step.groups[u.group];
+    // The group's rows ride in the unit: the Q load waits on no group load.
     const int32_t first = role * kRowsWg;  // the group's row this warpgroup starts at
-    my_rows = min(max(g.num_rows - first, 0), kRowsWg);
-    row0 = g.row_begin + first - p.row_base;
+    my_rows = min(max(u.num_rows - first, 0), kRowsWg);
+    row0 = u.row_begin + first - p.row_base;
     if (my_rows > 0) {
       const int64_t q0 = static_cast<int64_t>(row0) * kWsHeads;
 #pragma unroll 1

@@ -19,6 +19,14 @@ int32_t UnitEntries(int64_t total_entries, int32_t num_sms) {
 
 }  // namespace
 
+int32_t WsUnitEntries(int64_t total_entries, int32_t num_sms) {
+  const int64_t sms = std::max(num_sms, 1);
+  const int64_t tiles = (total_entries + 63) / 64;
+  if (tiles <= 3 * sms) return 64;
+  if (tiles <= 16 * sms) return static_cast<int32_t>(64 * ((tiles + 2 * sms - 1) / (2 * sms)));
+  return 256;
+}
+
 absl::StatusOr<StepPlan> PlanStep(const StepRows& rows,
                                   const PlanLimits& limits) {
   StepPlan plan;
@@ -66,13 +74,15 @@ absl::StatusOr<StepPlan> PlanStep(const StepRows& rows,
       plan.groups.push_back(g);
       r += n;
     }
-    const int32_t unit = limits.unit_entries > 0 ? limits.unit_entries
-                                                 : UnitEntries(total, limits.num_sms);
+    const int32_t unit = limits.unit_entries > 0           ? limits.unit_entries
+                         : limits.unit_entries == kWsUnits ? WsUnitEntries(total, limits.num_sms)
+                                                           : UnitEntries(total, limits.num_sms);
     sc.unit_begin = static_cast<int32_t>(plan.units.size());
     for (size_t gi = g0; gi < plan.groups.size(); ++gi) {
       const LogitsGroup& g = plan.groups[gi];
       for (int32_t e = 0; e < g.extent; e += unit) {
-        plan.units.push_back({static_cast<int32_t>(gi), e, std::min(e + unit, g.extent), g.seq});
+        plan.units.push_back({static_cast<int32_t>(gi), e, std::min(e + unit, g.extent), g.seq, g.row_begin,
+                              g.num_rows, -1});
       }
     }
     sc.unit_end = static_cast<int32_t>(plan.units.size());

@@ -33,11 +33,17 @@ struct LogitsGroup {
 };
 
 // Entries [e_begin, e_end) of group `group`, e_end <= the group's extent.
+// The group's sequence and rows and the unit's first page ride along, so a
+// kernel's first K copy and Q load wait on one metadata load, not a chain.
 struct LogitsUnit {
   int32_t group;
   int32_t e_begin;
   int32_t e_end;
-  int32_t seq;  // the group's sequence: a K producer needs no group load
+  int32_t seq;        // the group's sequence
+  int32_t row_begin;  // the group's first row (step row index)
+  int32_t num_rows;   // the group's rows
+  int32_t page0;      // physical page of entry e_begin (set by the backend; -1 unset)
+  int32_t pad = 0;
 };
 
 struct SubChunk {
@@ -52,10 +58,21 @@ struct PlanLimits {
   int64_t logits_floats;  // workspace capacity for one sub-chunk's logits
   int32_t max_rows;       // rows a sub-chunk may hold (Q and output staging)
   int32_t num_sms;        // multiprocessors to balance the units over
-  // Entries per unit (a multiple of 64); 0 = about four units per SM. The
-  // persistent wgmma kernel balances by range, so it wants small units.
+  // Entries per unit (a multiple of 64); 0 = about four units per SM;
+  // kWsUnits = the persistent wgmma kernel's rule (WsUnitEntries).
   int32_t unit_entries = 0;
 };
+
+inline constexpr int32_t kWsUnits = -1;
+
+// The persistent FP8 wgmma kernel's units for a sub-chunk of
+// `total_entries` (sum of its groups' extents): that kernel runs one block
+// per unit up to three per SM and gives each block an equal range of units,
+// so small totals want few blocks of equal work. At most 3 x num_sms
+// 64-entry tiles: one tile a unit (a block a tile); up to 16 x num_sms
+// tiles: about two units per SM, in whole tiles; more: 256 entries (the
+// blocks balance by range).
+int32_t WsUnitEntries(int64_t total_entries, int32_t num_sms);
 
 struct StepPlan {
   std::vector<LogitsGroup> groups;

@@ -12,6 +12,7 @@
 //
 // Usage: indexer_gpu_bench [--quick] [--clean-flush] [--sync-flush]
 //        [--only NAME[,NAME...]] [--markdown FILE] [--iters N] [--host]
+//        [--no-ceilings]
 // --sync-flush waits for the flush before each timed call (the method of the
 // 2026-11-29 tables: host launch gaps between the backend's events count).
 // --clean-flush reads the first half of the flush buffer after zeroing it, so the timed
@@ -439,6 +440,7 @@ int main(int argc, char** argv) {
   bool clean_flush = false;  // read after the flush so the L2 holds no dirty lines
   bool host = false;         // host wall time of WriteEntries + DenseTopk
   bool sync_flush = false;   // wait for the flush before each timed call
+  bool no_ceilings = false;  // skip measuring the ceilings (sweeps of many runs)
   std::string only;  // run only shapes whose name contains one of these (comma-separated)
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
@@ -449,8 +451,9 @@ int main(int argc, char** argv) {
     else if (a == "--sync-flush") sync_flush = true;
     else if (a == "--only" && i + 1 < argc) only = argv[++i];
     else if (a == "--host") host = true;
+    else if (a == "--no-ceilings") no_ceilings = true;
     else {
-      std::fprintf(stderr, "usage: %s [--quick] [--clean-flush] [--sync-flush] [--only NAME[,NAME...]] [--iters N] [--markdown FILE] [--host]\n", argv[0]);
+      std::fprintf(stderr, "usage: %s [--quick] [--clean-flush] [--sync-flush] [--only NAME[,NAME...]] [--iters N] [--markdown FILE] [--host] [--no-ceilings]\n", argv[0]);
       return 2;
     }
   }
@@ -460,7 +463,7 @@ int main(int argc, char** argv) {
   }
   gpu::DeviceProp prop;
   CHECK_GPU(gpu::GetDeviceProperties(&prop, 0));
-  const Ceilings ceil = host ? Ceilings{} : MeasureCeilings();
+  const Ceilings ceil = host || no_ceilings ? Ceilings{} : MeasureCeilings();
   if (!host) {
     std::printf("ceilings: copy %.0f GB/s, mma.sync e4m3 %.0f TFLOP/s, wgmma e4m3 %.0f TFLOP/s\n",
                 ceil.copy_gbs, ceil.mma_tflops, ceil.wgmma_tflops);

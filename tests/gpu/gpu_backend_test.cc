@@ -396,6 +396,10 @@ std::vector<Shape> Shapes() {
       {f8, 64, false, 23, 1, 2, 0, 5000, 64, 512, 2},
       {f8, 64, false, 1, 1, 1, 30000, 40000, 64, 2048, 2},   // split top-k
       {f8, 64, false, 3, 2, 2, 9000, 20000, 64, 1024, 2, K::kBf16},
+      // small totals: one-tile units (a unit from the middle of an E = 128
+      // page too) and units of a few tiles (n 40000 above: two or three)
+      {f8, 64, false, 2, 1, 1, 0, 4000, 64, 512, 2},
+      {f8, 128, false, 3, 1, 2, 0, 3000, 64, 256, 2},
       // its teams: next_n 2 alone (two warpgroups, one row each, on every
       // tile); next_n 3..4 and groups of 1..4 rows (a team member with no
       // rows in a group); E = 128 pages (two tiles a page)

@@ -163,15 +163,19 @@ __global__ void __launch_bounds__((MxConfig<kRows, kMath, kStages>::kThreads))
   }
   __syncthreads();  // the last block-wide barrier: the roles part here
 
-  // ---- producer warp: lane i owns slot i, issuing tiles i, i + kSlots, ... ---
-  // Each lane walks its own cursor and looks its next tile's page up right
-  // after issuing the current one, so the block-table reads (a dependent
-  // global load per tile with 64-entry pages) overlap the slot's drain and
-  // each other instead of serializing in one lane.
+  // ---- producer warp: lane 0 issues every tile, lanes look pages up -------
+  // Tiles go out in rounds of kSlots (tile n0 + i to slot i). Lane i walks
+  // its own cursor over tiles i, i + kSlots, ... and starts the block-table
+  // load of its tile of the next round (a dependent global load per tile
+  // with 64-entry pages) before lane 0 issues this round, so the lookups
+  // overlap each other and the slots' drain. One thread issues every wait
+  // and copy: with one issuing lane per slot, compute-sanitizer racecheck
+  // reported the consumers' slot reads racing the slot's next bulk copy
+  // once slots were reused many times, and a single issuer is clean.
   if (warp == kMath * (kMxWgSize / kWarpSize)) {
     static_assert(kSlots <= kWarpSize, "one producer lane per slot");
-    if (lane >= kSlots || lane >= total) return;
     const PageLayout& l = p.layout;
+    const bool walker = lane < kSlots && lane < total;
     int32_t cu = u_first, ct = 0;
     LogitsUnit u = p.step.units[cu];
     LogitsUnit nxt = p.step.units[min(cu + 1, u_last - 1)];  // in flight a unit ahead
@@ -182,27 +186,45 @@ __global__ void __launch_bounds__((MxConfig<kRows, kMath, kStages>::kThreads))
         nxt = p.step.units[min(cu + 1, u_last - 1)];
       }
     };
-    for (int i = 0; i < lane; ++i) step();
-    auto locate = [&]() {
-      const int32_t* block_row = p.step.block_table + static_cast<int64_t>(u.seq) * p.step.max_pages;
-      // Units start at multiples of 64 entries and pages hold whole tiles:
-      // a tile's values and scales are two contiguous runs of one page.
-      return LocateEntry(l, p.pool, block_row, u.e_begin + ct * kMxTile);
+    if (walker) {
+      for (int i = 0; i < lane; ++i) step();
+    }
+    // This lane's tile of a round: its page (a load left in flight until the
+    // round is issued), its entry in the page, and its consumers' info
+    // {group, the tile's first entry, the unit's end}. Units start at
+    // multiples of 64 entries and pages hold whole tiles: a tile's values
+    // and scales are two contiguous runs of one page.
+    int32_t page = 0, pe = 0, group = 0, first = 0, unit_end = 0;
+    auto lookup = [&]() {
+      first = u.e_begin + ct * kMxTile;
+      const PagePos at = PagePosOf(l, first);
+      page = p.step.block_table[static_cast<int64_t>(u.seq) * p.step.max_pages + at.lp];
+      pe = at.e;
+      group = u.group;
+      unit_end = u.e_end;
     };
-    EntryRef ref = locate();
-    const int slot = lane;  // n % kSlots
-    uint8_t* dst = slots + slot * kMxSlotBytes;
-    for (int32_t n = lane; n < total; n += kSlots) {
-      // Tile n - kSlots was the slot's last use: its release is completion
-      // n / kSlots - 1 of `empty`.
-      if (n >= kSlots) MbarWait(&empty[slot], static_cast<uint32_t>(n / kSlots + 1) & 1u);
-      tinfo[slot] = make_int4(u.group, u.e_begin + ct * kMxTile, u.e_end, 0);  // released by the arrive
-      MbarArriveExpectTx(&full[slot], kMxSlotBytes);
-      BulkLoad(dst, ref.page + l.ValueOffset(ref.e, 0), kMxValueBytes, &full[slot]);
-      BulkLoad(dst + kMxValueBytes, ref.page + l.ScaleOffset(ref.e, 0), kMxScaleBytes, &full[slot]);
-      if (n + kSlots < total) {
+    if (walker) lookup();
+    for (int32_t n0 = 0; n0 < total; n0 += kSlots) {
+      const int32_t r_page = page, r_e = pe, r_group = group, r_first = first, r_end = unit_end;
+      if (walker && n0 + kSlots + lane < total) {
         for (int i = 0; i < kSlots; ++i) step();
-        ref = locate();
+        lookup();
+      }
+      const int32_t m = min(kSlots, total - n0);
+      for (int slot = 0; slot < m; ++slot) {
+        const int32_t pg = ShflIdx(r_page, slot), e = ShflIdx(r_e, slot);
+        const int4 ti = make_int4(ShflIdx(r_group, slot), ShflIdx(r_first, slot), ShflIdx(r_end, slot), 0);
+        if (lane == 0) {
+          // Tile n0 + slot - kSlots was the slot's last use: its release is
+          // completion n0 / kSlots - 1 of `empty`.
+          if (n0 >= kSlots) MbarWait(&empty[slot], static_cast<uint32_t>(n0 / kSlots + 1) & 1u);
+          tinfo[slot] = ti;  // released by the arrive
+          MbarArriveExpectTx(&full[slot], kMxSlotBytes);
+          const uint8_t* src = p.pool + l.PageOffset(pg);
+          uint8_t* dst = slots + slot * kMxSlotBytes;
+          BulkLoad(dst, src + l.ValueOffset(e, 0), kMxValueBytes, &full[slot]);
+          BulkLoad(dst + kMxValueBytes, src + l.ScaleOffset(e, 0), kMxScaleBytes, &full[slot]);
+        }
       }
     }
     return;

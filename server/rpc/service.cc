@@ -12,6 +12,7 @@
 #include "grpcpp/support/proto_buffer_writer.h"
 #include "kernels/common/status_macros.h"
 #include "server/rpc/grpc_status.h"
+#include "server/rpc/reply_wire.h"
 #include "spdlog/spdlog.h"
 
 #ifndef INDEXER_VERSION
@@ -100,25 +101,6 @@ class ReplyBuffers : public std::enable_shared_from_this<ReplyBuffers> {
   absl::Mutex mu_;
   std::vector<std::unique_ptr<std::string>> free_;
 };
-
-// Protobuf wire format pieces for the hand-assembled layer reply.
-void AppendVarint(std::string* out, uint64_t v) {
-  while (v >= 0x80) {
-    out->push_back(static_cast<char>((v & 0x7f) | 0x80));
-    v >>= 7;
-  }
-  out->push_back(static_cast<char>(v));
-}
-size_t VarintSize(uint64_t v) {
-  size_t n = 1;
-  while (v >= 0x80) {
-    v >>= 7;
-    ++n;
-  }
-  return n;
-}
-// Tag of a length-delimited field (wire type 2).
-char LenTag(int field) { return static_cast<char>((field << 3) | 2); }
 
 // One Step stream: header, layers, commit. Messages are handled one at a
 // time (read, work, write, read ...); the open Step rolls back in OnDone
@@ -249,27 +231,11 @@ class StepReactor final
   }
 
   // Writes StepResponse{layer: reply + {topk: meta + {data: *topk}}} with
-  // the top-k bytes as their own slice (no copy). `reply` and `meta` carry
-  // every other field; the encoding is what protobuf would write, except
-  // that LayerReply's topk (field 2) follows its other fields, which
-  // parsers accept in any order (and merge, as for any message).
+  // the top-k bytes as their own slice (no copy); see LayerReplyHead.
   void WriteLayerReply(const v1::LayerReply& reply, const v1::Tensor& meta,
                        std::unique_ptr<std::string> topk) {
     const size_t n = topk->size();
-    const std::string reply_rest = reply.SerializeAsString();
-    const std::string meta_bytes = meta.SerializeAsString();
-    const size_t tensor_len = meta_bytes.size() + 1 + VarintSize(n) + n;
-    const size_t layer_len = reply_rest.size() + 1 + VarintSize(tensor_len) + tensor_len;
-    std::string head;
-    head.reserve(32 + reply_rest.size() + meta_bytes.size());
-    head.push_back(LenTag(1));  // StepResponse.layer
-    AppendVarint(&head, layer_len);
-    head += reply_rest;
-    head.push_back(LenTag(2));  // LayerReply.topk
-    AppendVarint(&head, tensor_len);
-    head += meta_bytes;
-    head.push_back(LenTag(3));  // Tensor.data
-    AppendVarint(&head, n);
+    const std::string head = LayerReplyHead(reply, meta, n);
     grpc::Slice slices[2] = {grpc::Slice(head), buffers_->Lend(std::move(topk), n)};
     resp_bytes_ = grpc::ByteBuffer(slices, n > 0 ? 2 : 1);
     StartWrite(&resp_bytes_);

@@ -63,11 +63,13 @@ grpc::ServerUnaryReactor* Respond(grpc::CallbackServerContext* ctx,
   return reactor;
 }
 
-// Top-k byte buffers of layer replies. gRPC holds a reply's buffer (as a
-// slice) until the transport no longer needs it, which may be after the
-// write completed; the slice's destructor then returns the buffer here, so
-// a step's buffers are reused (and, at the previous size, not zero-filled
-// again) from layer to layer. Shared by a reactor and its slices.
+}  // namespace
+
+// Top-k byte buffers of layer replies, shared by the service's Step streams.
+// gRPC holds a reply's buffer (as a slice) until the transport no longer
+// needs it, which may be after the write completed; the slice's destructor
+// then returns the buffer here, so buffers are reused (and, at the previous
+// size, not zero-filled again) from layer to layer and step to step.
 class ReplyBuffers : public std::enable_shared_from_this<ReplyBuffers> {
  public:
   std::unique_ptr<std::string> Take() {
@@ -94,13 +96,17 @@ class ReplyBuffers : public std::enable_shared_from_this<ReplyBuffers> {
   static void Release(void* p) {
     std::unique_ptr<Held> held(static_cast<Held*>(p));
     absl::MutexLock lock(&held->owner->mu_);
-    // A few at most: one in flight, one being filled.
-    if (held->owner->free_.size() < 4) held->owner->free_.push_back(std::move(held->buf));
+    // Kept: about two per concurrently open step (one in flight, one being
+    // filled), up to kKeep.
+    if (held->owner->free_.size() < kKeep) held->owner->free_.push_back(std::move(held->buf));
   }
 
+  static constexpr size_t kKeep = 8;
   absl::Mutex mu_;
   std::vector<std::unique_ptr<std::string>> free_;
 };
+
+namespace {
 
 // One Step stream: header, layers, commit. Messages are handled one at a
 // time (read, work, write, read ...); the open Step rolls back in OnDone
@@ -108,8 +114,9 @@ class ReplyBuffers : public std::enable_shared_from_this<ReplyBuffers> {
 class StepReactor final
     : public grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer> {
  public:
-  StepReactor(Engine* engine, grpc::CallbackServerContext* ctx)
-      : engine_(engine), ctx_(ctx), buffers_(std::make_shared<ReplyBuffers>()) {
+  StepReactor(Engine* engine, std::shared_ptr<ReplyBuffers> buffers,
+              grpc::CallbackServerContext* ctx)
+      : engine_(engine), ctx_(ctx), buffers_(std::move(buffers)) {
     StartRead(&req_bytes_);
   }
 
@@ -274,6 +281,11 @@ class StepReactor final
 
 }  // namespace
 
+IndexerService::IndexerService(Engine* engine)
+    : engine_(engine), reply_buffers_(std::make_shared<ReplyBuffers>()) {}
+
+IndexerService::~IndexerService() = default;
+
 grpc::ServerUnaryReactor* IndexerService::GetServerInfo(
     grpc::CallbackServerContext* ctx, const v1::GetServerInfoRequest*,
     v1::ServerInfo* resp) {
@@ -372,7 +384,7 @@ grpc::ServerUnaryReactor* IndexerService::WriteEntries(
 
 grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer>* IndexerService::Step(
     grpc::CallbackServerContext* ctx) {
-  return new StepReactor(engine_, ctx);
+  return new StepReactor(engine_, reply_buffers_, ctx);
 }
 
 }  // namespace indexer

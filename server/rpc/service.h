@@ -2,10 +2,14 @@
 // types, calls the Engine and converts back; no indexer logic lives here.
 #pragma once
 
+#include <memory>
+
 #include "indexer/v1/indexer.grpc.pb.h"
 #include "server/core/engine.h"
 
 namespace indexer {
+
+class ReplyBuffers;
 
 // Step is served on raw bytes (WithRawCallbackMethod_Step): the request is
 // parsed by the reactor and a layer's reply goes out with its top-k bytes as
@@ -18,7 +22,8 @@ using IndexerServiceBase = v1::Indexer::WithCallbackMethod_GetServerInfo<
 class IndexerService final : public IndexerServiceBase {
  public:
   // REQUIRES: `engine` outlives the service.
-  explicit IndexerService(Engine* engine) : engine_(engine) {}
+  explicit IndexerService(Engine* engine);
+  ~IndexerService() override;
 
   grpc::ServerUnaryReactor* GetServerInfo(grpc::CallbackServerContext* ctx,
                                           const v1::GetServerInfoRequest* req,
@@ -34,6 +39,7 @@ class IndexerService final : public IndexerServiceBase {
 
  private:
   Engine* engine_;
+  std::shared_ptr<ReplyBuffers> reply_buffers_;  // reply slices hold it too
 };
 
 }  // namespace indexer

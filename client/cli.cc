@@ -193,6 +193,7 @@ constexpr char kBenchHelp[] =
 
 int main(int argc, char** argv) {
   using namespace indexer::client::cli;  // NOLINT: a main of this namespace
+  indexer::client::TuneProcessAllocator();
   CLI::App app{"indexer-cli: drives an indexerd daemon (indexer.v1)"};
   app.require_subcommand(1);
   app.fallthrough();

@@ -380,6 +380,20 @@ void Bench::Report() const {
                 Percentile(st.logits_us, 50), Percentile(st.topk_us, 50),
                 Percentile(st.server_us, 50));
   }
+  // What the service adds to the kernels (SPEC §8's service target), per
+  // layer call: rtt - (logits + topk); and its transport part, rtt - the
+  // server's total (messages on the wire, their parsing and serialization).
+  for (const auto& [layer, st] : stats_) {
+    std::vector<double> over_kernels, over_server;
+    for (size_t i = 0; i < st.rtt_us.size(); ++i) {
+      over_kernels.push_back(st.rtt_us[i] - st.logits_us[i] - st.topk_us[i]);
+      over_server.push_back(st.rtt_us[i] - st.server_us[i]);
+    }
+    std::printf("layer %u adds to its kernels p50 %.1f us (rtt - logits - "
+                "topk); outside the server p50 %.1f us (rtt - server total)\n",
+                layer, Percentile(over_kernels, 50),
+                Percentile(over_server, 50));
+  }
   std::printf("(latencies in us; rtt = client round trip of one layer; "
               "topk = entries per row, blocks per (head, row) for block "
               "layers)\n");

@@ -13,6 +13,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "kernels/common/status_macros.h"
+#include "transport/tuning.h"
 
 namespace indexer::client {
 
@@ -189,10 +190,7 @@ absl::StatusOr<std::unique_ptr<IndexerClient>> IndexerClient::Connect(
         "max_message_bytes: expected > 0, got ", options.max_message_bytes));
   }
   grpc::ChannelArguments args;
-  const int limit = static_cast<int>(
-      std::min<int64_t>(options.max_message_bytes, INT_MAX));
-  args.SetMaxReceiveMessageSize(limit);
-  args.SetMaxSendMessageSize(limit);
+  transport::AddChannelArguments(args, options.max_message_bytes);
   std::shared_ptr<grpc::ChannelCredentials> credentials =
       options.credentials ? options.credentials
                           : grpc::InsecureChannelCredentials();
@@ -267,6 +265,8 @@ absl::StatusOr<std::unique_ptr<StepSession>> IndexerClient::OpenStep(
 }
 
 // ---------------------------------------------------------------- helpers --
+
+bool TuneProcessAllocator() { return transport::TuneAllocator(); }
 
 v1::SequenceId NumericSequenceId(uint64_t num) {
   v1::SequenceId id;

@@ -14,6 +14,7 @@
 #include "server/core/model.h"
 #include "server/rpc/server.h"
 #include "spdlog/spdlog.h"
+#include "transport/tuning.h"
 
 #ifndef INDEXER_CONFIG_DIR
 #define INDEXER_CONFIG_DIR "deploy/configs"
@@ -128,4 +129,8 @@ int Run(int argc, char** argv) {
 
 }  // namespace
 
-int main(int argc, char** argv) { return Run(argc, argv); }
+int main(int argc, char** argv) {
+  // Before any thread allocates: keeps per-layer tensors off mmap (see tuning.h).
+  indexer::transport::TuneAllocator();
+  return Run(argc, argv);
+}

@@ -84,43 +84,55 @@ namespace {
 
 // Index of the first element whose `mask` bits are all set (an all-ones
 // exponent: Inf or NaN; for e4m3fn the NaN codes), or -1. This runs on every
-// Q tensor (0.5 MB per decode layer), so it scans 64-bit words: per lane,
-// z = ~x & mask is 0 exactly when all mask bits are set, and z + mask then
-// lacks the bit just above the (contiguous) mask, with no carry into the
-// next lane. Only a block with a hit is searched element by element.
+// Q tensor (0.5 MB per decode layer), so it compares 64-byte vectors (GCC /
+// Clang vector extensions: SSE2 on any x86-64, AVX2 / AVX-512 through the
+// target clones below) and ORs the lane results over blocks of 4096
+// elements; only a block with a hit is searched element by element.
 template <typename T>
-int64_t FirstAllOnes(const char* data, int64_t n, T mask) {
-  static_assert(8 % sizeof(T) == 0, "lanes tile a 64-bit word");
-  constexpr int kLanes = 8 / sizeof(T);
-  uint64_t lanes_mask = 0, lanes_top = 0;
-  const uint64_t top = static_cast<uint64_t>(mask) + (mask & (~mask + 1));  // bit above the mask
-  for (int l = 0; l < kLanes; ++l) {
-    lanes_mask |= static_cast<uint64_t>(mask) << (8 * sizeof(T) * l);
-    lanes_top |= top << (8 * sizeof(T) * l);
-  }
+inline int64_t FirstAllOnes(const char* data, int64_t n, T mask) {
+  typedef T V __attribute__((vector_size(64)));
+  constexpr int64_t kLanes = 64 / sizeof(T);
   auto element = [data](int64_t i) {
     T v;
     memcpy(&v, data + i * static_cast<int64_t>(sizeof(T)), sizeof(T));
     return v;
   };
-  constexpr int64_t kBlock = 4096;  // elements
+  constexpr int64_t kBlock = 4096;  // elements, a multiple of kLanes
   for (int64_t b = 0; b < n; b += kBlock) {
     const int64_t m = std::min(kBlock, n - b);
-    const int64_t words = m / kLanes;
-    uint64_t all = lanes_top;
-    for (int64_t w = 0; w < words; ++w) {
-      uint64_t x;
-      memcpy(&x, data + (b + w * kLanes) * static_cast<int64_t>(sizeof(T)), 8);
-      all &= (~x & lanes_mask) + lanes_mask;
+    const int64_t vecs = m / kLanes;
+    const char* p = data + b * static_cast<int64_t>(sizeof(T));
+    V acc = {};
+    for (int64_t v = 0; v < vecs; ++v) {
+      V x;
+      memcpy(&x, p + v * 64, 64);
+      acc |= reinterpret_cast<V>((x & mask) == mask);
     }
-    bool hit = all != lanes_top;
-    for (int64_t i = words * kLanes; i < m && !hit; ++i) hit = (element(b + i) & mask) == mask;
+    bool hit = false;
+    for (int64_t l = 0; l < kLanes; ++l) hit |= acc[l] != 0;
+    for (int64_t i = vecs * kLanes; i < m && !hit; ++i) hit = (element(b + i) & mask) == mask;
     if (!hit) continue;
     for (int64_t i = 0; i < m; ++i) {
       if ((element(b + i) & mask) == mask) return b + i;
     }
   }
   return -1;
+}
+
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+#define INDEXER_SIMD_CLONES __attribute__((target_clones("arch=x86-64-v4", "avx2", "default")))
+#else
+#define INDEXER_SIMD_CLONES
+#endif
+
+INDEXER_SIMD_CLONES int64_t FirstNonFiniteFp32(const char* data, int64_t n) {
+  return FirstAllOnes<uint32_t>(data, n, 0x7f800000u);
+}
+INDEXER_SIMD_CLONES int64_t FirstNonFiniteBf16(const char* data, int64_t n) {
+  return FirstAllOnes<uint16_t>(data, n, 0x7f80u);
+}
+INDEXER_SIMD_CLONES int64_t FirstNanE4m3(const char* data, int64_t n) {
+  return FirstAllOnes<uint8_t>(data, n, 0x7fu);
 }
 
 }  // namespace
@@ -132,13 +144,13 @@ absl::Status CheckTensorFinite(absl::string_view field, const TensorView& t) {
   int64_t bad = -1;
   switch (t.dtype) {
     case DType::kFp32:
-      bad = FirstAllOnes<uint32_t>(t.data.data(), n, 0x7f800000u);
+      bad = FirstNonFiniteFp32(t.data.data(), n);
       break;
     case DType::kBf16:
-      bad = FirstAllOnes<uint16_t>(t.data.data(), n, 0x7f80u);
+      bad = FirstNonFiniteBf16(t.data.data(), n);
       break;
     case DType::kFp8E4m3:
-      bad = FirstAllOnes<uint8_t>(t.data.data(), n, 0x7fu);
+      bad = FirstNanE4m3(t.data.data(), n);
       break;
     default:
       return absl::OkStatus();

@@ -7,6 +7,7 @@
 #include "grpcpp/health_check_service_interface.h"
 #include "server/rpc/service.h"
 #include "spdlog/spdlog.h"
+#include "transport/tuning.h"
 
 namespace indexer {
 
@@ -35,8 +36,7 @@ absl::StatusOr<std::unique_ptr<RunningServer>> StartServer(
   const int max_bytes =
       static_cast<int>(std::min<uint64_t>(rs->engine_->model().config.max_message_mb() << 20,
                                           (1u << 31) - 1));
-  builder.SetMaxReceiveMessageSize(max_bytes);
-  builder.SetMaxSendMessageSize(max_bytes);
+  transport::AddServerArguments(builder, max_bytes);
   builder.RegisterService(rs->service_.get());
   rs->server_ = builder.BuildAndStart();
   if (!rs->server_ || rs->port_ == 0) {

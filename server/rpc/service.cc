@@ -2,10 +2,17 @@
 
 #include <chrono>
 #include <memory>
+#include <string>
+#include <utility>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
+#include "grpcpp/support/proto_buffer_reader.h"
+#include "grpcpp/support/proto_buffer_writer.h"
 #include "kernels/common/status_macros.h"
 #include "server/rpc/grpc_status.h"
+#include "server/rpc/reply_wire.h"
 #include "spdlog/spdlog.h"
 
 #ifndef INDEXER_VERSION
@@ -56,15 +63,61 @@ grpc::ServerUnaryReactor* Respond(grpc::CallbackServerContext* ctx,
   return reactor;
 }
 
+}  // namespace
+
+// Top-k byte buffers of layer replies, shared by the service's Step streams.
+// gRPC holds a reply's buffer (as a slice) until the transport no longer
+// needs it, which may be after the write completed; the slice's destructor
+// then returns the buffer here, so buffers are reused (and, at the previous
+// size, not zero-filled again) from layer to layer and step to step.
+class ReplyBuffers : public std::enable_shared_from_this<ReplyBuffers> {
+ public:
+  std::unique_ptr<std::string> Take() {
+    absl::MutexLock lock(&mu_);
+    if (free_.empty()) return std::make_unique<std::string>();
+    std::unique_ptr<std::string> b = std::move(free_.back());
+    free_.pop_back();
+    return b;
+  }
+
+  // A slice over `*buf` (its first `bytes`) that gives the buffer back when
+  // gRPC releases it.
+  grpc::Slice Lend(std::unique_ptr<std::string> buf, size_t bytes) {
+    char* data = buf->data();
+    auto* held = new Held{shared_from_this(), std::move(buf)};
+    return grpc::Slice(data, bytes, &ReplyBuffers::Release, held);
+  }
+
+ private:
+  struct Held {
+    std::shared_ptr<ReplyBuffers> owner;
+    std::unique_ptr<std::string> buf;
+  };
+  static void Release(void* p) {
+    std::unique_ptr<Held> held(static_cast<Held*>(p));
+    absl::MutexLock lock(&held->owner->mu_);
+    // Kept: about two per concurrently open step (one in flight, one being
+    // filled), up to kKeep.
+    if (held->owner->free_.size() < kKeep) held->owner->free_.push_back(std::move(held->buf));
+  }
+
+  static constexpr size_t kKeep = 8;
+  absl::Mutex mu_;
+  std::vector<std::unique_ptr<std::string>> free_;
+};
+
+namespace {
+
 // One Step stream: header, layers, commit. Messages are handled one at a
 // time (read, work, write, read ...); the open Step rolls back in OnDone
 // unless it committed, which covers errors, cancellation and lost clients.
 class StepReactor final
-    : public grpc::ServerBidiReactor<v1::StepRequest, v1::StepResponse> {
+    : public grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer> {
  public:
-  StepReactor(Engine* engine, grpc::CallbackServerContext* ctx)
-      : engine_(engine), ctx_(ctx) {
-    StartRead(&req_);
+  StepReactor(Engine* engine, std::shared_ptr<ReplyBuffers> buffers,
+              grpc::CallbackServerContext* ctx)
+      : engine_(engine), ctx_(ctx), buffers_(std::move(buffers)) {
+    StartRead(&req_bytes_);
   }
 
   void OnReadDone(bool ok) override {
@@ -73,6 +126,13 @@ class StepReactor final
       if (step_) spdlog::info("[{}] closed before commit: rolled back", step_->id());
       End(grpc::Status(grpc::StatusCode::ABORTED,
                        "step: stream closed before commit; rolled back"));
+      return;
+    }
+    // What the generated (typed) handler does, here in the reactor: parse
+    // into req_ (one copy of the tensors out of the transport's slices).
+    if (!grpc::SerializationTraits<v1::StepRequest>::Deserialize(&req_bytes_, &req_).ok()) {
+      End(grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
+                       "request: expected a StepRequest message"));
       return;
     }
     received_ = Clock::now();
@@ -93,7 +153,7 @@ class StepReactor final
       End(grpc::Status::OK);
       return;
     }
-    StartRead(&req_);
+    StartRead(&req_bytes_);
   }
 
   void OnDone() override {
@@ -113,7 +173,7 @@ class StepReactor final
     switch (req_.kind_case()) {
       case v1::StepRequest::kHeader:
         RETURN_IF_ERROR(Begin(req_.header()));
-        StartRead(&req_);
+        StartRead(&req_bytes_);
         return absl::OkStatus();
       case v1::StepRequest::kLayer:
         return Layer(req_.layer());
@@ -151,30 +211,41 @@ class StepReactor final
     in.q = View(r.has_q(), r.q());
     in.q_scale = View(r.has_q_scale(), r.q_scale());
     in.weights = View(r.has_weights(), r.weights());
-    // The backend writes the indices straight into the reply's bytes (the
-    // previous reply's write has completed: reads start after it).
-    resp_.Clear();
-    v1::LayerReply* reply = resp_.mutable_layer();
-    v1::Tensor* t = reply->mutable_topk();
-    in.out_bytes = t->mutable_data();
+    // The backend writes the indices straight into a reply buffer, which
+    // goes on the wire as it is (see WriteLayerReply).
+    std::unique_ptr<std::string> topk = buffers_->Take();
+    in.out_bytes = topk.get();
     const Clock::time_point start = Clock::now();
     auto out = step_->RunLayer(in);
     if (!out.ok()) {
       return absl::Status(out.status().code(),
                           absl::StrCat("layer ", r.layer(), ": ", out.status().message()));
     }
-    reply->set_layer(r.layer());
-    t->set_dtype(v1::INT32);
-    for (int64_t d : out->shape) t->add_shape(d);
-    v1::LayerTimings* tm = reply->mutable_timings();
+    v1::LayerReply reply;
+    reply.set_layer(r.layer());
+    v1::LayerTimings* tm = reply.mutable_timings();
     tm->set_queue_us(MicrosBetween(received_, start));
     tm->set_validate_us(out->validate_us);
     tm->set_write_us(out->timings.write_us);
     tm->set_logits_us(out->timings.logits_us);
     tm->set_topk_us(out->timings.topk_us);
     tm->set_total_us(MicrosBetween(received_, Clock::now()));
-    StartWrite(&resp_);
+    v1::Tensor meta;
+    meta.set_dtype(v1::INT32);
+    for (int64_t d : out->shape) meta.add_shape(d);
+    WriteLayerReply(reply, meta, std::move(topk));
     return absl::OkStatus();
+  }
+
+  // Writes StepResponse{layer: reply + {topk: meta + {data: *topk}}} with
+  // the top-k bytes as their own slice (no copy); see LayerReplyHead.
+  void WriteLayerReply(const v1::LayerReply& reply, const v1::Tensor& meta,
+                       std::unique_ptr<std::string> topk) {
+    const size_t n = topk->size();
+    const std::string head = LayerReplyHead(reply, meta, n);
+    grpc::Slice slices[2] = {grpc::Slice(head), buffers_->Lend(std::move(topk), n)};
+    resp_bytes_ = grpc::ByteBuffer(slices, n > 0 ? 2 : 1);
+    StartWrite(&resp_bytes_);
   }
 
   absl::Status Commit() {
@@ -184,12 +255,23 @@ class StepReactor final
     for (int64_t l : lens) resp_.mutable_committed()->add_seq_lens(static_cast<uint64_t>(l));
     spdlog::debug("[{}] committed", step_->id());
     committed_ = true;
-    StartWrite(&resp_);
+    bool own_buffer = false;
+    RETURN_IF_ERROR(FromGrpcSerialize(
+        grpc::SerializationTraits<v1::StepResponse>::Serialize(resp_, &resp_bytes_, &own_buffer)));
+    StartWrite(&resp_bytes_);
     return absl::OkStatus();
+  }
+
+  static absl::Status FromGrpcSerialize(const grpc::Status& s) {
+    if (s.ok()) return absl::OkStatus();
+    return absl::InternalError(absl::StrCat("reply: ", s.error_message()));
   }
 
   Engine* engine_;
   grpc::CallbackServerContext* ctx_;
+  std::shared_ptr<ReplyBuffers> buffers_;
+  grpc::ByteBuffer req_bytes_;
+  grpc::ByteBuffer resp_bytes_;
   v1::StepRequest req_;
   v1::StepResponse resp_;
   std::unique_ptr<indexer::Step> step_;
@@ -198,6 +280,11 @@ class StepReactor final
 };
 
 }  // namespace
+
+IndexerService::IndexerService(Engine* engine)
+    : engine_(engine), reply_buffers_(std::make_shared<ReplyBuffers>()) {}
+
+IndexerService::~IndexerService() = default;
 
 grpc::ServerUnaryReactor* IndexerService::GetServerInfo(
     grpc::CallbackServerContext* ctx, const v1::GetServerInfoRequest*,
@@ -295,9 +382,9 @@ grpc::ServerUnaryReactor* IndexerService::WriteEntries(
   return Respond(ctx, len.status());
 }
 
-grpc::ServerBidiReactor<v1::StepRequest, v1::StepResponse>* IndexerService::Step(
+grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer>* IndexerService::Step(
     grpc::CallbackServerContext* ctx) {
-  return new StepReactor(engine_, ctx);
+  return new StepReactor(engine_, reply_buffers_, ctx);
 }
 
 }  // namespace indexer

@@ -24,6 +24,8 @@
 #include <utility>
 #include <vector>
 
+#include <sys/resource.h>
+
 #include <grpcpp/generic/async_generic_service.h>
 #include <grpcpp/generic/generic_stub.h>
 #include <grpcpp/grpcpp.h>
@@ -31,6 +33,7 @@
 #include "CLI/CLI.hpp"
 #include "absl/strings/numbers.h"
 #include "absl/strings/string_view.h"
+#include "transport/tuning.h"
 
 namespace {
 
@@ -194,6 +197,16 @@ class EchoStream {
   bool ok_ = false;
 };
 
+// User + system CPU time of the whole process (client and server threads).
+double ProcessCpuMicros() {
+  rusage ru{};
+  getrusage(RUSAGE_SELF, &ru);
+  auto us = [](const timeval& tv) {
+    return static_cast<double>(tv.tv_sec) * 1e6 + static_cast<double>(tv.tv_usec);
+  };
+  return us(ru.ru_utime) + us(ru.ru_stime);
+}
+
 // The nearest-rank percentile, as indexer-cli bench reports it.
 double Percentile(std::vector<double> values, double p) {
   if (values.empty()) return 0;
@@ -235,7 +248,12 @@ int main(int argc, char** argv) {
                  "serve and connect over this Unix-domain socket path "
                  "instead of TCP 127.0.0.1 (what `indexerd --listen "
                  "unix:PATH` offers co-located front-ends)");
+  bool default_transport = false;
+  app.add_flag("--default-transport", default_transport,
+               "gRPC's and glibc's defaults (unlimited messages only) instead "
+               "of indexerd's transport settings (transport/tuning.h)");
   CLI11_PARSE(app, argc, argv);
+  if (!default_transport) indexer::transport::TuneAllocator();
   std::vector<std::pair<std::string, int>> int_args;
   for (const std::string& a : channel_args) {
     const size_t eq = a.find('=');
@@ -255,8 +273,12 @@ int main(int argc, char** argv) {
       unix_path.empty() ? "127.0.0.1:0" : "unix:" + unix_path;
   if (!unix_path.empty()) std::remove(unix_path.c_str());
   builder.AddListeningPort(listen, grpc::InsecureServerCredentials(), &port);
-  builder.SetMaxReceiveMessageSize(-1);
-  builder.SetMaxSendMessageSize(-1);
+  if (default_transport) {
+    builder.SetMaxReceiveMessageSize(-1);
+    builder.SetMaxSendMessageSize(-1);
+  } else {
+    indexer::transport::AddServerArguments(builder, 0);
+  }
   for (const auto& [name, value] : int_args) {
     builder.AddChannelArgument(name, value);
   }
@@ -269,8 +291,12 @@ int main(int argc, char** argv) {
   }
 
   grpc::ChannelArguments args;
-  args.SetMaxReceiveMessageSize(-1);
-  args.SetMaxSendMessageSize(-1);
+  if (default_transport) {
+    args.SetMaxReceiveMessageSize(-1);
+    args.SetMaxSendMessageSize(-1);
+  } else {
+    indexer::transport::AddChannelArguments(args, 0);
+  }
   for (const auto& [name, value] : int_args) args.SetInt(name, value);
   auto channel = grpc::CreateCustomChannel(
       unix_path.empty() ? "127.0.0.1:" + std::to_string(port) : listen,
@@ -289,9 +315,11 @@ int main(int argc, char** argv) {
 
   std::vector<double> us;
   us.reserve(iters);
+  double cpu_start = 0, cpu_end = 0;
   {
     EchoStream stream(&stub);
     for (int i = 0; i < warmup + iters; ++i) {
+      if (i == warmup) cpu_start = ProcessCpuMicros();
       const auto start = std::chrono::steady_clock::now();
       if (!stream.RoundTrip(request, static_cast<size_t>(reply_bytes))) {
         return 1;
@@ -301,6 +329,7 @@ int main(int argc, char** argv) {
                            .count();
       if (i >= warmup) us.push_back(t);
     }
+    cpu_end = ProcessCpuMicros();
   }
   server->Shutdown();
 
@@ -310,6 +339,9 @@ int main(int argc, char** argv) {
               "request %lld B, reply %lld B, %d round trips after %d warmup\n",
               static_cast<long long>(request_bytes),
               static_cast<long long>(reply_bytes), iters, warmup);
+  std::printf("transport: %s\n", default_transport
+                                       ? "gRPC and glibc defaults"
+                                       : "indexerd's (transport/tuning.h)");
   for (const auto& [name, value] : int_args) {
     std::printf("channel arg %s = %d\n", name.c_str(), value);
   }
@@ -318,5 +350,9 @@ int main(int argc, char** argv) {
               Percentile(us, 50), Percentile(us, 99),
               *std::min_element(us.begin(), us.end()), sum / us.size(),
               *std::max_element(us.begin(), us.end()));
+  // CPU time is the work of both ends; unlike the wall time it barely moves
+  // when other processes share the cores.
+  std::printf("round trip p10 %.1f us; process cpu %.1f us per round trip\n",
+              Percentile(us, 10), (cpu_end - cpu_start) / iters);
   return 0;
 }

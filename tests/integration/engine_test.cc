@@ -564,5 +564,38 @@ TEST(TensorTest, CheckTensorFiniteNamesTheFirstBadElement) {
               HasSubstr("w: element 8191 is"));
 }
 
+// The vector scan: a single bad element at every position of tensors that
+// end inside a vector and a block, with the data at an odd address, and
+// each dtype's all-ones codes beside its largest finite ones.
+TEST(TensorTest, CheckTensorFiniteFindsEveryPosition) {
+  struct Case {
+    DType dtype;
+    int size;
+    uint32_t finite, bad;
+  };
+  for (const Case& c : {Case{DType::kFp8E4m3, 1, 0x7e, 0x7f}, Case{DType::kFp8E4m3, 1, 0xfe, 0xff},
+                        Case{DType::kBf16, 2, 0x7f7f, 0x7f80}, Case{DType::kBf16, 2, 0xff7f, 0xffc0},
+                        Case{DType::kFp32, 4, 0x7f7fffffu, 0x7f800000u},
+                        Case{DType::kFp32, 4, 0xff7fffffu, 0xffc00001u}}) {
+    for (int n : {1, 63, 64, 65, 4095, 4096 + 77, 2 * 4096 + 131}) {
+      std::vector<char> raw(static_cast<size_t>(n) * c.size + 1);
+      char* data = raw.data() + 1;  // odd address
+      auto put = [&](int i, uint32_t v) { memcpy(data + i * c.size, &v, c.size); };
+      for (int i = 0; i < n; ++i) put(i, c.finite);
+      ASSERT_TRUE(CheckTensorFinite("t", View(c.dtype, {n}, data, n * c.size)).ok()) << n;
+      std::vector<int> positions;
+      for (int i = 0; i < n; i += n > 300 ? 61 : 1) positions.push_back(i);
+      positions.push_back(n - 1);
+      for (int bad : positions) {
+        put(bad, c.bad);
+        EXPECT_THAT(std::string(CheckTensorFinite("t", View(c.dtype, {n}, data, n * c.size)).message()),
+                    HasSubstr(absl::StrCat("t: element ", bad, " is")))
+            << DTypeName(c.dtype) << " n " << n;
+        put(bad, c.finite);
+      }
+    }
+  }
+}
+
 }  // namespace
 }  // namespace indexer::testing

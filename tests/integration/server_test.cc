@@ -19,6 +19,7 @@
 #include "gtest/gtest.h"
 #include "indexer/client.h"
 #include "kernels/cpu/cpu_backend.h"
+#include "server/rpc/reply_wire.h"
 #include "server/rpc/server.h"
 #include "tests/integration/test_config.h"
 
@@ -498,6 +499,69 @@ TEST(ServerTest, HealthCheckServing) {
   std::string bytes;
   for (const auto& sl : slices) bytes.append(reinterpret_cast<const char*>(sl.begin()), sl.size());
   EXPECT_EQ(bytes, std::string("\x08\x01", 2));
+}
+
+// The hand-assembled layer reply (head + top-k bytes as their own slice)
+// parses to the message protobuf would have written, at varint boundaries
+// of every length in it.
+TEST(ReplyWireTest, LayerReplyHeadParsesToTheReply) {
+  for (size_t n : {size_t{0}, size_t{4}, size_t{124}, size_t{128}, size_t{16380}, size_t{16384},
+                   size_t{524288}, size_t{3} << 21}) {
+    v1::LayerReply reply;
+    reply.set_layer(n == 0 ? 0 : 300);
+    reply.mutable_timings()->set_total_us(12.5);
+    reply.mutable_timings()->set_logits_us(n * 0.25);
+    v1::Tensor meta;
+    meta.set_dtype(v1::INT32);
+    meta.add_shape(static_cast<int64_t>(n / 4 / 2 + (n > 0)));
+    meta.add_shape(2);
+    std::string data(n, '\0');
+    for (size_t i = 0; i < n; ++i) data[i] = static_cast<char>(i * 7 + 1);
+
+    v1::StepResponse expected;
+    *expected.mutable_layer() = reply;
+    *expected.mutable_layer()->mutable_topk() = meta;
+    expected.mutable_layer()->mutable_topk()->set_data(data);
+
+    v1::StepResponse parsed;
+    ASSERT_TRUE(parsed.ParseFromString(LayerReplyHead(reply, meta, n) + data)) << n;
+    EXPECT_EQ(parsed.SerializeAsString(), expected.SerializeAsString()) << n;
+    EXPECT_EQ(parsed.layer().topk().data().size(), n);
+  }
+}
+
+// Step is served on raw bytes: a message that is not a StepRequest ends the
+// stream with INVALID_ARGUMENT.
+TEST(ServerTest, StepRejectsBytesThatAreNotAStepRequest) {
+  Daemon d(MakeConfig({{.format = "fp8", .num_layers = 1, .pages = 4}}));
+  auto channel = grpc::CreateChannel("127.0.0.1:" + std::to_string(d.port()),
+                                     grpc::InsecureChannelCredentials());
+  grpc::GenericStub stub(channel);
+  grpc::ClientContext ctx;
+  grpc::CompletionQueue cq;
+  auto call = stub.PrepareCall(&ctx, "/indexer.v1.Indexer/Step", &cq);
+  auto tag = [](intptr_t i) { return reinterpret_cast<void*>(i); };
+  auto await = [&](intptr_t want) {
+    void* got;
+    bool ok;
+    return cq.Next(&got, &ok) && got == tag(want) && ok;
+  };
+  call->StartCall(tag(1));
+  ASSERT_TRUE(await(1));
+  const std::string junk = "\x0a\xff\xff\xff";  // field 1, truncated length
+  grpc::Slice slice(junk);
+  call->Write(grpc::ByteBuffer(&slice, 1), tag(2));
+  await(2);  // the write may fail once the server has ended the stream
+  grpc::Status status;
+  call->Finish(&status, tag(3));
+  ASSERT_TRUE(await(3));
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << status.error_message();
+  EXPECT_THAT(status.error_message(), HasSubstr("StepRequest"));
+  cq.Shutdown();
+  void* t;
+  bool ok;
+  while (cq.Next(&t, &ok)) {
+  }
 }
 
 TEST(ServerTest, ServerInfoDescribesTheProfile) {

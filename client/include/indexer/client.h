@@ -150,6 +150,13 @@ class IndexerClient {
 
 // ----------------------------------------------------------------- helpers --
 
+// Process-wide glibc malloc settings for large messages (the ones indexerd
+// uses): allocations up to 32 MiB stay off mmap and up to 64 MiB of freed
+// memory per malloc arena is kept, so the ~0.5 MB tensors of every layer do
+// not fault in fresh pages on each round trip. Optional; call once, early in
+// main(), before other threads allocate. false when glibc refused a value.
+bool TuneProcessAllocator();
+
 v1::SequenceId NumericSequenceId(uint64_t num);
 v1::SequenceId NamedSequenceId(const std::string& name);
 // "42" or "\"name\"", for messages.

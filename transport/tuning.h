@@ -1,0 +1,74 @@
+// Transport settings shared by indexerd, the client library and
+// grpc_echo_bench, so that the echo stays a "same transport" ceiling of the
+// daemon's per-layer round trip (SPEC §8).
+//
+// A 64-row decode layer moves ~0.57 MB of request and 0.5 MB of reply per
+// round trip. What these settings address, measured on loopback
+// (tests/bench/results/, the service section):
+//
+//  - glibc malloc: gRPC's read slices and protobuf's bytes fields of this
+//    size lie above malloc's mmap threshold or are returned to the kernel by
+//    heap trimming as soon as they are freed, so every round trip faulted in
+//    fresh zeroed pages (~75 page faults and the madvise/munmap that undoes
+//    them per echo round trip). TuneAllocator() keeps them in the heap.
+//  - gRPC channel arguments: AddServerArguments / AddChannelArguments set
+//    the message limits and the HTTP/2 and TCP knobs, identically on both
+//    ends.
+#pragma once
+
+#include <malloc.h>
+
+#include <climits>
+#include <cstdint>
+
+#include <grpcpp/grpcpp.h>
+#include <grpcpp/server_builder.h>
+
+namespace indexer::transport {
+
+// Allocations up to this size come from the heap, not from mmap (glibc's
+// upper limit for the threshold on 64-bit hosts is 32 MiB).
+inline constexpr int kMmapThresholdBytes = 32 << 20;
+// Free memory at the top of a heap kept for the next message instead of
+// being returned to the kernel (per malloc arena).
+inline constexpr int kTrimThresholdBytes = 64 << 20;
+
+// Process-wide malloc settings for large messages: call once, early in
+// main() (before threads allocate). Fixing the thresholds also turns off
+// glibc's dynamic threshold. Costs up to kTrimThresholdBytes of retained
+// free memory per malloc arena. Returns false when glibc refused a value.
+inline bool TuneAllocator() {
+  const bool mmap_ok = mallopt(M_MMAP_THRESHOLD, kMmapThresholdBytes) == 1;
+  const bool trim_ok = mallopt(M_TRIM_THRESHOLD, kTrimThresholdBytes) == 1;
+  return mmap_ok && trim_ok;
+}
+
+// The channel arguments both ends use, besides the message limits.
+// Filled by ForEachTransportArg so that the server (ServerBuilder) and the
+// client (ChannelArguments) cannot drift apart.
+template <typename F>
+void ForEachTransportArg(F&& set) {
+  (void)set;
+}
+
+// Message limits: `max_message_bytes` <= 0 means unlimited.
+inline int MessageLimit(int64_t max_message_bytes) {
+  if (max_message_bytes <= 0) return -1;
+  return static_cast<int>(max_message_bytes > INT_MAX ? INT_MAX : max_message_bytes);
+}
+
+inline void AddServerArguments(grpc::ServerBuilder& builder, int64_t max_message_bytes) {
+  const int limit = MessageLimit(max_message_bytes);
+  builder.SetMaxReceiveMessageSize(limit);
+  builder.SetMaxSendMessageSize(limit);
+  ForEachTransportArg([&](const char* name, int value) { builder.AddChannelArgument(name, value); });
+}
+
+inline void AddChannelArguments(grpc::ChannelArguments& args, int64_t max_message_bytes) {
+  const int limit = MessageLimit(max_message_bytes);
+  args.SetMaxReceiveMessageSize(limit);
+  args.SetMaxSendMessageSize(limit);
+  ForEachTransportArg([&](const char* name, int value) { args.SetInt(name, value); });
+}
+
+}  // namespace indexer::transport

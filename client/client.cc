@@ -13,7 +13,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "kernels/common/status_macros.h"
-#include "transport/tuning.h"
+#include "proto/transport_tuning.h"
 
 namespace indexer::client {
 

@@ -14,7 +14,7 @@
 #include "server/core/model.h"
 #include "server/rpc/server.h"
 #include "spdlog/spdlog.h"
-#include "transport/tuning.h"
+#include "proto/transport_tuning.h"
 
 #ifndef INDEXER_CONFIG_DIR
 #define INDEXER_CONFIG_DIR "deploy/configs"

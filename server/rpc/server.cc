@@ -7,7 +7,7 @@
 #include "grpcpp/health_check_service_interface.h"
 #include "server/rpc/service.h"
 #include "spdlog/spdlog.h"
-#include "transport/tuning.h"
+#include "proto/transport_tuning.h"
 
 namespace indexer {
 

@@ -33,7 +33,7 @@
 #include "CLI/CLI.hpp"
 #include "absl/strings/numbers.h"
 #include "absl/strings/string_view.h"
-#include "transport/tuning.h"
+#include "proto/transport_tuning.h"
 
 namespace {
 
@@ -251,7 +251,7 @@ int main(int argc, char** argv) {
   bool default_transport = false;
   app.add_flag("--default-transport", default_transport,
                "gRPC's and glibc's defaults (unlimited messages only) instead "
-               "of indexerd's transport settings (transport/tuning.h)");
+               "of indexerd's transport settings (proto/transport_tuning.h)");
   CLI11_PARSE(app, argc, argv);
   if (!default_transport) indexer::transport::TuneAllocator();
   std::vector<std::pair<std::string, int>> int_args;
@@ -341,7 +341,7 @@ int main(int argc, char** argv) {
               static_cast<long long>(reply_bytes), iters, warmup);
   std::printf("transport: %s\n", default_transport
                                        ? "gRPC and glibc defaults"
-                                       : "indexerd's (transport/tuning.h)");
+                                       : "indexerd's (proto/transport_tuning.h)");
   for (const auto& [name, value] : int_args) {
     std::printf("channel arg %s = %d\n", name.c_str(), value);
   }

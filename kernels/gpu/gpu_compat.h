@@ -269,6 +269,17 @@ __device__ __forceinline__ T LoadCg(const T* p) {
 #endif
 }
 __device__ __forceinline__ int PopCount64(uint64_t v) { return __popcll(v); }
+// Makes this warp's shared-memory writes visible to its own lanes' later
+// reads (lanes exchange data through shared memory).
+__device__ __forceinline__ void WarpSync() {
+#if defined(INDEXER_GPU_HIP)
+  __builtin_amdgcn_fence(__ATOMIC_RELEASE, "wavefront");
+  __builtin_amdgcn_wave_barrier();
+  __builtin_amdgcn_fence(__ATOMIC_ACQUIRE, "wavefront");
+#else
+  __syncwarp();
+#endif
+}
 // Mask of the lanes below this one.
 __device__ __forceinline__ uint64_t LanesBelow() {
   const int lane = LaneId();

@@ -58,6 +58,25 @@ __device__ __forceinline__ uint32_t CountAfter(uint32_t local, int lane, int war
   return above;
 }
 
+// Calls body(i, key(i)) for i = threadIdx.x, + kTopkThreads, ... < n, with
+// the keys of kBatch iterations loaded before any is used: the loops here
+// are chains of dependent steps (a load, then a shared atomic), and with
+// one block per multiprocessor (a long row at batch 1) nothing else hides
+// a global load's latency.
+constexpr int kBatch = 8;
+template <class KeyFn, class Body>
+__device__ __forceinline__ void ForKeys(int32_t begin, int32_t n, KeyFn key, Body body) {
+  int32_t i = begin + threadIdx.x;
+  for (; i + (kBatch - 1) * kTopkThreads < n; i += kBatch * kTopkThreads) {
+    uint32_t x[kBatch];
+#pragma unroll
+    for (int b = 0; b < kBatch; ++b) x[b] = key(i + b * kTopkThreads);
+#pragma unroll
+    for (int b = 0; b < kBatch; ++b) body(i + b * kTopkThreads, x[b]);
+  }
+  for (; i < n; i += kTopkThreads) body(i, key(i));
+}
+
 struct SelectShared {
   uint32_t hist[kBins];
   uint32_t warp_sum[kWarps];
@@ -83,10 +102,9 @@ __device__ void BlockSelect(SelectShared& sh, int32_t n, int32_t k,
     const uint32_t bins = PassBins(pass);
     for (int b = threadIdx.x; b < kBins; b += kTopkThreads) sh.hist[b] = 0;
     __syncthreads();
-    for (int32_t i = threadIdx.x; i < n; i += kTopkThreads) {
-      const uint32_t x = key(i);
+    ForKeys(0, n, key, [&](int32_t, uint32_t x) {
       if ((x & mask) == prefix) atomicAdd(&sh.hist[(x >> shift) & (bins - 1)], 1u);
-    }
+    });
     __syncthreads();
     // Suffix sums: thread t owns bins [t*kBinsPerThread, +kBinsPerThread).
     uint32_t local = 0;
@@ -119,8 +137,7 @@ __device__ void BlockSelect(SelectShared& sh, int32_t n, int32_t k,
   }
   __syncthreads();
   const uint32_t n_gt_total = static_cast<uint32_t>(k) - kk;
-  for (int32_t i = threadIdx.x; i < n; i += kTopkThreads) {
-    const uint32_t x = key(i);
+  ForKeys(0, n, key, [&](int32_t i, uint32_t x) {
     const uint32_t m = x & mask;
     if (m > prefix) {
       emit(static_cast<int32_t>(atomicAdd(&sh.n_gt, 1u)), i, x);
@@ -128,7 +145,7 @@ __device__ void BlockSelect(SelectShared& sh, int32_t n, int32_t k,
       const uint32_t s = atomicAdd(&sh.n_eq, 1u);
       if (s < kk) emit(static_cast<int32_t>(n_gt_total + s), i, x);
     }
-  }
+  });
   __syncthreads();
 }
 
@@ -172,7 +189,8 @@ __global__ void __launch_bounds__(kTopkThreads) CoopHistKernel(const TopkParams 
   const float* x = p.logits + static_cast<int64_t>(row) * p.stride;
   for (int b = threadIdx.x; b < kBins; b += kTopkThreads) sh.hist[b] = 0;
   __syncthreads();
-  for (int32_t i = begin + threadIdx.x; i < end; i += kTopkThreads) atomicAdd(&sh.hist[TopBin(OrderedKey(x[i]))], 1u);
+  ForKeys(begin, end, [&](int32_t i) { return OrderedKey(x[i]); },
+          [&](int32_t, uint32_t key) { atomicAdd(&sh.hist[TopBin(key)], 1u); });
   __syncthreads();
   for (int b = threadIdx.x; b < kBins; b += kTopkThreads) {
     if (sh.hist[b] != 0) atomicAdd(&st->hist[b], sh.hist[b]);
@@ -188,7 +206,7 @@ __global__ void __launch_bounds__(kTopkThreads) CoopHistKernel(const TopkParams 
   uint32_t mine[kBinsPerThread];
 #pragma unroll
   for (int j = 0; j < kBinsPerThread; ++j) {
-    mine[j] = atomicAdd(&st->hist[threadIdx.x * kBinsPerThread + j], 0u);  // coherent read
+    mine[j] = LoadCg(&st->hist[threadIdx.x * kBinsPerThread + j]);  // L2, after the fence
     local += mine[j];
   }
   const int lane = LaneId(), warp = WarpId();
@@ -210,9 +228,10 @@ __global__ void __launch_bounds__(kTopkThreads) CoopHistKernel(const TopkParams 
 // the k from the candidates, then the row's state zeroed for the next use.
 __device__ void CoopFinishRow(const TopkParams& p, int32_t row, CoopRow* st, TopkShared& sh) {
   int32_t* out = p.out + static_cast<int64_t>(row) * p.topk;
-  const int32_t above = static_cast<int32_t>(atomicAdd(&st->above, 0u));
-  const int32_t nc = static_cast<int32_t>(atomicAdd(&st->n_cand, 0u));
-  const uint32_t bin = atomicAdd(&st->bin, 0u);  // every candidate's top bits
+  // L2 reads after the fence: independent loads, not a chain of atomics.
+  const int32_t above = static_cast<int32_t>(LoadCg(&st->above));
+  const int32_t nc = static_cast<int32_t>(LoadCg(&st->n_cand));
+  const uint32_t bin = LoadCg(&st->bin);  // every candidate's top bits
   const int32_t kk = p.topk - above;
   __syncthreads();
   for (int b = threadIdx.x; b < kTopkStateWords; b += kTopkThreads) reinterpret_cast<uint32_t*>(st)[b] = 0;
@@ -223,13 +242,24 @@ __device__ void CoopFinishRow(const TopkParams& p, int32_t row, CoopRow* st, Top
     for (int32_t i = threadIdx.x; i < nc; i += kTopkThreads) rest[i] = LoadCg(cp + i);
     return;
   }
-  auto emit = [&](int32_t slot, int32_t i, uint32_t) { rest[slot] = LoadCg(cp + i); };
+  // The selection lists candidate indices in the histogram's words (free
+  // once its passes are done); their positions are then gathered with
+  // independent loads, not one dependent load per emitted key.
+  const bool list = kk <= kBins;
+  uint32_t* picked = sh.sel.hist;
+  auto emit = [&](int32_t slot, int32_t i, uint32_t) {
+    if (list) picked[slot] = static_cast<uint32_t>(i);
+    else rest[slot] = LoadCg(cp + i);
+  };
   if (nc <= kTopkCache) {
-    for (int32_t i = threadIdx.x; i < nc; i += kTopkThreads) sh.cache[i] = LoadCg(ck + i);
+    ForKeys(0, nc, [&](int32_t i) { return LoadCg(ck + i); }, [&](int32_t i, uint32_t key) { sh.cache[i] = key; });
     __syncthreads();
     BlockSelect(sh.sel, nc, kk, [&](int32_t i) { return sh.cache[i]; }, emit, 1, bin << 21);
   } else {
     BlockSelect(sh.sel, nc, kk, [&](int32_t i) { return LoadCg(ck + i); }, emit, 1, bin << 21);
+  }
+  if (list) {
+    for (int32_t j = threadIdx.x; j < kk; j += kTopkThreads) rest[j] = LoadCg(cp + picked[j]);
   }
 }
 
@@ -262,13 +292,27 @@ __global__ void __launch_bounds__(kTopkThreads) CoopEmitKernel(const TopkParams 
   // Each warp owns a contiguous, warp-aligned range of the slice.
   const int32_t chunk = ((len + kWarps - 1) / kWarps + kWarpSize - 1) / kWarpSize * kWarpSize;
   const int32_t w0 = warp * chunk, w1 = min(len, w0 + chunk);
-  // ---- pass 1: keys to shared memory, counts per warp ----------------------
+  // ---- pass 1: keys to shared memory (kBatch loads in flight per lane),
+  // then counts per warp -----------------------------------------------------
+  for (int32_t o = w0; o < w1; o += kBatch * kWarpSize) {
+    uint32_t keys[kBatch];
+#pragma unroll
+    for (int b = 0; b < kBatch; ++b) {
+      const int32_t i = o + b * kWarpSize + lane;
+      keys[b] = i < w1 ? OrderedKey(x[i]) : 0u;
+    }
+#pragma unroll
+    for (int b = 0; b < kBatch; ++b) {
+      const int32_t i = o + b * kWarpSize + lane;
+      if (i < w1) sh.cache[i] = keys[b];
+    }
+  }
+  WarpSync();
   uint32_t n_gt = 0, n_eq = 0;
   for (int32_t o = w0; o < w1; o += kWarpSize) {
     const int32_t i = o + lane;
     const bool in = i < w1;
-    const uint32_t key = in ? OrderedKey(x[i]) : 0u;
-    if (in) sh.cache[i] = key;
+    const uint32_t key = in ? sh.cache[i] : 0u;
     n_gt += PopCount64(Ballot(in && TopBin(key) > bin));
     n_eq += PopCount64(Ballot(in && TopBin(key) == bin));
   }
@@ -334,7 +378,7 @@ __global__ void __launch_bounds__(kTopkThreads) TopkRowKernel(const TopkParams p
   auto emit_pos = [&](int32_t slot, int32_t i, uint32_t) { out[slot] = i; };
   const float* x = p.logits + static_cast<int64_t>(row) * p.stride;
   if (n <= kTopkCache) {
-    for (int32_t i = threadIdx.x; i < n; i += kTopkThreads) sh.cache[i] = OrderedKey(x[i]);
+    ForKeys(0, n, [&](int32_t i) { return OrderedKey(x[i]); }, [&](int32_t i, uint32_t key) { sh.cache[i] = key; });
     __syncthreads();
     BlockSelect(sh.sel, n, p.topk, [&](int32_t i) { return sh.cache[i]; }, emit_pos);
   } else {

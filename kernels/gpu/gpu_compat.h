@@ -269,6 +269,21 @@ __device__ __forceinline__ T LoadCg(const T* p) {
 #endif
 }
 __device__ __forceinline__ int PopCount64(uint64_t v) { return __popcll(v); }
+// Programmatic dependent launch (sm_90): a kernel launched with
+// GPU_LAUNCH_AFTER_PREVIOUS may start while the kernel before it on the
+// stream still runs, once that kernel's blocks have all started or called
+// AllowDependentLaunch(); it must call GridDependencyWait() before it reads
+// what that kernel wrote. Elsewhere both are no-ops and the launch is plain.
+__device__ __forceinline__ void GridDependencyWait() {
+#if defined(INDEXER_GPU_CUDA) && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;\n" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void AllowDependentLaunch() {
+#if defined(INDEXER_GPU_CUDA) && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
+#endif
+}
 // Makes this warp's shared-memory writes visible to its own lanes' later
 // reads (lanes exchange data through shared memory).
 __device__ __forceinline__ void WarpSync() {
@@ -300,6 +315,33 @@ __device__ __forceinline__ uint64_t LanesBelow() {
                                          __LINE__);                        \
     }                                                                      \
   } while (0)
+
+// GPU_LAUNCH with programmatic dependent launch allowed (see
+// GridDependencyWait); a plain GPU_LAUNCH on HIP.
+#if defined(INDEXER_GPU_HIP)
+#define GPU_LAUNCH_AFTER_PREVIOUS(kernel, grid, block, smem, stream, ...) \
+  GPU_LAUNCH(kernel, grid, block, smem, stream, __VA_ARGS__)
+#else
+#define GPU_LAUNCH_AFTER_PREVIOUS(kernel, grid, block, smem, stream, ...)  \
+  do {                                                                     \
+    cudaLaunchConfig_t _cfg = {};                                          \
+    _cfg.gridDim = (grid);                                                 \
+    _cfg.blockDim = (block);                                               \
+    _cfg.dynamicSmemBytes = (smem);                                        \
+    _cfg.stream = (stream);                                                \
+    cudaLaunchAttribute _attr[1];                                          \
+    _attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;      \
+    _attr[0].val.programmaticStreamSerializationAllowed = 1;               \
+    _cfg.attrs = _attr;                                                    \
+    _cfg.numAttrs = 1;                                                     \
+    const ::indexer::gpu::Error _gpu_err =                                 \
+        cudaLaunchKernelEx(&_cfg, kernel, __VA_ARGS__);                    \
+    if (_gpu_err != ::indexer::gpu::kSuccess) {                            \
+      return ::indexer::gpu::ErrorStatus(_gpu_err, "launch " #kernel,      \
+                                         __FILE__, __LINE__);              \
+    }                                                                      \
+  } while (0)
+#endif
 
 // Launches `kernel<<<grid, block, smem, stream>>>(args...)` and checks the
 // launch; the error names the kernel and the call site.

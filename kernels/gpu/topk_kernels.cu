@@ -10,8 +10,9 @@
 // the k-th key. (B) every slice writes its keys above b straight to the
 // output and queues its keys in b as candidates; (C) the last slice of the
 // row to finish B selects the rest of the k from the candidates (they share
-// the top 11 bits, so its radix passes start at the second). Two launches,
-// no memset: C leaves the row's state zeroed.
+// the top 11 bits, so its radix passes start at the second). Two launches
+// (the second may be placed while the first drains, on sm_90), no memset:
+// C leaves the row's state zeroed.
 #include "kernels/gpu/gpu_compat.h"  // first: the runtime defines __device__ & co.
 
 #include <algorithm>
@@ -180,6 +181,7 @@ struct SliceShared {
 // Stage A: slice blockIdx.x of row blockIdx.y.
 __global__ void __launch_bounds__(kTopkThreads) CoopHistKernel(const TopkParams p) {
   __shared__ SliceShared sh;
+  AllowDependentLaunch();  // stage B's blocks may be placed now; they wait for this grid
   const int32_t row = blockIdx.y;
   const int32_t n = p.row_visible[row];
   if (n <= p.topk) return;
@@ -271,6 +273,7 @@ __global__ void __launch_bounds__(kTopkThreads) CoopEmitKernel(const TopkParams 
   __shared__ TopkShared sh;
   __shared__ uint32_t warp_gt[kWarps], warp_eq[kWarps];
   __shared__ uint32_t last;
+  GridDependencyWait();  // launched after stage A, possibly before it ended
   const int32_t row = blockIdx.y;
   const int32_t n = p.row_visible[row];
   if (n <= p.topk) {
@@ -418,7 +421,8 @@ absl::Status LaunchTopk(const TopkParams& p, Stream stream) {
   }
   const dim3 grid(p.slices, p.num_rows);
   GPU_LAUNCH(CoopHistKernel, grid, kTopkThreads, 0, stream, p);
-  GPU_LAUNCH(CoopEmitKernel, grid, kTopkThreads, 0, stream, p);
+  // Stage B may start while stage A drains (it waits for A's results).
+  GPU_LAUNCH_AFTER_PREVIOUS(CoopEmitKernel, grid, kTopkThreads, 0, stream, p);
   return absl::OkStatus();
 }
 

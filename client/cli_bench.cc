@@ -370,10 +370,12 @@ void Bench::Report() const {
     all_rtt.insert(all_rtt.end(), st.rtt_us.begin(), st.rtt_us.end());
     for (double x : st.rtt_us) rtt_sum += x;
   }
-  // Where the server's time goes: the rest of `server` is the backend
-  // call around its kernels (uploads, downloads, synchronization).
+  // Where the server's time goes: `queue` runs from the receipt of the
+  // whole message to the start of work (the daemon parses the request in
+  // it); the rest of `server` is the backend call around its kernels
+  // (uploads, downloads, synchronization).
   for (const auto& [layer, st] : stats_) {
-    std::printf("layer %u server p50 (us): queue %.1f, validate %.1f, write "
+    std::printf("layer %u server p50 (us): queue+parse %.1f, validate %.1f, write "
                 "%.1f, logits %.1f, topk %.1f, total %.1f\n",
                 layer, Percentile(st.queue_us, 50),
                 Percentile(st.validate_us, 50), Percentile(st.write_us, 50),
@@ -382,7 +384,9 @@ void Bench::Report() const {
   }
   // What the service adds to the kernels (SPEC §8's service target), per
   // layer call: rtt - (logits + topk); and its transport part, rtt - the
-  // server's total (messages on the wire, their parsing and serialization).
+  // server's total: the client's request encoding and reply parse, gRPC and
+  // the socket both ways, the daemon's reply send (grpc_echo_bench measures
+  // the same bytes without protobuf).
   for (const auto& [layer, st] : stats_) {
     std::vector<double> over_kernels, over_server;
     for (size_t i = 0; i < st.rtt_us.size(); ++i) {
@@ -395,6 +399,8 @@ void Bench::Report() const {
                 Percentile(over_server, 50));
   }
   std::printf("(latencies in us; rtt = client round trip of one layer; "
+              "server total = the daemon's receipt of the request to its "
+              "reply; "
               "topk = entries per row, blocks per (head, row) for block "
               "layers)\n");
   const double steps = static_cast<double>(step_us_.size());

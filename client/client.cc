@@ -4,14 +4,13 @@
 #include <bit>
 #include <chrono>
 #include <climits>
-#include <condition_variable>
+#include <cstdint>
 #include <cstring>
-#include <mutex>
-#include <thread>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "client/request_wire.h"
 #include "kernels/common/status_macros.h"
 #include "proto/transport_tuning.h"
 
@@ -43,17 +42,106 @@ std::string ShapeString(absl::Span<const int64_t> shape) {
 
 // ------------------------------------------------------------ StepSession --
 
+namespace {
+
+// Operations of a Step call; their tags on the session's completion queue.
+enum Op : intptr_t { kStart = 0, kWrite, kRead, kWritesDone, kFinish };
+
+void* TagOf(Op op) { return reinterpret_cast<void*>(static_cast<intptr_t>(op)); }
+
+bool SerializeStepRequest(const v1::StepRequest& message, grpc::ByteBuffer* out) {
+  bool own_buffer = false;
+  return grpc::SerializationTraits<v1::StepRequest>::Serialize(message, out, &own_buffer)
+      .ok();
+}
+
+bool ParseStepResponse(grpc::ByteBuffer* bytes, v1::StepResponse* response) {
+  return grpc::SerializationTraits<v1::StepResponse>::Deserialize(bytes, response)
+      .ok();
+}
+
+}  // namespace
+
 StepSession::StepSession(std::shared_ptr<grpc::Channel> channel,
                          std::unique_ptr<grpc::ClientContext> context,
-                         std::unique_ptr<Stream> stream,
                          absl::Duration abort_grace)
     : channel_(std::move(channel)),
       context_(std::move(context)),
-      stream_(std::move(stream)),
+      cq_(std::make_unique<grpc::CompletionQueue>()),
       abort_grace_(abort_grace) {}
 
 StepSession::~StepSession() {
   if (!finished_) Abort();
+  // Every operation was awaited; the queue has nothing left but shutdown.
+  cq_->Shutdown();
+  void* tag = nullptr;
+  bool ok = false;
+  while (cq_->Next(&tag, &ok)) {
+  }
+}
+
+bool StepSession::Start() {
+  grpc::GenericStub stub(channel_);
+  call_ = stub.PrepareCall(context_.get(),
+                           absl::StrCat("/", v1::Indexer::service_full_name(), "/Step"),
+                           cq_.get());
+  if (call_ == nullptr) return false;
+  call_->StartCall(TagOf(kStart));
+  return Await(TagOf(kStart));
+}
+
+bool StepSession::Await(void* tag, absl::Time deadline) {
+  // At most one operation of each kind is in flight; completions of others
+  // (the read of a layer finishing before its write) are kept until awaited.
+  while (!done_[reinterpret_cast<intptr_t>(tag)]) {
+    void* got = nullptr;
+    bool ok = false;
+    if (deadline == absl::InfiniteFuture() || cancelled_) {
+      if (!cq_->Next(&got, &ok)) return false;  // not reached: shut down last
+    } else {
+      switch (cq_->AsyncNext(&got, &ok, absl::ToChronoTime(deadline))) {
+        case grpc::CompletionQueue::TIMEOUT:
+          context_->TryCancel();  // every operation then completes
+          cancelled_ = true;
+          continue;
+        case grpc::CompletionQueue::SHUTDOWN:
+          return false;
+        case grpc::CompletionQueue::GOT_EVENT:
+          break;
+      }
+    }
+    const intptr_t op = reinterpret_cast<intptr_t>(got);
+    done_[op] = true;
+    ok_[op] = ok;
+  }
+  const intptr_t op = reinterpret_cast<intptr_t>(tag);
+  done_[op] = false;
+  return ok_[op];
+}
+
+bool StepSession::WriteMessage(const grpc::ByteBuffer& bytes, absl::Time deadline) {
+  call_->Write(bytes, TagOf(kWrite));
+  return Await(TagOf(kWrite), deadline);
+}
+
+bool StepSession::ReadMessage(grpc::ByteBuffer* bytes, absl::Time deadline) {
+  call_->Read(bytes, TagOf(kRead));
+  return Await(TagOf(kRead), deadline);
+}
+
+bool StepSession::WritesDone(absl::Time deadline) {
+  call_->WritesDone(TagOf(kWritesDone));
+  return Await(TagOf(kWritesDone), deadline);
+}
+
+grpc::Status StepSession::DrainAndFinish(absl::Time deadline) {
+  grpc::ByteBuffer ignored;
+  while (ReadMessage(&ignored, deadline)) {
+  }
+  grpc::Status status;
+  call_->Finish(&status, TagOf(kFinish));
+  Await(TagOf(kFinish), deadline);
+  return status;
 }
 
 absl::Status StepSession::CheckOpen() const {
@@ -66,16 +154,17 @@ absl::Status StepSession::CheckOpen() const {
 
 absl::Status StepSession::FailStream(const char* what) {
   finished_ = true;
+  if (call_ == nullptr) {
+    return absl::InternalError(
+        absl::StrCat("could not create the step stream while ", what));
+  }
   // The daemon ended the stream (a failed Write or Read means it is closed):
   // drain it and take the daemon's status, which names the bad field.
   if (!writes_done_) {
     writes_done_ = true;
-    stream_->WritesDone();
+    WritesDone();
   }
-  v1::StepResponse ignored;
-  while (stream_->Read(&ignored)) {
-  }
-  absl::Status status = FromGrpcStatus(stream_->Finish());
+  absl::Status status = FromGrpcStatus(DrainAndFinish());
   if (status.ok()) {
     return absl::InternalError(
         absl::StrCat("step stream ended early while ", what));
@@ -87,14 +176,32 @@ absl::StatusOr<v1::LayerReply> StepSession::RunLayer(
     v1::LayerRequest request) {
   RETURN_IF_ERROR(CheckOpen());
   const uint32_t layer = request.layer();
-  v1::StepRequest message;
-  *message.mutable_layer() = std::move(request);
-  if (!stream_->Write(message)) {
-    return FailStream(absl::StrCat("sending layer ", layer).c_str());
+  grpc::ByteBuffer bytes;
+  if (!EncodeLayerStepRequest(&request, &bytes)) {
+    v1::StepRequest message;
+    *message.mutable_layer() = std::move(request);
+    if (!SerializeStepRequest(message, &bytes)) {
+      Cancel();
+      return absl::InternalError(
+          absl::StrCat("layer ", layer, ": could not serialize the request"));
+    }
+  }
+  // The reply is read while the request is written (as grpc_echo_bench
+  // does); both complete before anything else happens on the stream.
+  grpc::ByteBuffer reply_bytes;
+  call_->Write(bytes, TagOf(kWrite));
+  call_->Read(&reply_bytes, TagOf(kRead));
+  const bool wrote = Await(TagOf(kWrite));
+  const bool read = Await(TagOf(kRead));
+  if (!wrote) return FailStream(absl::StrCat("sending layer ", layer).c_str());
+  if (!read) {
+    return FailStream(absl::StrCat("waiting for layer ", layer).c_str());
   }
   v1::StepResponse response;
-  if (!stream_->Read(&response)) {
-    return FailStream(absl::StrCat("waiting for layer ", layer).c_str());
+  if (!ParseStepResponse(&reply_bytes, &response)) {
+    Cancel();
+    return absl::InternalError(absl::StrCat(
+        "step stream: the reply of layer ", layer, " is not a StepResponse"));
   }
   if (!response.has_layer() || response.layer().layer() != layer) {
     Cancel();
@@ -111,11 +218,22 @@ absl::StatusOr<v1::StepCommitted> StepSession::Commit() {
   RETURN_IF_ERROR(CheckOpen());
   v1::StepRequest message;
   message.mutable_commit();
-  if (!stream_->Write(message)) return FailStream("sending the commit");
+  grpc::ByteBuffer bytes;
+  if (!SerializeStepRequest(message, &bytes)) {
+    Cancel();
+    return absl::InternalError("could not serialize the commit");
+  }
+  if (!WriteMessage(bytes)) return FailStream("sending the commit");
   writes_done_ = true;
-  if (!stream_->WritesDone()) return FailStream("sending the commit");
+  if (!WritesDone()) return FailStream("sending the commit");
+  grpc::ByteBuffer reply_bytes;
+  if (!ReadMessage(&reply_bytes)) return FailStream("waiting for the commit");
   v1::StepResponse response;
-  if (!stream_->Read(&response)) return FailStream("waiting for the commit");
+  if (!ParseStepResponse(&reply_bytes, &response)) {
+    Cancel();
+    return absl::InternalError(
+        "step stream: the reply to the commit is not a StepResponse");
+  }
   if (!response.has_committed()) {
     Cancel();
     return absl::InternalError(absl::StrCat(
@@ -123,52 +241,31 @@ absl::StatusOr<v1::StepCommitted> StepSession::Commit() {
         response.layer().layer()));
   }
   finished_ = true;
-  v1::StepResponse extra;
-  while (stream_->Read(&extra)) {
-  }
-  RETURN_IF_ERROR(FromGrpcStatus(stream_->Finish()));
+  RETURN_IF_ERROR(FromGrpcStatus(DrainAndFinish()));
   return std::move(*response.mutable_committed());
 }
 
 void StepSession::Abort() {
   if (finished_) return;
   finished_ = true;
+  if (call_ == nullptr) return;
   // The daemon answers a half-close without commit by rolling the step back
-  // and ending the stream; the watchdog covers a daemon that does not.
-  std::mutex mu;
-  std::condition_variable cv;
-  bool done = false;
-  std::thread watchdog([&] {
-    std::unique_lock<std::mutex> lock(mu);
-    if (!cv.wait_for(lock, absl::ToChronoMilliseconds(abort_grace_),
-                     [&] { return done; })) {
-      context_->TryCancel();
-    }
-  });
+  // and ending the stream; past abort_grace the call is cancelled (Await).
+  const absl::Time deadline = absl::Now() + abort_grace_;
   if (!writes_done_) {
     writes_done_ = true;
-    stream_->WritesDone();
+    WritesDone(deadline);
   }
-  v1::StepResponse ignored;
-  while (stream_->Read(&ignored)) {
-  }
-  stream_->Finish().IgnoreError();
-  {
-    std::lock_guard<std::mutex> lock(mu);
-    done = true;
-  }
-  cv.notify_one();
-  watchdog.join();
+  DrainAndFinish(deadline);
 }
 
 void StepSession::Cancel() {
   if (finished_) return;
   finished_ = true;
+  if (call_ == nullptr) return;
   context_->TryCancel();
-  v1::StepResponse ignored;
-  while (stream_->Read(&ignored)) {
-  }
-  stream_->Finish().IgnoreError();
+  cancelled_ = true;
+  DrainAndFinish();
 }
 
 // ---------------------------------------------------------- IndexerClient --
@@ -252,13 +349,17 @@ absl::StatusOr<std::unique_ptr<StepSession>> IndexerClient::OpenStep(
     const v1::StepHeader& header) {
   auto context = std::make_unique<grpc::ClientContext>();
   SetDeadline(*context, options_.step_timeout);
-  std::unique_ptr<StepSession::Stream> stream = stub_->Step(context.get());
   std::unique_ptr<StepSession> session(
-      new StepSession(channel_, std::move(context), std::move(stream),
-                      options_.abort_grace));
+      new StepSession(channel_, std::move(context), options_.abort_grace));
+  if (!session->Start()) return session->FailStream("opening the step stream");
   v1::StepRequest message;
   *message.mutable_header() = header;
-  if (!session->stream_->Write(message)) {
+  grpc::ByteBuffer bytes;
+  if (!SerializeStepRequest(message, &bytes)) {
+    session->Cancel();
+    return absl::InternalError("could not serialize the step header");
+  }
+  if (!session->WriteMessage(bytes)) {
     return session->FailStream("sending the step header");
   }
   return session;

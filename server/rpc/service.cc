@@ -128,6 +128,10 @@ class StepReactor final
                        "step: stream closed before commit; rolled back"));
       return;
     }
+    // Receipt: the message is whole. Its parse (below) is part of the
+    // layer's queue and total times, so that what the client sees outside
+    // the server is the transport alone.
+    received_ = Clock::now();
     // What the generated (typed) handler does, here in the reactor: parse
     // into req_ (one copy of the tensors out of the transport's slices).
     if (!grpc::SerializationTraits<v1::StepRequest>::Deserialize(&req_bytes_, &req_).ok()) {
@@ -135,7 +139,6 @@ class StepReactor final
                        "request: expected a StepRequest message"));
       return;
     }
-    received_ = Clock::now();
     absl::Status s = Handle();
     if (!s.ok()) {
       spdlog::warn("[{}] {}: {}", step_ ? step_->id() : std::string("step"),

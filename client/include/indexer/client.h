@@ -21,6 +21,7 @@
 #include <string>
 #include <vector>
 
+#include <grpcpp/generic/generic_stub.h>
 #include <grpcpp/grpcpp.h>
 
 #include "absl/status/status.h"
@@ -92,11 +93,29 @@ class StepSession {
 
  private:
   friend class IndexerClient;
-  using Stream = grpc::ClientReaderWriter<v1::StepRequest, v1::StepResponse>;
+  // The Step stream as a generic (raw bytes) call driven from the calling
+  // thread through the session's own completion queue: a layer's request is
+  // sent with its tensors as slices of their own (no serialization copy)
+  // and its reply is read while the request is still being written.
+  using Call = grpc::GenericClientAsyncReaderWriter;
 
   StepSession(std::shared_ptr<grpc::Channel> channel,
               std::unique_ptr<grpc::ClientContext> context,
-              std::unique_ptr<Stream> stream, absl::Duration abort_grace);
+              absl::Duration abort_grace);
+
+  // Starts the call; false when it could not be started.
+  bool Start();
+  // Waits for the completion of operation `tag`; false when it failed. With
+  // a finite `deadline`, cancels the call once when the deadline passes and
+  // then waits for the completion all the same.
+  bool Await(void* tag, absl::Time deadline = absl::InfiniteFuture());
+  bool WriteMessage(const grpc::ByteBuffer& bytes,
+                    absl::Time deadline = absl::InfiniteFuture());
+  bool ReadMessage(grpc::ByteBuffer* bytes,
+                   absl::Time deadline = absl::InfiniteFuture());
+  bool WritesDone(absl::Time deadline = absl::InfiniteFuture());
+  // Reads until the stream ends, then takes the call's final status.
+  grpc::Status DrainAndFinish(absl::Time deadline = absl::InfiniteFuture());
 
   // Cancels at once (the daemon broke the protocol) and ends the stream.
   void Cancel();
@@ -108,8 +127,13 @@ class StepSession {
 
   std::shared_ptr<grpc::Channel> channel_;  // keeps the channel alive
   std::unique_ptr<grpc::ClientContext> context_;
-  std::unique_ptr<Stream> stream_;
+  std::unique_ptr<grpc::CompletionQueue> cq_;
+  std::unique_ptr<Call> call_;
   absl::Duration abort_grace_;
+  static constexpr int kOps = 5;  // start, write, read, writes done, finish
+  bool done_[kOps] = {};  // completed and not yet awaited, per operation
+  bool ok_[kOps] = {};
+  bool cancelled_ = false;
   bool writes_done_ = false;  // half-closed: WritesDone may be called once
   bool finished_ = false;
 };

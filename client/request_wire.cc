@@ -8,28 +8,14 @@
 
 #include <grpcpp/support/slice.h>
 
+#include "proto/wire_util.h"
+
 namespace indexer::client {
 namespace {
 
-void AppendVarint(std::string* out, uint64_t v) {
-  while (v >= 0x80) {
-    out->push_back(static_cast<char>((v & 0x7f) | 0x80));
-    v >>= 7;
-  }
-  out->push_back(static_cast<char>(v));
-}
-
-size_t VarintSize(uint64_t v) {
-  size_t n = 1;
-  while (v >= 0x80) {
-    v >>= 7;
-    ++n;
-  }
-  return n;
-}
-
-// Tag of a length-delimited field (wire type 2).
-char LenTag(int field) { return static_cast<char>((field << 3) | 2); }
+using wire::AppendVarint;
+using wire::LenTag;
+using wire::VarintSize;
 
 // A slice that owns (and frees) a moved-in string.
 grpc::Slice OwningSlice(std::string data) {

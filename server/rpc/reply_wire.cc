@@ -2,30 +2,13 @@
 
 #include <cstdint>
 
+#include "proto/wire_util.h"
+
 namespace indexer {
-namespace {
 
-void AppendVarint(std::string* out, uint64_t v) {
-  while (v >= 0x80) {
-    out->push_back(static_cast<char>((v & 0x7f) | 0x80));
-    v >>= 7;
-  }
-  out->push_back(static_cast<char>(v));
-}
-
-size_t VarintSize(uint64_t v) {
-  size_t n = 1;
-  while (v >= 0x80) {
-    v >>= 7;
-    ++n;
-  }
-  return n;
-}
-
-// Tag of a length-delimited field (wire type 2).
-char LenTag(int field) { return static_cast<char>((field << 3) | 2); }
-
-}  // namespace
+using wire::AppendVarint;
+using wire::LenTag;
+using wire::VarintSize;
 
 std::string LayerReplyHead(const v1::LayerReply& reply, const v1::Tensor& meta,
                            size_t topk_bytes) {

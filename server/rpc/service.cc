@@ -258,6 +258,10 @@ class StepReactor final
     for (int64_t l : lens) resp_.mutable_committed()->add_seq_lens(static_cast<uint64_t>(l));
     spdlog::debug("[{}] committed", step_->id());
     committed_ = true;
+    // Serialize requires an empty buffer: resp_bytes_ still holds the last
+    // layer reply's slices (gRPC's writer asserts on a valid buffer once the
+    // message outgrows an inlined slice, 23 bytes: ~20 sequences).
+    resp_bytes_.Clear();
     bool own_buffer = false;
     RETURN_IF_ERROR(FromGrpcSerialize(
         grpc::SerializationTraits<v1::StepResponse>::Serialize(resp_, &resp_bytes_, &own_buffer)));

@@ -22,6 +22,7 @@
 #include "server/rpc/reply_wire.h"
 #include "server/rpc/server.h"
 #include "tests/integration/test_config.h"
+#include "tests/integration/wire_harness.h"
 
 namespace indexer::testing {
 namespace {
@@ -30,122 +31,6 @@ using ::testing::HasSubstr;
 namespace v1 = ::indexer::v1;
 using client::IndexerClient;
 
-// The backend under test: the cpu backend, or INDEXER_TEST_DEVICE (e.g.
-// "gpu:0") to run the same suite against another one on the device.
-std::unique_ptr<Backend> TestBackend() {
-  const char* device = std::getenv("INDEXER_TEST_DEVICE");
-  if (device == nullptr || *device == 0) return std::make_unique<CpuBackend>(2);
-  auto backend = MakeBackend(device, 2);
-  EXPECT_TRUE(backend.ok()) << backend.status();
-  static bool once = [&] {
-    if (backend.ok()) std::printf("[  backend ] %s\n", (*backend)->Describe().c_str());
-    return true;
-  }();
-  (void)once;
-  return backend.ok() ? *std::move(backend) : nullptr;
-}
-
-class Daemon {
- public:
-  explicit Daemon(const config::ServerConfig& cfg) {
-    auto model = BuildModel(cfg);
-    EXPECT_TRUE(model.ok()) << model.status();
-    layers_ = TestLayers(*model);
-    auto engine = Engine::Create(*std::move(model), TestBackend());
-    EXPECT_TRUE(engine.ok()) << engine.status();
-    auto server = StartServer(*std::move(engine), "127.0.0.1:0");
-    EXPECT_TRUE(server.ok()) << server.status();
-    server_ = *std::move(server);
-    auto c = IndexerClient::Connect("127.0.0.1:" + std::to_string(server_->port()));
-    EXPECT_TRUE(c.ok()) << c.status();
-    client_ = *std::move(c);
-  }
-  Engine& engine() { return server_->engine(); }
-  IndexerClient& client() { return *client_; }
-  void Shutdown(int grace_ms) { server_->Shutdown(grace_ms); }
-  const std::vector<TestLayer>& layers() const { return layers_; }
-  int port() const { return server_->port(); }
-
-  // Steps end asynchronously on the server after a cancel: wait for it.
-  void WaitIdle() {
-    for (int i = 0; i < 400 && engine().open_steps() > 0; ++i) {
-      std::this_thread::sleep_for(std::chrono::milliseconds(5));
-    }
-    ASSERT_EQ(engine().open_steps(), 0);
-  }
-
- private:
-  std::vector<TestLayer> layers_;
-  std::unique_ptr<RunningServer> server_;
-  std::unique_ptr<IndexerClient> client_;
-};
-
-enum class Form { kFloat, kNative };
-
-v1::LayerRequest Request(const TestLayer& t, const LayerData& d, Form form) {
-  const PageLayout& L = t.layout;
-  const int64_t D = L.head_dim, H = t.num_heads;
-  v1::LayerRequest r;
-  r.set_layer(t.layer);
-  if (t.role == Role::kBlock) {
-    *r.mutable_k() = client::MakeByteTensor(v1::UINT8, d.k_quant, {d.n_new, L.entry_bytes()});
-    *r.mutable_q() = client::MakeFp32Tensor(d.q_float, {d.rows, H, D});
-    return r;
-  }
-  if (form == Form::kFloat) {
-    *r.mutable_k() = client::MakeFp32Tensor(d.k_float, {d.n_new, D});
-    *r.mutable_q() = client::MakeFp32Tensor(d.q_float, {d.rows, H, D});
-    *r.mutable_weights() = client::MakeFp32Tensor(d.weights, {d.rows, H});
-    return r;
-  }
-  *r.mutable_k() = client::MakeByteTensor(v1::UINT8, d.k_quant, {d.n_new, L.entry_bytes()});
-  if (L.format == KvFormat::kFp8) {
-    *r.mutable_q() = client::MakeByteTensor(v1::FP8_E4M3, d.q_codes, {d.rows, H, D});
-  } else {
-    *r.mutable_q() = client::MakeByteTensor(v1::UINT8, d.q_codes, {d.rows, H, D / 2});
-    *r.mutable_q_scale() = client::MakeByteTensor(v1::UINT8, d.q_scales, {d.rows, H, D / 32});
-  }
-  *r.mutable_weights() = client::MakeFp32Tensor(d.w_folded, {d.rows, H});
-  return r;
-}
-
-v1::StepHeader Header(const std::vector<SeqStep>& seqs, const Shadow& shadow) {
-  v1::StepHeader h;
-  for (const auto& [s, q] : seqs) {
-    v1::StepSequence* ss = h.add_sequences();
-    *ss->mutable_id() = client::NamedSequenceId(s);
-    ss->set_q_len(q);
-    ss->set_create(shadow.len(s) == 0);
-  }
-  return h;
-}
-
-// One full step through the wire: every layer checked, then commit.
-void WireStep(Daemon& d, Shadow& shadow, const std::vector<SeqStep>& seqs, Form form) {
-  auto step = d.client().OpenStep(Header(seqs, shadow));
-  ASSERT_TRUE(step.ok()) << step.status();
-  std::vector<LayerData> data = shadow.Make(seqs);
-  for (size_t li = 0; li < d.layers().size(); ++li) {
-    const TestLayer& t = d.layers()[li];
-    auto reply = (*step)->RunLayer(Request(t, data[li], form));
-    ASSERT_TRUE(reply.ok()) << reply.status();
-    ASSERT_EQ(reply->layer(), static_cast<uint32_t>(t.layer));
-    std::vector<int64_t> shape = {data[li].rows, t.topk};
-    if (t.role == Role::kBlock) shape = {t.num_heads, data[li].rows, t.topk};
-    auto topk = client::ReadInt32Tensor(reply->topk(), shape, "topk");
-    ASSERT_TRUE(topk.ok()) << topk.status();
-    shadow.Check(li, seqs, data[li], topk->data());
-    EXPECT_GT(reply->timings().total_us(), 0);
-  }
-  auto committed = (*step)->Commit();
-  ASSERT_TRUE(committed.ok()) << committed.status();
-  shadow.Commit(seqs, data);
-  ASSERT_EQ(committed->seq_lens_size(), static_cast<int>(seqs.size()));
-  for (size_t i = 0; i < seqs.size(); ++i) {
-    EXPECT_EQ(committed->seq_lens(i), static_cast<uint64_t>(shadow.len(seqs[i].first)));
-  }
-  ASSERT_TRUE(d.engine().CheckInvariants().ok()) << d.engine().CheckInvariants();
-}
 
 struct PathCase {
   std::string format;

@@ -72,6 +72,22 @@ class Shadow {
     return out;
   }
 
+  // K entries only (no Q, no weights) for an import of `seqs`: what
+  // WriteEntries sends, without the cost of prefill-sized Q tensors.
+  std::vector<LayerData> MakeEntries(const std::vector<SeqStep>& seqs) {
+    std::vector<LayerData> out;
+    for (const TestLayer& t : layers_) out.push_back(MakeLayer(t, seqs, /*with_q=*/false));
+    return out;
+  }
+
+  // Forgets a released sequence.
+  void Forget(const std::string& s) {
+    len_.erase(s);
+    for (auto it = entries_.begin(); it != entries_.end();) {
+      it = it->first.second == s ? entries_.erase(it) : std::next(it);
+    }
+  }
+
   // Records a committed step's new entries.
   void Commit(const std::vector<SeqStep>& seqs, const std::vector<LayerData>& data) {
     for (size_t li = 0; li < layers_.size(); ++li) {
@@ -225,7 +241,7 @@ class Shadow {
     }
   }
 
-  LayerData MakeLayer(const TestLayer& t, const std::vector<SeqStep>& seqs) {
+  LayerData MakeLayer(const TestLayer& t, const std::vector<SeqStep>& seqs, bool with_q = true) {
     const PageLayout& L = t.layout;
     const int D = L.head_dim, H = t.num_heads, vb = L.value_bytes(), eb = L.entry_bytes();
     LayerData d;
@@ -248,6 +264,7 @@ class Shadow {
         QuantizeMxfp4(&d.k_float[e * D], D, out, out + vb);
       }
     }
+    if (!with_q) return d;
     d.q_float.resize(d.rows * H * D);
     for (float& x : d.q_float) x = normal(rng_);
     d.weights.resize(d.rows * H);

@@ -11,6 +11,7 @@
 #include "grpcpp/support/proto_buffer_reader.h"
 #include "grpcpp/support/proto_buffer_writer.h"
 #include "kernels/common/status_macros.h"
+#include "server/rpc/convert.h"
 #include "server/rpc/grpc_status.h"
 #include "server/rpc/reply_wire.h"
 #include "spdlog/spdlog.h"
@@ -29,31 +30,6 @@ using Clock = std::chrono::steady_clock;
 
 double MicrosBetween(Clock::time_point a, Clock::time_point b) {
   return std::chrono::duration<double, std::micro>(b - a).count();
-}
-
-TensorView View(bool present, const v1::Tensor& t) {
-  TensorView v;
-  v.present = present;
-  v.dtype = static_cast<DType>(t.dtype());
-  v.shape.assign(t.shape().begin(), t.shape().end());
-  v.data = t.data();
-  return v;
-}
-
-absl::StatusOr<SeqName> ToSeqName(const std::string& field, const v1::SequenceId& id) {
-  switch (id.id_case()) {
-    case v1::SequenceId::kNum:
-      return SeqName::Numeric(id.num());
-    case v1::SequenceId::kName:
-      if (id.name().empty() || id.name().size() > 256) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            field, ".name: expected 1..256 bytes, got ", id.name().size()));
-      }
-      return SeqName::Named(id.name());
-    default:
-      return absl::InvalidArgumentError(
-          absl::StrCat(field, ": expected num or name to be set"));
-  }
 }
 
 grpc::ServerUnaryReactor* Respond(grpc::CallbackServerContext* ctx,
@@ -192,14 +168,7 @@ class StepReactor final
     if (step_) {
       return absl::FailedPreconditionError("header: already received; expected layer or commit");
     }
-    StepSpec spec;
-    spec.request_id = h.request_id();
-    for (int i = 0; i < h.sequences_size(); ++i) {
-      const v1::StepSequence& s = h.sequences(i);
-      ASSIGN_OR_RETURN(SeqName name,
-                       ToSeqName(absl::StrCat("header.sequences[", i, "].id"), s.id()));
-      spec.seqs.push_back({std::move(name), static_cast<int64_t>(s.q_len()), s.create()});
-    }
+    ASSIGN_OR_RETURN(StepSpec spec, ToStepSpec(h));
     ASSIGN_OR_RETURN(step_, engine_->BeginStep(spec));
     spdlog::debug("[{}] begin: {} sequences, {} rows, peer {}", step_->id(),
                   spec.seqs.size(), step_->num_rows(), ctx_->peer());
@@ -208,12 +177,7 @@ class StepReactor final
 
   absl::Status Layer(const v1::LayerRequest& r) {
     if (!step_) return absl::FailedPreconditionError("layer: expected the header first");
-    LayerInput in;
-    in.layer = static_cast<int32_t>(r.layer());
-    in.k = View(r.has_k(), r.k());
-    in.q = View(r.has_q(), r.q());
-    in.q_scale = View(r.has_q_scale(), r.q_scale());
-    in.weights = View(r.has_weights(), r.weights());
+    LayerInput in = ToLayerInput(r);
     // The backend writes the indices straight into a reply buffer, which
     // goes on the wire as it is (see WriteLayerReply).
     std::unique_ptr<std::string> topk = buffers_->Take();
@@ -358,13 +322,9 @@ grpc::ServerUnaryReactor* IndexerService::GetServerInfo(
 grpc::ServerUnaryReactor* IndexerService::Release(grpc::CallbackServerContext* ctx,
                                                   const v1::ReleaseRequest* req,
                                                   v1::ReleaseResponse* resp) {
-  std::vector<SeqName> names;
-  for (int i = 0; i < req->ids_size(); ++i) {
-    auto name = ToSeqName(absl::StrCat("ids[", i, "]"), req->ids(i));
-    if (!name.ok()) return Respond(ctx, name.status());
-    names.push_back(*std::move(name));
-  }
-  auto freed = engine_->Release(names);
+  auto names = ToReleaseNames(*req);
+  if (!names.ok()) return Respond(ctx, names.status());
+  auto freed = engine_->Release(*names);
   if (freed.ok()) resp->set_released_pages(*freed);
   return Respond(ctx, freed.status());
 }
@@ -372,19 +332,9 @@ grpc::ServerUnaryReactor* IndexerService::Release(grpc::CallbackServerContext* c
 grpc::ServerUnaryReactor* IndexerService::WriteEntries(
     grpc::CallbackServerContext* ctx, const v1::WriteEntriesRequest* req,
     v1::WriteEntriesResponse* resp) {
-  auto name = ToSeqName("id", req->id());
-  if (!name.ok()) return Respond(ctx, name.status());
-  std::vector<std::pair<int32_t, TensorView>> layers;
-  for (const v1::LayerEntries& le : req->layers()) {
-    layers.emplace_back(static_cast<int32_t>(le.layer()), View(le.has_k(), le.k()));
-  }
-  if (req->num_tokens() < 1 || req->num_tokens() > engine_->model().config.max_q_len()) {
-    return Respond(ctx, absl::InvalidArgumentError(absl::StrCat(
-                            "num_tokens: expected 1..", engine_->model().config.max_q_len(),
-                            ", got ", req->num_tokens())));
-  }
-  auto len = engine_->Import(*name, req->create(), static_cast<int64_t>(req->num_tokens()),
-                             layers);
+  auto args = ToImport(*req, engine_->model().config.max_q_len());
+  if (!args.ok()) return Respond(ctx, args.status());
+  auto len = engine_->Import(args->name, args->create, args->num_tokens, args->layers);
   if (len.ok()) resp->set_seq_len(*len);
   return Respond(ctx, len.status());
 }

@@ -1,0 +1,82 @@
+#include "server/rpc/convert.h"
+
+#include "absl/strings/str_cat.h"
+#include "kernels/common/status_macros.h"
+
+namespace indexer {
+
+TensorView ViewOf(bool present, const v1::Tensor& t) {
+  TensorView v;
+  v.present = present;
+  v.dtype = static_cast<DType>(t.dtype());
+  v.shape.assign(t.shape().begin(), t.shape().end());
+  v.data = t.data();
+  return v;
+}
+
+absl::StatusOr<SeqName> ToSeqName(const std::string& field, const v1::SequenceId& id,
+                                  const std::string& ns) {
+  switch (id.id_case()) {
+    case v1::SequenceId::kNum:
+      return SeqName::Numeric(id.num(), ns);
+    case v1::SequenceId::kName:
+      if (id.name().empty() || id.name().size() > 256) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            field, ".name: expected 1..256 bytes, got ", id.name().size()));
+      }
+      return SeqName::Named(id.name(), ns);
+    default:
+      return absl::InvalidArgumentError(
+          absl::StrCat(field, ": expected num or name to be set"));
+  }
+}
+
+absl::StatusOr<StepSpec> ToStepSpec(const v1::StepHeader& h, const std::string& ns) {
+  StepSpec spec;
+  spec.request_id = h.request_id();
+  for (int i = 0; i < h.sequences_size(); ++i) {
+    const v1::StepSequence& s = h.sequences(i);
+    ASSIGN_OR_RETURN(SeqName name,
+                     ToSeqName(absl::StrCat("header.sequences[", i, "].id"), s.id(), ns));
+    spec.seqs.push_back({std::move(name), static_cast<int64_t>(s.q_len()), s.create()});
+  }
+  return spec;
+}
+
+LayerInput ToLayerInput(const v1::LayerRequest& r) {
+  LayerInput in;
+  in.layer = static_cast<int32_t>(r.layer());
+  in.k = ViewOf(r.has_k(), r.k());
+  in.q = ViewOf(r.has_q(), r.q());
+  in.q_scale = ViewOf(r.has_q_scale(), r.q_scale());
+  in.weights = ViewOf(r.has_weights(), r.weights());
+  return in;
+}
+
+absl::StatusOr<std::vector<SeqName>> ToReleaseNames(const v1::ReleaseRequest& req,
+                                                    const std::string& ns) {
+  std::vector<SeqName> names;
+  for (int i = 0; i < req.ids_size(); ++i) {
+    ASSIGN_OR_RETURN(SeqName name, ToSeqName(absl::StrCat("ids[", i, "]"), req.ids(i), ns));
+    names.push_back(std::move(name));
+  }
+  return names;
+}
+
+absl::StatusOr<ImportArgs> ToImport(const v1::WriteEntriesRequest& req, int64_t max_q_len,
+                                    const std::string& ns) {
+  ImportArgs a;
+  ASSIGN_OR_RETURN(a.name, ToSeqName("id", req.id(), ns));
+  if (req.num_tokens() < 1 || req.num_tokens() > static_cast<uint64_t>(max_q_len)) {
+    return absl::InvalidArgumentError(absl::StrCat("num_tokens: expected 1..", max_q_len,
+                                                   ", got ", req.num_tokens()));
+  }
+  a.create = req.create();
+  a.num_tokens = static_cast<int64_t>(req.num_tokens());
+  for (const v1::LayerEntries& le : req.layers()) {
+    a.layers.emplace_back(static_cast<int32_t>(le.layer()), ViewOf(le.has_k(), le.k()));
+  }
+  return a;
+}
+
+}  // namespace indexer

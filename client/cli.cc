@@ -30,6 +30,12 @@ absl::StatusOr<std::unique_ptr<IndexerClient>> ConnectFromFlags(
   ClientOptions options;
   options.max_message_bytes = flags.max_message_mb << 20;
   options.connect_timeout = absl::Seconds(flags.connect_timeout_s);
+  if (!flags.tls_ca.empty() || !flags.tls_cert.empty() || !flags.tls_key.empty() ||
+      !flags.tls_server_name.empty()) {
+    options.tls = TlsOptions{flags.tls_ca, flags.tls_cert, flags.tls_key, flags.tls_server_name};
+  }
+  options.client_id = flags.client_id;
+  options.client_id_header = flags.client_id_header;
   return IndexerClient::Connect(flags.addr, options);
 }
 
@@ -206,6 +212,17 @@ int main(int argc, char** argv) {
       ->check(CLI::Range(int64_t{1}, int64_t{2047}));
   app.add_option("--connect-timeout", global.connect_timeout_s,
                  "seconds to wait for the daemon")
+      ->capture_default_str();
+  app.add_option("--tls-ca", global.tls_ca,
+                 "PEM CA bundle that verifies the daemon (any --tls-* flag = TLS)");
+  app.add_option("--tls-cert", global.tls_cert, "client certificate (PEM) for mutual TLS");
+  app.add_option("--tls-key", global.tls_key, "its private key (PEM)");
+  app.add_option("--tls-server-name", global.tls_server_name,
+                 "name expected in the daemon's certificate (default: the --addr host)");
+  app.add_option("--client-id", global.client_id,
+                 "client identity sent as metadata (namespaces sequences on plaintext)");
+  app.add_option("--client-id-header", global.client_id_header,
+                 "metadata key of --client-id")
       ->capture_default_str();
 
   CLI::App* info = app.add_subcommand("info", "print the server info");

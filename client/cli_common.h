@@ -18,6 +18,13 @@ struct GlobalFlags {
   std::string addr = "127.0.0.1:50061";
   int64_t max_message_mb = 1024;
   double connect_timeout_s = 5;
+  // TLS (SPEC §9): any of these set = a TLS channel.
+  std::string tls_ca;           // PEM roots verifying the daemon
+  std::string tls_cert;         // client certificate (mutual TLS)
+  std::string tls_key;          // its key
+  std::string tls_server_name;  // name checked against the daemon's certificate
+  std::string client_id;        // sent as client_id_header on plaintext
+  std::string client_id_header = "x-indexer-client";
 };
 
 struct DemoFlags {

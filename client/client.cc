@@ -286,11 +286,20 @@ absl::StatusOr<std::unique_ptr<IndexerClient>> IndexerClient::Connect(
     return absl::InvalidArgumentError(absl::StrCat(
         "max_message_bytes: expected > 0, got ", options.max_message_bytes));
   }
+  if (!options.client_id.empty() && options.client_id_header.empty()) {
+    return absl::InvalidArgumentError(
+        "client_id_header: expected a metadata key with client_id set, got ''");
+  }
   grpc::ChannelArguments args;
   transport::AddChannelArguments(args, options.max_message_bytes);
-  std::shared_ptr<grpc::ChannelCredentials> credentials =
-      options.credentials ? options.credentials
-                          : grpc::InsecureChannelCredentials();
+  std::shared_ptr<grpc::ChannelCredentials> credentials = options.credentials;
+  if (!credentials && options.tls) {
+    ASSIGN_OR_RETURN(credentials, MakeTlsCredentials(*options.tls));
+    if (!options.tls->server_name.empty()) {
+      args.SetSslTargetNameOverride(options.tls->server_name);
+    }
+  }
+  if (!credentials) credentials = grpc::InsecureChannelCredentials();
   std::shared_ptr<grpc::Channel> channel =
       grpc::CreateCustomChannel(address, credentials, args);
   if (channel == nullptr) {
@@ -307,16 +316,19 @@ absl::StatusOr<std::unique_ptr<IndexerClient>> IndexerClient::Connect(
       new IndexerClient(address, options, std::move(channel)));
 }
 
-void IndexerClient::SetDeadline(grpc::ClientContext& context,
-                                absl::Duration timeout) const {
+void IndexerClient::Prepare(grpc::ClientContext& context,
+                            absl::Duration timeout) const {
   if (timeout != absl::InfiniteDuration()) {
     context.set_deadline(DeadlineAfter(timeout));
+  }
+  if (!options_.client_id.empty()) {
+    context.AddMetadata(options_.client_id_header, options_.client_id);
   }
 }
 
 absl::StatusOr<v1::ServerInfo> IndexerClient::GetServerInfo() {
   grpc::ClientContext context;
-  SetDeadline(context, options_.rpc_timeout);
+  Prepare(context, options_.rpc_timeout);
   v1::ServerInfo info;
   RETURN_IF_ERROR(FromGrpcStatus(
       stub_->GetServerInfo(&context, v1::GetServerInfoRequest(), &info)));
@@ -326,7 +338,7 @@ absl::StatusOr<v1::ServerInfo> IndexerClient::GetServerInfo() {
 absl::StatusOr<uint64_t> IndexerClient::Release(
     const std::vector<v1::SequenceId>& ids) {
   grpc::ClientContext context;
-  SetDeadline(context, options_.rpc_timeout);
+  Prepare(context, options_.rpc_timeout);
   v1::ReleaseRequest request;
   for (const v1::SequenceId& id : ids) *request.add_ids() = id;
   v1::ReleaseResponse response;
@@ -338,7 +350,7 @@ absl::StatusOr<uint64_t> IndexerClient::Release(
 absl::StatusOr<uint64_t> IndexerClient::WriteEntries(
     const v1::WriteEntriesRequest& request) {
   grpc::ClientContext context;
-  SetDeadline(context, options_.rpc_timeout);
+  Prepare(context, options_.rpc_timeout);
   v1::WriteEntriesResponse response;
   RETURN_IF_ERROR(
       FromGrpcStatus(stub_->WriteEntries(&context, request, &response)));
@@ -348,7 +360,7 @@ absl::StatusOr<uint64_t> IndexerClient::WriteEntries(
 absl::StatusOr<std::unique_ptr<StepSession>> IndexerClient::OpenStep(
     const v1::StepHeader& header) {
   auto context = std::make_unique<grpc::ClientContext>();
-  SetDeadline(*context, options_.step_timeout);
+  Prepare(*context, options_.step_timeout);
   std::unique_ptr<StepSession> session(
       new StepSession(channel_, std::move(context), options_.abort_grace));
   if (!session->Start()) return session->FailStream("opening the step stream");

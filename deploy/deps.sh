@@ -6,7 +6,8 @@ set -euo pipefail
 
 pkgs=(build-essential cmake ninja-build pkg-config
       libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
-      libabsl-dev libspdlog-dev libtbb-dev libcli11-dev libgtest-dev libgmock-dev)
+      libabsl-dev libspdlog-dev libtbb-dev libcli11-dev libgtest-dev libgmock-dev
+      openssl)  # openssl: tls_test generates its certificates at test time
 if [[ "${1:-}" == "--test" ]]; then
   pkgs+=(clang-19 lld-19 libamdhip64-dev)
 fi

@@ -2,6 +2,7 @@
 //
 //   indexerd --profile demo [--device auto|cpu|gpu:N] [--listen ADDR]
 //            [--cache-mb N] [--threads N] [--config FILE]
+//            [--tls-cert PEM --tls-key PEM [--tls-ca PEM]] [--authz-policy JSON]
 #include <csignal>
 #include <cstdlib>
 #include <filesystem>
@@ -36,6 +37,8 @@ int Run(int argc, char** argv) {
   uint64_t cache_mb = 0;
   int threads = -1;
   int grace_ms = 10000;
+  std::string tls_cert, tls_key, tls_ca, authz_policy, client_id_header;
+  int tls_refresh_s = -1;
   app.add_option("--profile", profile, "Model profile: a file <name>.textproto in --config-dir")
       ->capture_default_str();
   app.add_option("--config", config, "Config file (text-format ServerConfig); overrides --profile");
@@ -48,6 +51,18 @@ int Run(int argc, char** argv) {
   app.add_option("--port-file", port_file, "Write the bound port to this file once serving");
   app.add_option("--drain-ms", grace_ms, "Grace period for open steps on SIGTERM")
       ->capture_default_str();
+  app.add_option("--tls-cert", tls_cert,
+                 "Server certificate chain (PEM); with --tls-key serves TLS (config tls.cert_file)");
+  app.add_option("--tls-key", tls_key, "Its private key (PEM) (config tls.key_file)");
+  app.add_option("--tls-ca", tls_ca,
+                 "Client CA bundle (PEM): mutual TLS, client certificates required "
+                 "(config tls.ca_file)");
+  app.add_option("--tls-refresh-s", tls_refresh_s,
+                 "Re-read the certificate files this often (config tls.refresh_s, default 60)");
+  app.add_option("--authz-policy", authz_policy,
+                 "gRPC authorization policy file (JSON) (config authz_policy_file)");
+  app.add_option("--client-id-header", client_id_header,
+                 "Metadata key naming the client on plaintext (default x-indexer-client)");
   app.add_option("--log-level", log_level, "trace, debug, info, warn, error")
       ->capture_default_str();
   CLI11_PARSE(app, argc, argv);
@@ -71,6 +86,12 @@ int Run(int argc, char** argv) {
   if (!device.empty()) cfg->set_device(device);
   if (cache_mb) cfg->set_cache_mb(cache_mb);
   if (threads >= 0) cfg->set_threads(static_cast<uint32_t>(threads));
+  if (!tls_cert.empty()) cfg->mutable_tls()->set_cert_file(tls_cert);
+  if (!tls_key.empty()) cfg->mutable_tls()->set_key_file(tls_key);
+  if (!tls_ca.empty()) cfg->mutable_tls()->set_ca_file(tls_ca);
+  if (tls_refresh_s >= 0) cfg->mutable_tls()->set_refresh_s(static_cast<uint32_t>(tls_refresh_s));
+  if (!authz_policy.empty()) cfg->set_authz_policy_file(authz_policy);
+  if (!client_id_header.empty()) cfg->set_client_id_header(client_id_header);
   auto model = indexer::BuildModel(*std::move(cfg));
   if (!model.ok()) {
     spdlog::error("config {}: {}", path, model.status().ToString());

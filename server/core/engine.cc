@@ -20,12 +20,14 @@ double MicrosSince(std::chrono::steady_clock::time_point t0) {
 
 }  // namespace
 
+// The namespace is length-prefixed: with a plain separator, namespace "a$b"
+// with id #1 and namespace "a" with name "b#1" would share a key.
 SeqName SeqName::Numeric(uint64_t id, const std::string& ns) {
-  return {absl::StrCat(ns, "#", id), absl::StrCat(id)};
+  return {absl::StrCat(ns.size(), ":", ns, "#", id), absl::StrCat(id)};
 }
 
 SeqName SeqName::Named(const std::string& name, const std::string& ns) {
-  return {absl::StrCat(ns, "$", name), absl::StrCat("\"", name, "\"")};
+  return {absl::StrCat(ns.size(), ":", ns, "$", name), absl::StrCat("\"", name, "\"")};
 }
 
 // ------------------------------------------------------------------ Engine --

@@ -5,6 +5,7 @@
 #include "absl/strings/str_cat.h"
 #include "grpcpp/grpcpp.h"
 #include "grpcpp/health_check_service_interface.h"
+#include "server/rpc/credentials.h"
 #include "server/rpc/service.h"
 #include "spdlog/spdlog.h"
 #include "proto/transport_tuning.h"
@@ -27,12 +28,14 @@ void RunningServer::Wait() {
 
 absl::StatusOr<std::unique_ptr<RunningServer>> StartServer(
     std::unique_ptr<Engine> engine, const std::string& listen) {
+  auto security = MakeListenerSecurity(engine->model().config);
+  if (!security.ok()) return security.status();
   std::unique_ptr<RunningServer> rs(new RunningServer());
   rs->engine_ = std::move(engine);
   rs->service_ = std::make_unique<IndexerService>(rs->engine_.get());
   grpc::EnableDefaultHealthCheckService(true);
   grpc::ServerBuilder builder;
-  builder.AddListeningPort(listen, grpc::InsecureServerCredentials(), &rs->port_);
+  builder.AddListeningPort(listen, security->credentials, &rs->port_);
   const int max_bytes =
       static_cast<int>(std::min<uint64_t>(rs->engine_->model().config.max_message_mb() << 20,
                                           (1u << 31) - 1));
@@ -43,6 +46,11 @@ absl::StatusOr<std::unique_ptr<RunningServer>> StartServer(
     return absl::UnavailableError(absl::StrCat("listen: cannot bind ", listen));
   }
   rs->server_->GetHealthCheckService()->SetServingStatus(true);
+  spdlog::info("listener {}: {}{}", listen,
+               security->mutual_tls ? "mutual TLS (client certificates required)"
+               : security->tls      ? "TLS"
+                                    : "plaintext",
+               security->authz ? ", authorization policy enforced" : "");
   return rs;
 }
 

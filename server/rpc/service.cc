@@ -12,7 +12,9 @@
 #include "grpcpp/support/proto_buffer_writer.h"
 #include "kernels/common/status_macros.h"
 #include "server/rpc/convert.h"
+#include "server/rpc/credentials.h"
 #include "server/rpc/grpc_status.h"
+#include "server/rpc/identity.h"
 #include "server/rpc/reply_wire.h"
 #include "spdlog/spdlog.h"
 
@@ -30,6 +32,13 @@ using Clock = std::chrono::steady_clock;
 
 double MicrosBetween(Clock::time_point a, Clock::time_point b) {
   return std::chrono::duration<double, std::micro>(b - a).count();
+}
+
+// The caller's sequence namespace (SPEC §6 "Clients and tenancy"): its TLS
+// identity, else the configured header. Another namespace's sequence is
+// simply not found.
+std::string CallerNamespace(const grpc::CallbackServerContext& ctx, const Engine& engine) {
+  return ClientIdentity(ctx, ClientIdHeader(engine.model().config));
 }
 
 grpc::ServerUnaryReactor* Respond(grpc::CallbackServerContext* ctx,
@@ -168,7 +177,7 @@ class StepReactor final
     if (step_) {
       return absl::FailedPreconditionError("header: already received; expected layer or commit");
     }
-    ASSIGN_OR_RETURN(StepSpec spec, ToStepSpec(h));
+    ASSIGN_OR_RETURN(StepSpec spec, ToStepSpec(h, CallerNamespace(*ctx_, *engine_)));
     ASSIGN_OR_RETURN(step_, engine_->BeginStep(spec));
     spdlog::debug("[{}] begin: {} sequences, {} rows, peer {}", step_->id(),
                   spec.seqs.size(), step_->num_rows(), ctx_->peer());
@@ -322,7 +331,7 @@ grpc::ServerUnaryReactor* IndexerService::GetServerInfo(
 grpc::ServerUnaryReactor* IndexerService::Release(grpc::CallbackServerContext* ctx,
                                                   const v1::ReleaseRequest* req,
                                                   v1::ReleaseResponse* resp) {
-  auto names = ToReleaseNames(*req);
+  auto names = ToReleaseNames(*req, CallerNamespace(*ctx, *engine_));
   if (!names.ok()) return Respond(ctx, names.status());
   auto freed = engine_->Release(*names);
   if (freed.ok()) resp->set_released_pages(*freed);
@@ -332,7 +341,8 @@ grpc::ServerUnaryReactor* IndexerService::Release(grpc::CallbackServerContext* c
 grpc::ServerUnaryReactor* IndexerService::WriteEntries(
     grpc::CallbackServerContext* ctx, const v1::WriteEntriesRequest* req,
     v1::WriteEntriesResponse* resp) {
-  auto args = ToImport(*req, engine_->model().config.max_q_len());
+  auto args = ToImport(*req, engine_->model().config.max_q_len(),
+                       CallerNamespace(*ctx, *engine_));
   if (!args.ok()) return Respond(ctx, args.status());
   auto len = engine_->Import(args->name, args->create, args->num_tokens, args->layers);
   if (len.ok()) resp->set_seq_len(*len);

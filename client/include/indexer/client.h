@@ -18,6 +18,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -38,6 +39,17 @@ namespace v1 = ::indexer::v1;
 // The one conversion of a gRPC status: code and message preserved.
 absl::Status FromGrpcStatus(const grpc::Status& status);
 
+struct TlsOptions {
+  // PEM roots that verify the daemon's certificate; empty: the system's.
+  std::string ca_file;
+  // This client's certificate chain and key (PEM), for mutual TLS.
+  std::string cert_file;
+  std::string key_file;
+  // Name checked against the daemon's certificate instead of the address's
+  // host (e.g. "localhost" when dialing 127.0.0.1 with a DNS-only SAN).
+  std::string server_name;
+};
+
 struct ClientOptions {
   // Largest message sent or received. Replies of large prefill steps are
   // [rows, topk] int32 and easily exceed gRPC's 4 MiB default.
@@ -52,9 +64,22 @@ struct ClientOptions {
   // StepSession::Abort waits this long for the daemon to end the step before
   // it cancels the stream outright.
   absl::Duration abort_grace = absl::Seconds(5);
-  // null: insecure channel.
+  // Explicit channel credentials; null: `tls` when set, else plaintext.
   std::shared_ptr<grpc::ChannelCredentials> credentials;
+  // TLS to the daemon (SPEC §9); used when `credentials` is null.
+  std::optional<TlsOptions> tls;
+  // Sent as metadata `client_id_header` on every call. A daemon on a
+  // plaintext (or server-only TLS) listener namespaces this client's
+  // sequences by it; under mutual TLS the certificate's SAN names the
+  // client instead. Empty: not sent (the shared anonymous namespace).
+  std::string client_id;
+  std::string client_id_header = "x-indexer-client";
 };
+
+// Channel credentials for `tls`: INVALID_ARGUMENT naming the option when a
+// file cannot be read or only one of cert_file / key_file is set.
+absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> MakeTlsCredentials(
+    const TlsOptions& tls);
 
 // One open Step stream (header sent, not yet committed or aborted), driven
 // synchronously: each RunLayer writes one LayerRequest and blocks for its
@@ -164,7 +189,8 @@ class IndexerClient {
  private:
   IndexerClient(std::string address, ClientOptions options,
                 std::shared_ptr<grpc::Channel> channel);
-  void SetDeadline(grpc::ClientContext& context, absl::Duration timeout) const;
+  // Deadline (unless infinite) and the client id header.
+  void Prepare(grpc::ClientContext& context, absl::Duration timeout) const;
 
   std::string address_;
   ClientOptions options_;

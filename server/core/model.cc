@@ -53,7 +53,8 @@ absl::StatusOr<Model> BuildModel(config::ServerConfig cfg) {
   if (cfg.max_batch() == 0) cfg.set_max_batch(1024);
   if (cfg.max_q_len() == 0) cfg.set_max_q_len(65536);
   if (cfg.cache_mb() == 0) cfg.set_cache_mb(2048);
-  if (cfg.listen().empty()) cfg.set_listen("0.0.0.0:50061");
+  // Loopback unless told otherwise (SPEC §9): exposing the daemon is a choice.
+  if (cfg.listen().empty()) cfg.set_listen("127.0.0.1:50061");
   if (cfg.device().empty()) cfg.set_device("auto");
   if (cfg.max_seq_len() == 0) cfg.set_max_seq_len(1 << 20);
   if (cfg.next_n() > 4) {

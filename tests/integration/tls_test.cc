@@ -424,6 +424,15 @@ TEST(Authz, ParseAndMatch) {
               HasSubstr("allow_rules[0].source: expected only {principals}, got 'namespaces'"));
 }
 
+// Namespaces cannot run into each other's names: "a" + name "b#1" and
+// "a$b" + number 1 (or "a" + "x" and "" + "ax") are different sequences.
+TEST(Namespaces, KeysDoNotCollide) {
+  EXPECT_NE(SeqName::Named("b#1", "a").key, SeqName::Numeric(1, "a$b").key);
+  EXPECT_NE(SeqName::Named("x", "a").key, SeqName::Named("ax", "").key);
+  EXPECT_NE(SeqName::Numeric(7, "hdr:t").key, SeqName::Numeric(7, "tls:t").key);
+  EXPECT_EQ(SeqName::Named("s", "tls:client-a").display, "\"s\"");
+}
+
 TEST(ListenerSecurityConfig, RefusesIncompleteOrUnreadableFiles) {
   config::ServerConfig cfg = BaseConfig();
   cfg.mutable_tls()->set_key_file(Key("server"));

@@ -8,6 +8,8 @@
 #include <cstring>
 #include <utility>
 
+#include "absl/strings/escaping.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "client/request_wire.h"
@@ -286,9 +288,25 @@ absl::StatusOr<std::unique_ptr<IndexerClient>> IndexerClient::Connect(
     return absl::InvalidArgumentError(absl::StrCat(
         "max_message_bytes: expected > 0, got ", options.max_message_bytes));
   }
-  if (!options.client_id.empty() && options.client_id_header.empty()) {
-    return absl::InvalidArgumentError(
-        "client_id_header: expected a metadata key with client_id set, got ''");
+  if (!options.client_id.empty()) {
+    // gRPC refuses such metadata only when the call is made; say so here.
+    const std::string& key = options.client_id_header;
+    const bool key_ok =
+        !key.empty() && !absl::EndsWith(key, "-bin") &&
+        std::all_of(key.begin(), key.end(), [](char c) {
+          return (c >= 'a' && c <= 'z') || (c >= '0' && c <= '9') || c == '-' || c == '_' ||
+                 c == '.';
+        });
+    if (!key_ok) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "client_id_header: expected a lower-case metadata key ([a-z0-9-_.], not -bin), got '",
+          absl::CEscape(key), "'"));
+    }
+    const std::string& id = options.client_id;
+    if (!std::all_of(id.begin(), id.end(), [](char c) { return c >= 0x20 && c <= 0x7e; })) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "client_id: expected printable ASCII, got '", absl::CEscape(id), "'"));
+    }
   }
   grpc::ChannelArguments args;
   transport::AddChannelArguments(args, options.max_message_bytes);

@@ -44,7 +44,9 @@ int Run(int argc, char** argv) {
   app.add_option("--config", config, "Config file (text-format ServerConfig); overrides --profile");
   app.add_option("--config-dir", config_dir, "Where profiles live (env INDEXERD_CONFIG_DIR)")
       ->capture_default_str();
-  app.add_option("--listen", listen, "host:port to listen on (port 0 = any); default from config, else 127.0.0.1:50061");
+  app.add_option("--listen", listen,
+                 "host:port to listen on (port 0 = any); default from config, else "
+                 "127.0.0.1:50061");
   app.add_option("--device", device, "auto, cpu, gpu or gpu:N; default from config (auto)");
   app.add_option("--cache-mb", cache_mb, "K cache size over all layers, MiB; default from config");
   app.add_option("--threads", threads, "cpu backend threads (0 = all cores)");
@@ -58,7 +60,8 @@ int Run(int argc, char** argv) {
                  "Client CA bundle (PEM): mutual TLS, client certificates required "
                  "(config tls.ca_file)");
   app.add_option("--tls-refresh-s", tls_refresh_s,
-                 "Re-read the certificate files this often (config tls.refresh_s, default 60)");
+                 "Re-read the certificate files this often (config tls.refresh_s, default 60)")
+      ->check(CLI::Range(1, 86400));
   app.add_option("--authz-policy", authz_policy,
                  "gRPC authorization policy file (JSON) (config authz_policy_file)");
   app.add_option("--client-id-header", client_id_header,

@@ -33,9 +33,12 @@ using ::testing::AllOf;
 using ::testing::HasSubstr;
 using ::testing::Not;
 
+bool pki_made = false;
+
 // The test PKI, generated once for the whole suite.
 const fs::path& Pki() {
   static const fs::path dir = [] {
+    pki_made = true;
     std::string tmpl = (fs::temp_directory_path() / "indexer-tls-XXXXXX").string();
     const char* made = mkdtemp(tmpl.data());
     EXPECT_NE(made, nullptr);
@@ -45,6 +48,17 @@ const fs::path& Pki() {
   }();
   return dir;
 }
+// Removes the PKI once every test ran.
+class PkiCleanup : public ::testing::Environment {
+ public:
+  void TearDown() override {
+    std::error_code ignored;
+    if (pki_made) fs::remove_all(Pki(), ignored);
+  }
+};
+[[maybe_unused]] ::testing::Environment* const kPkiCleanup =
+    ::testing::AddGlobalTestEnvironment(new PkiCleanup);
+
 std::string Pem(const std::string& name) { return (Pki() / (name + ".pem")).string(); }
 std::string Key(const std::string& name) { return (Pki() / (name + ".key")).string(); }
 
@@ -328,6 +342,15 @@ TEST(Plaintext, ConfiguredHeaderName) {
   auto b = IndexerClient::Connect(d.address(), o);
   ASSERT_TRUE(a.ok() && b.ok());
   CheckIsolation(d, **a, **b, "tenant-one");
+  // Keys and values gRPC would refuse at the first call are refused at Connect.
+  o.client_id_header = "X-Tenant";
+  auto upper = IndexerClient::Connect(d.address(), o);
+  EXPECT_THAT(std::string(upper.status().message()), HasSubstr("client_id_header: expected"));
+  o.client_id_header = "x-tenant";
+  o.client_id = "forged\nline";
+  auto newline = IndexerClient::Connect(d.address(), o);
+  EXPECT_THAT(std::string(newline.status().message()),
+              HasSubstr("client_id: expected printable ASCII, got 'forged\\nline'"));
 }
 
 std::string WriteFile(const std::string& name, const std::string& text) {
@@ -361,6 +384,46 @@ TEST(Authz, PolicyDeniesReleaseToOnePrincipal) {
   StepAndCheck(*b, d.layers(), sb, {{"s", 1}});  // B's "s" is still there
   EXPECT_TRUE(a->Release({client::NamedSequenceId("s")}).ok());
   EXPECT_EQ(d.engine().num_sequences(), 1);
+}
+
+// A changed policy file takes effect without a restart; one that no longer
+// parses leaves the last good policy in force.
+TEST(Authz, PolicyFileReloads) {
+  config::ServerConfig cfg = MutualTlsConfig();
+  cfg.mutable_tls()->set_refresh_s(1);
+  const std::string path = WriteFile("reloaded.json", kDenyReleaseToB);
+  cfg.set_authz_policy_file(path);
+  SecureDaemon d(cfg);
+  auto b = MustConnect(d.address(), ClientTls("ca", "client-b"));
+  ASSERT_TRUE(b);
+  auto release_code = [&] { return b->Release({client::NamedSequenceId("s")}).status().code(); };
+  ASSERT_EQ(release_code(), absl::StatusCode::kPermissionDenied);
+  // Allow everything; B's Release then gets past the policy (NOT_FOUND).
+  WriteFile("reloaded.json.tmp", R"({"name": "open", "allow_rules": [{"name": "all"}]})");
+  fs::rename(path + ".tmp", path);
+  auto wait_for = [&](absl::StatusCode want) {
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(20);
+    while (release_code() != want && std::chrono::steady_clock::now() < deadline) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    }
+    return release_code() == want;
+  };
+  EXPECT_TRUE(wait_for(absl::StatusCode::kNotFound)) << "the new policy was not picked up";
+}
+
+// Refresh 0: the file is looked at on every check, so no waiting here.
+TEST(Authz, BrokenPolicyFileKeepsTheLastGoodPolicy) {
+  const std::string path = WriteFile("kept.json", kDenyReleaseToB);
+  auto policy = AuthzPolicy::Load(path, /*refresh_s=*/0);
+  ASSERT_TRUE(policy.ok()) << policy.status();
+  const AuthzRequest release_by_b{"/indexer.v1.Indexer/Release", {"client-b"}, {}};
+  EXPECT_EQ((*policy)->Check(release_by_b).code(), absl::StatusCode::kPermissionDenied);
+  WriteFile("kept.json", "{not json");
+  EXPECT_EQ((*policy)->Check(release_by_b).code(), absl::StatusCode::kPermissionDenied);
+  WriteFile("kept.json", R"({"name": "open", "allow_rules": [{"name": "all"}]})");
+  EXPECT_TRUE((*policy)->Check(release_by_b).ok());
+  fs::remove(path);  // unreadable: the last good policy stays too
+  EXPECT_TRUE((*policy)->Check(release_by_b).ok());
 }
 
 // Without a rule that allows it, a call is refused; health and info alike.

@@ -72,6 +72,7 @@ struct ClientOptions {
   // plaintext (or server-only TLS) listener namespaces this client's
   // sequences by it; under mutual TLS the certificate's SAN names the
   // client instead. Empty: not sent (the shared anonymous namespace).
+  // Printable ASCII; the header a lower-case metadata key (Connect checks).
   std::string client_id;
   std::string client_id_header = "x-indexer-client";
 };

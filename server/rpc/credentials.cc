@@ -1,8 +1,11 @@
 #include "server/rpc/credentials.h"
 
+#include <algorithm>
 #include <cctype>
 #include <fstream>
 
+#include "absl/strings/escaping.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "grpcpp/security/tls_certificate_provider.h"
 #include "grpcpp/security/tls_credentials_options.h"
@@ -16,14 +19,17 @@ constexpr uint32_t kMaxRefreshS = 86400;
 
 // The file watcher reports unreadable files only in gRPC's log and then
 // fails every handshake; checking here turns that into a start-up error.
-absl::Status CheckReadable(const std::string& field, const std::string& path) {
+absl::Status CheckPemFile(const std::string& field, const std::string& path) {
   std::ifstream f(path, std::ios::binary);
-  std::string head(64, '\0');
-  if (!f || !f.read(head.data(), static_cast<std::streamsize>(head.size())).gcount()) {
+  // PEM may follow text (openssl's "Bag Attributes"); 1 MiB covers any chain.
+  std::string text(1 << 20, '\0');
+  if (!f) {
     return absl::InvalidArgumentError(
         absl::StrCat(field, ": expected a readable PEM file, got '", path, "'"));
   }
-  if (head.find("-----BEGIN") == std::string::npos) {
+  f.read(text.data(), static_cast<std::streamsize>(text.size()));
+  text.resize(static_cast<size_t>(f.gcount()));
+  if (text.find("-----BEGIN") == std::string::npos) {
     return absl::InvalidArgumentError(
         absl::StrCat(field, ": expected PEM ('-----BEGIN'), got another format in '", path, "'"));
   }
@@ -55,13 +61,24 @@ absl::StatusOr<ListenerSecurity> MakeListenerSecurity(const config::ServerConfig
                                                    " (0 = 60), got ", tls.refresh_s()));
   }
   const uint32_t refresh_s = tls.refresh_s() ? tls.refresh_s() : kDefaultRefreshS;
+  const std::string header = ClientIdHeader(cfg);
+  const bool header_ok =
+      !absl::EndsWith(header, "-bin") && !absl::StartsWith(header, "grpc-") &&
+      std::all_of(header.begin(), header.end(), [](char c) {
+        return (c >= 'a' && c <= 'z') || (c >= '0' && c <= '9') || c == '-' || c == '_' || c == '.';
+      });
+  if (!header_ok) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "client_id_header: expected a metadata key ([a-z0-9-_.], not grpc-*, not *-bin), got '",
+        absl::CEscape(cfg.client_id_header()), "'"));
+  }
   if (tls.cert_file().empty()) {
     sec.credentials = grpc::InsecureServerCredentials();
   } else {
-    if (auto s = CheckReadable("tls.cert_file", tls.cert_file()); !s.ok()) return s;
-    if (auto s = CheckReadable("tls.key_file", tls.key_file()); !s.ok()) return s;
+    if (auto s = CheckPemFile("tls.cert_file", tls.cert_file()); !s.ok()) return s;
+    if (auto s = CheckPemFile("tls.key_file", tls.key_file()); !s.ok()) return s;
     if (!tls.ca_file().empty()) {
-      if (auto s = CheckReadable("tls.ca_file", tls.ca_file()); !s.ok()) return s;
+      if (auto s = CheckPemFile("tls.ca_file", tls.ca_file()); !s.ok()) return s;
     }
     sec.tls = true;
     sec.mutual_tls = !tls.ca_file().empty();

@@ -303,9 +303,8 @@ TEST(Tls, RotatesServerCertificateWithoutRestart) {
   EXPECT_TRUE(Refused(Connect(d.address(), ClientTls("ca2"), "", absl::Seconds(2))))
       << "before rotation: the server's certificate is from ca";
 
-  // Key first: a watcher that reads between the two renames sees a pair
-  // that does not match, keeps the old one and picks the new pair up at
-  // the next refresh.
+  // A refresh between the two renames may read a mismatched pair; the next
+  // one reads the new pair, which the poll below waits for.
   CopyAtomically(Key("server2"), key);
   CopyAtomically(Pem("server2"), cert);
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(20);
@@ -516,6 +515,10 @@ TEST(ListenerSecurityConfig, RefusesIncompleteOrUnreadableFiles) {
   cfg.set_authz_policy_file(WriteFile("bad.json", R"({"name": "x"})"));
   EXPECT_THAT(std::string(MakeListenerSecurity(cfg).status().message()),
               HasSubstr("allow_rules"));
+  cfg = BaseConfig();
+  cfg.set_client_id_header("x tenant");
+  EXPECT_THAT(std::string(MakeListenerSecurity(cfg).status().message()),
+              HasSubstr("client_id_header: expected a metadata key"));
   // Plaintext listeners cannot enforce a policy: refused, not ignored.
   cfg = BaseConfig();
   cfg.set_authz_policy_file(WriteFile("ok.json", kDenyReleaseToB));

@@ -19,6 +19,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include <grpcpp/generic/generic_stub.h>
@@ -54,6 +55,10 @@ struct ClientOptions {
   absl::Duration abort_grace = absl::Seconds(5);
   // null: insecure channel.
   std::shared_ptr<grpc::ChannelCredentials> credentials;
+  // Metadata sent with every call, e.g. {"x-indexer-client", "fe-0"}: the
+  // client identity on a plaintext loopback listener, which owns the
+  // caller's regions (and, with identities, its sequences).
+  std::vector<std::pair<std::string, std::string>> metadata;
 };
 
 // One open Step stream (header sent, not yet committed or aborted), driven
@@ -158,12 +163,30 @@ class IndexerClient {
   absl::StatusOr<std::unique_ptr<StepSession>> OpenStep(
       const v1::StepHeader& header);
 
+  // Regions (the data plane): memory shared with the daemon so that tensors
+  // travel as references (MakeRefTensor, LayerRequest.topk_out). A region
+  // belongs to this client's identity (ClientOptions::metadata) and is
+  // dropped after RegisterRegionResponse.lease_ms without use.
+  // A POSIX shared-memory object on the daemon's host; `offset` a multiple
+  // of the page size.
+  absl::StatusOr<v1::RegisterRegionResponse> RegisterHostRegion(
+      const std::string& name, const std::string& shm_name, uint64_t offset, uint64_t bytes);
+  // GPU memory exported with cudaIpcGetMemHandle / hipIpcGetMemHandle:
+  // `ipc_handle` its bytes, the device named by its UUID ("GPU-...") or,
+  // when that is empty, its PCI bus id.
+  absl::StatusOr<v1::RegisterRegionResponse> RegisterDeviceRegion(
+      const std::string& name, const std::string& ipc_handle, const std::string& device_uuid,
+      const std::string& pci_bus_id, uint64_t offset, uint64_t bytes);
+  absl::Status UnregisterRegion(uint64_t region);
+  absl::StatusOr<std::vector<v1::RegionInfo>> ListRegions();
+
   const std::string& address() const { return address_; }
   const ClientOptions& options() const { return options_; }
 
  private:
   IndexerClient(std::string address, ClientOptions options,
                 std::shared_ptr<grpc::Channel> channel);
+  // Deadline and ClientOptions::metadata of a call.
   void SetDeadline(grpc::ClientContext& context, absl::Duration timeout) const;
 
   std::string address_;
@@ -203,6 +226,14 @@ v1::Tensor MakeInt32Tensor(absl::Span<const int32_t> values,
 // `dtype` is UINT8 or FP8_E4M3 (both one byte per element).
 v1::Tensor MakeByteTensor(v1::DataType dtype, absl::Span<const uint8_t> values,
                           absl::Span<const int64_t> shape);
+
+// A Tensor whose bytes are [offset, offset + NumElements(shape) x
+// DataTypeSize(dtype)) of registered region `region`. The caller writes them
+// before sending the request that carries it (the ordering contract).
+v1::Tensor MakeRefTensor(v1::DataType dtype, absl::Span<const int64_t> shape,
+                         uint64_t region, uint64_t offset);
+// A reference to `bytes` bytes at `offset` of `region`, e.g. topk_out.
+v1::TensorRef MakeTensorRef(uint64_t region, uint64_t offset, uint64_t bytes);
 
 // Reads an INT32 tensor. Checks the dtype, that the byte count matches the
 // shape and, when `expected_shape` is not empty, the shape itself; the error

@@ -30,6 +30,7 @@ absl::StatusOr<std::unique_ptr<IndexerClient>> ConnectFromFlags(
   ClientOptions options;
   options.max_message_bytes = flags.max_message_mb << 20;
   options.connect_timeout = absl::Seconds(flags.connect_timeout_s);
+  if (!flags.client_id.empty()) options.metadata = {{"x-indexer-client", flags.client_id}};
   return IndexerClient::Connect(flags.addr, options);
 }
 
@@ -187,7 +188,10 @@ constexpr char kBenchHelp[] =
     "is then aborted (rolled back): contexts stay at --context and untimed "
     "layers cost nothing.\n"
     "Block layers send Q in --block-q as [rows, Hi, D] without weights and "
-    "get [Hi, rows, topk_blocks] block ids back.";
+    "get [Hi, rows, topk_blocks] block ids back.\n"
+    "--transport host|device writes each layer's Q, weights and K into a "
+    "registered region and sends references; the daemon writes the top-k "
+    "into the region (topk_out). The figures are the same for every transport.";
 
 }  // namespace
 
@@ -207,6 +211,9 @@ int main(int argc, char** argv) {
   app.add_option("--connect-timeout", global.connect_timeout_s,
                  "seconds to wait for the daemon")
       ->capture_default_str();
+  app.add_option("--client-id", global.client_id,
+                 "client identity sent as the x-indexer-client header (plaintext "
+                 "listeners); owns this run's regions");
 
   CLI::App* info = app.add_subcommand("info", "print the server info");
 
@@ -286,6 +293,12 @@ int main(int argc, char** argv) {
       ->check(CLI::IsMember({"fp32", "bf16", "fp8"}));
   bench_cmd->add_option("--seed", bench.seed, "random seed")
       ->capture_default_str();
+  bench_cmd->add_option("--transport", bench.transport,
+                        "how tensors travel: inline (bytes in the message), host "
+                        "(a registered shared-memory region, top-k via topk_out) or "
+                        "device (GPU memory by IPC handle; GPU builds only)")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"inline", "host", "device"}));
 
   std::vector<uint64_t> release_nums;
   std::vector<std::string> release_names;

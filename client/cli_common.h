@@ -18,6 +18,7 @@ struct GlobalFlags {
   std::string addr = "127.0.0.1:50061";
   int64_t max_message_mb = 1024;
   double connect_timeout_s = 5;
+  std::string client_id;       // sent as x-indexer-client when set
 };
 
 struct DemoFlags {
@@ -46,6 +47,7 @@ struct BenchFlags {
   bool q_fp32 = false;
   bool prequantized = false;
   uint64_t seed = 1;
+  std::string transport = "inline";  // inline, host or device
 };
 
 absl::StatusOr<std::unique_ptr<IndexerClient>> ConnectFromFlags(

@@ -6,6 +6,7 @@
 #include <utility>
 #include <vector>
 
+#include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "grpcpp/support/proto_buffer_reader.h"
@@ -402,8 +403,10 @@ grpc::ServerUnaryReactor* IndexerService::RegisterRegion(grpc::CallbackServerCon
       id = absl::InvalidArgumentError("kind: expected host or device to be set");
   }
   if (!id.ok()) {
+    // The message carries client-chosen names: escaped, so they cannot
+    // forge log lines.
     spdlog::warn("register region: {}: {}", absl::StatusCodeToString(id.status().code()),
-                 std::string(id.status().message()));
+                 absl::CHexEscape(id.status().message()));
     return Respond(ctx, id.status());
   }
   resp->set_region(*id);

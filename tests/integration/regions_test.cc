@@ -296,7 +296,8 @@ TEST_F(RegionErrors, BadRegistrations) {
   auto dev = a_->RegisterDeviceRegion("dev", garbage, "GPU-00000000-0000-0000-0000-000000000000",
                                       "", 0, 4096);
   if (d_.engine().backend().Kind() == "gpu") {
-    EXPECT_FALSE(dev.ok());
+    ExpectRejected(dev.status(), absl::StatusCode::kFailedPrecondition,
+                   "region \"dev\": device.device_uuid");
   } else {
     ExpectRejected(dev.status(), absl::StatusCode::kFailedPrecondition,
                    "region \"dev\": device: device regions need the gpu backend");

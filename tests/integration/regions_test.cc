@@ -371,10 +371,16 @@ TEST(RegionsTest, LeaseExpires) {
   auto c = ClientAs(d.port(), "fe-lease");
   auto shm = ShmRegion::Create(UniqueShm("lease"), 4096);
   ASSERT_TRUE(shm.ok());
+  const auto registered = std::chrono::steady_clock::now();
   auto reg = c->RegisterHostRegion("lease", shm->name(), 0, 4096);
   ASSERT_TRUE(reg.ok()) << reg.status();
   EXPECT_EQ(reg->lease_ms(), kLeaseMs);
-  ASSERT_EQ(c->ListRegions()->size(), 1u);
+  auto listed = c->ListRegions();
+  ASSERT_TRUE(listed.ok());
+  // Listed unless this process stalled for a whole lease (a loaded machine).
+  if (std::chrono::steady_clock::now() - registered < std::chrono::milliseconds(kLeaseMs)) {
+    ASSERT_EQ(listed->size(), 1u);
+  }
   // A full lease without use (a lower bound, not a race): dropped.
   std::this_thread::sleep_for(std::chrono::milliseconds(kLeaseMs + 20));
   EXPECT_TRUE(c->ListRegions()->empty());
@@ -385,7 +391,9 @@ TEST(RegionsTest, LeaseExpires) {
 // it holds a region and an open step: the step rolls back and, after the
 // lease, its region is gone.
 TEST(RegionsTest, ClientKilledHoldingRegions) {
-  constexpr uint64_t kLeaseMs = 300;
+  // Long enough that the running bench (which renews it every layer) never
+  // loses its region on a loaded machine.
+  constexpr uint64_t kLeaseMs = 1000;
   Daemon d(TwoGroups(kLeaseMs));
   const std::string addr = "127.0.0.1:" + std::to_string(d.port());
   const char* cli = std::getenv("INDEXER_CLI") ? std::getenv("INDEXER_CLI") : INDEXER_CLI_PATH;

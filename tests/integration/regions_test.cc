@@ -17,6 +17,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "indexer/client.h"
+#include "server/rpc/convert.h"
 #include "tests/integration/test_config.h"
 #include "tests/integration/wire_harness.h"
 
@@ -303,6 +304,33 @@ TEST_F(RegionErrors, BadRegistrations) {
                    "region \"dev\": device: device regions need the gpu backend");
   }
   EXPECT_EQ(a_->ListRegions()->size(), 1u);  // only the fixture's
+}
+
+// Device tensors (device regions) are refused by the engine until the
+// backends take them: FAILED_PRECONDITION before anything is written.
+TEST_F(RegionErrors, DeviceTensorsRefusedUntilWired) {
+  const std::vector<SeqStep> seqs = {{"a", 1}, {"b", 1}};
+  StepSpec spec;
+  for (const auto& [name, q] : seqs) spec.seqs.push_back({SeqName::Named(name), q, false});
+  std::vector<LayerData> data = shadow_.Make(seqs);
+  const v1::LayerRequest r = Request(d_.layers()[0], data[0], Form::kFloat);
+  for (const char* which : {"k", "q", "weights", "topk_out"}) {
+    auto step = d_.engine().BeginStep(spec);
+    ASSERT_TRUE(step.ok()) << step.status();
+    LayerInput in = ToLayerInput(r);
+    const std::string w = which;
+    if (w == "k") in.k.on_device = true;
+    if (w == "q") in.q.on_device = true;
+    if (w == "weights") in.weights.on_device = true;
+    std::vector<int32_t> out(2 * 16);
+    if (w == "topk_out") {
+      in.topk_out = {true, reinterpret_cast<uint8_t*>(out.data()), out.size() * 4, true};
+    }
+    const absl::Status status = (*step)->RunLayer(in).status();
+    step->reset();  // the transport aborts a step whose layer failed
+    ExpectRejected(status, absl::StatusCode::kFailedPrecondition,
+                   "device regions: " + w + " is in a device region");
+  }
 }
 
 // A region unregistered between two layers of a step: the next layer's

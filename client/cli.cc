@@ -193,7 +193,10 @@ constexpr char kBenchHelp[] =
     "is then aborted (rolled back): contexts stay at --context and untimed "
     "layers cost nothing.\n"
     "Block layers send Q in --block-q as [rows, Hi, D] without weights and "
-    "get [Hi, rows, topk_blocks] block ids back.";
+    "get [Hi, rows, topk_blocks] block ids back.\n"
+    "--transport host|device writes each layer's Q, weights and K into a "
+    "registered region and sends references; the daemon writes the top-k "
+    "into the region (topk_out). The figures are the same for every transport.";
 
 }  // namespace
 
@@ -303,6 +306,12 @@ int main(int argc, char** argv) {
       ->check(CLI::IsMember({"fp32", "bf16", "fp8"}));
   bench_cmd->add_option("--seed", bench.seed, "random seed")
       ->capture_default_str();
+  bench_cmd->add_option("--transport", bench.transport,
+                        "how tensors travel: inline (bytes in the message), host "
+                        "(a registered shared-memory region, top-k via topk_out) or "
+                        "device (GPU memory by IPC handle; GPU builds only)")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"inline", "host", "device"}));
 
   std::vector<uint64_t> release_nums;
   std::vector<std::string> release_names;

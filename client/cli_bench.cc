@@ -13,6 +13,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "client/cli_common.h"
+#include "client/cli_transport.h"
 #include "client/reference.h"
 #include "client/workload.h"
 #include "kernels/common/status_macros.h"
@@ -96,7 +97,7 @@ class Bench {
   Bench(IndexerClient* client, const v1::ServerInfo& info,
         std::vector<LayerSpec> specs, std::set<uint32_t> timed,
         const GlobalFlags& global, const BenchFlags& flags,
-        BlockQFormat block_q, OwnedSequences* owned);
+        BlockQFormat block_q, OwnedSequences* owned, BenchTransport* transport);
 
   absl::Status Populate();
   absl::Status RunSteps();
@@ -122,6 +123,7 @@ class Bench {
   BenchFlags flags_;
   BlockQFormat block_q_;
   OwnedSequences* owned_;
+  BenchTransport* transport_;
   Rng rng_;
   std::map<PoolKey, EntryPool> pools_;
   std::map<uint32_t, v1::LayerRequest> decode_q_;  // per layer, K unset
@@ -135,7 +137,7 @@ class Bench {
 Bench::Bench(IndexerClient* client, const v1::ServerInfo& info,
              std::vector<LayerSpec> specs, std::set<uint32_t> timed,
              const GlobalFlags& global, const BenchFlags& flags,
-             BlockQFormat block_q, OwnedSequences* owned)
+             BlockQFormat block_q, OwnedSequences* owned, BenchTransport* transport)
     : client_(client),
       info_(info),
       specs_(std::move(specs)),
@@ -144,6 +146,7 @@ Bench::Bench(IndexerClient* client, const v1::ServerInfo& info,
       flags_(flags),
       block_q_(block_q),
       owned_(owned),
+      transport_(transport),
       rng_(flags.seed) {
   for (const LayerSpec& spec : specs_) {
     if (!timed_.count(spec.layer)) continue;
@@ -296,6 +299,12 @@ absl::Status Bench::Step(int32_t q_len, bool create, bool measure,
     for (int64_t t : tokens_) n_new += NewEntries(t, q_len, spec.compress_ratio);
     *request.mutable_k() =
         pools_[KeyOf(spec)].Take(spec, n_new, flags_.prequantized);
+    // Region transports write the tensors into the region here, as a
+    // front-end producing them there would, before the clock starts (the
+    // inline path's request is also built before it).
+    const int64_t topk_bytes =
+        ReplyBytesPerRow(spec) * int64_t{flags_.batch} * q_len;
+    RETURN_IF_ERROR(transport_->Prepare(&request, topk_bytes));
     const auto start = Clock::now();
     absl::StatusOr<v1::LayerReply> reply = session->RunLayer(std::move(request));
     const double rtt = MicrosSince(start);
@@ -304,6 +313,7 @@ absl::Status Bench::Step(int32_t q_len, bool create, bool measure,
                           absl::StrCat("layer ", spec.layer, ": ",
                                        reply.status().message()));
     }
+    RETURN_IF_ERROR(transport_->CheckReply(*reply, topk_bytes));
     if (measure && timed) {
       LayerStats& st = stats_[spec.layer];
       st.rtt_us.push_back(rtt);
@@ -465,9 +475,15 @@ absl::Status RunBench(const GlobalFlags& global, const BenchFlags& flags) {
                 extra.c_str());
   }
 
+  ASSIGN_OR_RETURN(std::unique_ptr<BenchTransport> transport,
+                   MakeBenchTransport(flags.transport, client.get()));
+  std::printf("transport: %s%s\n", transport->name(),
+              flags.transport == "inline"
+                  ? " (tensors and top-k in the messages)"
+                  : " (tensors by reference to a registered region, top-k via topk_out)");
   OwnedSequences owned(client.get());
   Bench bench(client.get(), info, std::move(specs), std::move(timed), global,
-              flags, block_q, &owned);
+              flags, block_q, &owned, transport.get());
   RETURN_IF_ERROR(bench.Populate());
   RETURN_IF_ERROR(bench.RunSteps());
   bench.Report();

@@ -53,6 +53,7 @@ struct BenchFlags {
   bool q_fp32 = false;
   bool prequantized = false;
   uint64_t seed = 1;
+  std::string transport = "inline";  // inline, host or device
 };
 
 absl::StatusOr<std::unique_ptr<IndexerClient>> ConnectFromFlags(

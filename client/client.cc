@@ -344,6 +344,57 @@ void IndexerClient::Prepare(grpc::ClientContext& context,
   }
 }
 
+absl::StatusOr<v1::RegisterRegionResponse> IndexerClient::RegisterHostRegion(
+    const std::string& name, const std::string& shm_name, uint64_t offset, uint64_t bytes) {
+  grpc::ClientContext context;
+  Prepare(context, options_.rpc_timeout);
+  v1::RegisterRegionRequest request;
+  request.set_name(name);
+  v1::HostRegion* h = request.mutable_host();
+  h->set_shm_name(shm_name);
+  h->set_offset(offset);
+  h->set_bytes(bytes);
+  v1::RegisterRegionResponse response;
+  RETURN_IF_ERROR(FromGrpcStatus(stub_->RegisterRegion(&context, request, &response)));
+  return response;
+}
+
+absl::StatusOr<v1::RegisterRegionResponse> IndexerClient::RegisterDeviceRegion(
+    const std::string& name, const std::string& ipc_handle, const std::string& device_uuid,
+    const std::string& pci_bus_id, uint64_t offset, uint64_t bytes) {
+  grpc::ClientContext context;
+  Prepare(context, options_.rpc_timeout);
+  v1::RegisterRegionRequest request;
+  request.set_name(name);
+  v1::DeviceRegion* d = request.mutable_device();
+  d->set_ipc_handle(ipc_handle);
+  d->set_device_uuid(device_uuid);
+  d->set_pci_bus_id(pci_bus_id);
+  d->set_offset(offset);
+  d->set_bytes(bytes);
+  v1::RegisterRegionResponse response;
+  RETURN_IF_ERROR(FromGrpcStatus(stub_->RegisterRegion(&context, request, &response)));
+  return response;
+}
+
+absl::Status IndexerClient::UnregisterRegion(uint64_t region) {
+  grpc::ClientContext context;
+  Prepare(context, options_.rpc_timeout);
+  v1::UnregisterRegionRequest request;
+  request.set_region(region);
+  v1::UnregisterRegionResponse response;
+  return FromGrpcStatus(stub_->UnregisterRegion(&context, request, &response));
+}
+
+absl::StatusOr<std::vector<v1::RegionInfo>> IndexerClient::ListRegions() {
+  grpc::ClientContext context;
+  Prepare(context, options_.rpc_timeout);
+  v1::ListRegionsResponse response;
+  RETURN_IF_ERROR(
+      FromGrpcStatus(stub_->ListRegions(&context, v1::ListRegionsRequest(), &response)));
+  return std::vector<v1::RegionInfo>(response.regions().begin(), response.regions().end());
+}
+
 absl::StatusOr<v1::ServerInfo> IndexerClient::GetServerInfo() {
   grpc::ClientContext context;
   Prepare(context, options_.rpc_timeout);
@@ -454,6 +505,24 @@ v1::Tensor MakeTensor(v1::DataType dtype, absl::Span<const int64_t> shape,
   for (int64_t d : shape) tensor.add_shape(d);
   tensor.set_data(static_cast<const char*>(data), bytes);
   return tensor;
+}
+
+v1::Tensor MakeRefTensor(v1::DataType dtype, absl::Span<const int64_t> shape,
+                         uint64_t region, uint64_t offset) {
+  v1::Tensor tensor;
+  tensor.set_dtype(dtype);
+  for (int64_t d : shape) tensor.add_shape(d);
+  *tensor.mutable_ref() = MakeTensorRef(
+      region, offset, static_cast<uint64_t>(NumElements(shape) * DataTypeSize(dtype)));
+  return tensor;
+}
+
+v1::TensorRef MakeTensorRef(uint64_t region, uint64_t offset, uint64_t bytes) {
+  v1::TensorRef ref;
+  ref.set_region(region);
+  ref.set_offset(offset);
+  ref.set_bytes(bytes);
+  return ref;
 }
 
 v1::Tensor MakeFp32Tensor(absl::Span<const float> values,

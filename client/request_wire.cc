@@ -28,14 +28,18 @@ grpc::Slice OwningSlice(std::string data) {
 
 bool EncodeLayerStepRequest(v1::LayerRequest* request, grpc::ByteBuffer* out,
                             size_t min_slice_bytes) {
-  // The encoder writes layer (1), k (2), q (3), q_scale (4), weights (5), and
-  // in each Tensor dtype (1), shape (2), data (3). Anything else (unknown
-  // fields) goes through protobuf.
-  // A field added to the messages later falls back too.
-  if (v1::LayerRequest::descriptor()->field_count() != 5 ||
-      v1::Tensor::descriptor()->field_count() != 3 ||
+  // The encoder writes layer (1), k (2), q (3), q_scale (4), weights (5),
+  // topk_out (6), and in each Tensor dtype (1), shape (2), data (3). Anything
+  // else (unknown fields, tensors by reference: small, no bytes to spare)
+  // goes through protobuf. A field added to the messages later falls back too.
+  if (v1::LayerRequest::descriptor()->field_count() != 6 ||
+      v1::Tensor::descriptor()->field_count() != 4 ||
       !request->GetReflection()->GetUnknownFields(*request).empty()) {
     return false;
+  }
+  for (const v1::Tensor* t : {&request->k(), &request->q(), &request->q_scale(),
+                              &request->weights()}) {
+    if (t->has_ref()) return false;
   }
   struct Field {
     int number;
@@ -87,6 +91,12 @@ bool EncodeLayerStepRequest(v1::LayerRequest* request, grpc::ByteBuffer* out,
     pending.clear();
     slices.push_back(OwningSlice(std::move(data)));
     data.clear();
+  }
+  if (request->has_topk_out()) {
+    const std::string ref = request->topk_out().SerializeAsString();
+    pending.push_back(LenTag(6));  // LayerRequest.topk_out, last field
+    AppendVarint(&pending, ref.size());
+    pending += ref;
   }
   if (!pending.empty()) slices.emplace_back(pending);
   *out = grpc::ByteBuffer(slices.data(), slices.size());

@@ -85,6 +85,26 @@ TEST(RequestWireTest, DefaultsAndEmptyTensors) {
   EXPECT_EQ(ExpectSameBytes(v1::LayerRequest()), 1u);
 }
 
+TEST(RequestWireTest, TopkOutIsWrittenLast) {
+  v1::LayerRequest r;
+  r.set_layer(3);
+  *r.mutable_q() = MakeByteTensor(v1::FP8_E4M3, Pattern(8192, 4), {1, 64, 128});
+  *r.mutable_weights() = MakeFp32Tensor(Floats(64), {1, 64});
+  *r.mutable_topk_out() = MakeTensorRef(9, 4096, 2048 * 4);
+  // head, Q's data, weights + topk_out.
+  EXPECT_EQ(ExpectSameBytes(r), 3u);
+}
+
+TEST(RequestWireTest, ReferencesFallBackToProtobuf) {
+  v1::LayerRequest r;
+  *r.mutable_q() = MakeRefTensor(v1::FP8_E4M3, {1, 64, 128}, 5, 0);
+  EXPECT_EQ(r.q().ref().bytes(), 64u * 128u);
+  const std::string before = r.SerializeAsString();
+  grpc::ByteBuffer buffer;
+  EXPECT_FALSE(EncodeLayerStepRequest(&r, &buffer));
+  EXPECT_EQ(r.SerializeAsString(), before);
+}
+
 TEST(RequestWireTest, UnknownFieldsFallBackUntouched) {
   v1::LayerRequest r;
   r.set_layer(1);

@@ -206,6 +206,30 @@ class Backend {
                                    int32_t first, int32_t count,
                                    uint8_t* out) = 0;
 
+  // Device regions of the data plane (SPEC §6). Opens GPU memory another
+  // process exported (`ipc_handle`: the bytes of a cudaIpcMemHandle /
+  // hipIpcMemHandle) on the device named by `device_uuid` ("GPU-...") or,
+  // when that is empty, `pci_bus_id`; that device must be the backend's own
+  // or have peer access to it (peer access is enabled here). `base` is what
+  // CloseDeviceRegion takes back; `data` = base + offset, `bytes` long.
+  // The default (backends without a device): FAILED_PRECONDITION.
+  struct OpenedDeviceRegion {
+    void* base = nullptr;
+    uint8_t* data = nullptr;
+    std::string device;  // where it lives, for listings ("cuda:0 GPU-...")
+  };
+  virtual absl::StatusOr<OpenedDeviceRegion> OpenDeviceRegion(
+      const std::string& ipc_handle, const std::string& device_uuid,
+      const std::string& pci_bus_id, uint64_t offset, uint64_t bytes) {
+    return absl::FailedPreconditionError(
+        "device: device regions need the gpu backend; this daemon runs the " + Kind() +
+        " backend");
+  }
+  // Closes what OpenDeviceRegion opened. REQUIRES: no work uses it any more.
+  virtual absl::Status CloseDeviceRegion(void* base) {
+    return absl::FailedPreconditionError("device regions need the gpu backend");
+  }
+
  protected:
   absl::Status Unimplemented(const std::string& what) const {
     return absl::UnimplementedError(what + ": not implemented by the " + Kind() + " backend");

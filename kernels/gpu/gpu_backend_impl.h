@@ -117,6 +117,13 @@ class GpuBackend : public Backend {
   absl::Status ReadEntries(const PageLayout& layout, const uint8_t* pool,
                            int32_t page, int32_t first, int32_t count,
                            uint8_t* out) override;
+  // Device regions (device_regions.cc).
+  absl::StatusOr<OpenedDeviceRegion> OpenDeviceRegion(const std::string& ipc_handle,
+                                                      const std::string& device_uuid,
+                                                      const std::string& pci_bus_id,
+                                                      uint64_t offset,
+                                                      uint64_t bytes) override;
+  absl::Status CloseDeviceRegion(void* base) override;
 
   // For tests and the benchmark.
   int num_sms() const { return props_.multiProcessorCount; }

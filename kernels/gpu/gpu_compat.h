@@ -12,6 +12,7 @@
 #pragma once
 
 #include <cstdint>
+#include <string>
 
 #if defined(__HIP_PLATFORM_AMD__) || defined(__HIP__) || defined(__HIPCC__)
 #define INDEXER_GPU_HIP 1
@@ -106,6 +107,33 @@ inline Error MaxActiveBlocksPerSm(int* n, Kernel k, int threads, size_t smem) {
   return hipOccupancyMaxActiveBlocksPerMultiprocessor(
       n, reinterpret_cast<const void*>(k), threads, smem);
 }
+// Inter-process memory (device regions of the data plane).
+using IpcMemHandle = hipIpcMemHandle_t;
+inline Error IpcGetMemHandle(IpcMemHandle* h, void* p) { return hipIpcGetMemHandle(h, p); }
+inline Error IpcOpenMemHandle(void** p, const IpcMemHandle& h) {
+  return hipIpcOpenMemHandle(p, h, hipIpcMemLazyEnablePeerAccess);
+}
+inline Error IpcCloseMemHandle(void* p) { return hipIpcCloseMemHandle(p); }
+// The device's 16 UUID bytes.
+inline Error DeviceUuid(unsigned char (&out)[16], int d) {
+  hipUUID u;
+  const Error e = hipDeviceGetUuid(&u, d);
+  if (e == hipSuccess) for (int i = 0; i < 16; ++i) out[i] = static_cast<unsigned char>(u.bytes[i]);
+  return e;
+}
+inline Error DevicePciBusId(char* buf, int len, int d) { return hipDeviceGetPCIBusId(buf, len, d); }
+inline Error DeviceCanAccessPeer(int* can, int d, int peer) {
+  return hipDeviceCanAccessPeer(can, d, peer);
+}
+// From the current device to `peer`; "already enabled" is success.
+inline Error DeviceEnablePeerAccess(int peer) {
+  const Error e = hipDeviceEnablePeerAccess(peer, 0);
+  if (e == hipErrorPeerAccessAlreadyEnabled) {
+    (void)hipGetLastError();
+    return hipSuccess;
+  }
+  return e;
+}
 // Errors after which the context is unusable (device lost).
 inline bool IsSticky(Error e) {
   return e == hipErrorIllegalAddress || e == hipErrorLaunchFailure ||
@@ -165,6 +193,33 @@ template <class Kernel>
 inline Error MaxActiveBlocksPerSm(int* n, Kernel k, int threads, size_t smem) {
   return cudaOccupancyMaxActiveBlocksPerMultiprocessor(n, k, threads, smem);
 }
+// Inter-process memory (device regions of the data plane).
+using IpcMemHandle = cudaIpcMemHandle_t;
+inline Error IpcGetMemHandle(IpcMemHandle* h, void* p) { return cudaIpcGetMemHandle(h, p); }
+inline Error IpcOpenMemHandle(void** p, const IpcMemHandle& h) {
+  return cudaIpcOpenMemHandle(p, h, cudaIpcMemLazyEnablePeerAccess);
+}
+inline Error IpcCloseMemHandle(void* p) { return cudaIpcCloseMemHandle(p); }
+// The device's 16 UUID bytes.
+inline Error DeviceUuid(unsigned char (&out)[16], int d) {
+  cudaDeviceProp p;
+  const Error e = cudaGetDeviceProperties(&p, d);
+  if (e == cudaSuccess) for (int i = 0; i < 16; ++i) out[i] = static_cast<unsigned char>(p.uuid.bytes[i]);
+  return e;
+}
+inline Error DevicePciBusId(char* buf, int len, int d) { return cudaDeviceGetPCIBusId(buf, len, d); }
+inline Error DeviceCanAccessPeer(int* can, int d, int peer) {
+  return cudaDeviceCanAccessPeer(can, d, peer);
+}
+// From the current device to `peer`; "already enabled" is success.
+inline Error DeviceEnablePeerAccess(int peer) {
+  const Error e = cudaDeviceEnablePeerAccess(peer, 0);
+  if (e == cudaErrorPeerAccessAlreadyEnabled) {
+    (void)cudaGetLastError();
+    return cudaSuccess;
+  }
+  return e;
+}
 inline bool IsSticky(Error e) {
   return e == cudaErrorIllegalAddress || e == cudaErrorLaunchFailure ||
          e == cudaErrorIllegalInstruction || e == cudaErrorMisalignedAddress ||
@@ -172,6 +227,22 @@ inline bool IsSticky(Error e) {
          e == cudaErrorECCUncorrectable;
 }
 #endif
+
+// The device's UUID as nvidia-smi -L prints it, "GPU-xxxxxxxx-xxxx-xxxx-
+// xxxx-xxxxxxxxxxxx" (DeviceRegion.device_uuid).
+inline Error DeviceUuidString(std::string* out, int d) {
+  unsigned char b[16];
+  const Error e = DeviceUuid(b, d);
+  if (e != kSuccess) return e;
+  static const char kHex[] = "0123456789abcdef";
+  out->assign("GPU-");
+  for (int i = 0; i < 16; ++i) {
+    if (i == 4 || i == 6 || i == 8 || i == 10) out->push_back('-');
+    out->push_back(kHex[b[i] >> 4]);
+    out->push_back(kHex[b[i] & 15]);
+  }
+  return kSuccess;
+}
 
 // The status of a failed GPU call: the call text and where it was made. A
 // sticky error means the device is lost for this process: UNAVAILABLE, so

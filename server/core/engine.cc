@@ -410,6 +410,38 @@ absl::StatusOr<LayerOutput> Step::RunLayer(const LayerInput& in) {
       role.set >= 0 ? &m.candidate_sets[role.set].spec : nullptr;
 
   // Validate everything before the first byte is written.
+  // PLACEHOLDER(regions): device tensors (device regions) reach the engine
+  // as views over device memory; until the backends take them (branch
+  // `plane`), they are refused instead of being read on the host.
+  for (const auto& [field, view] : {std::pair<const char*, const TensorView*>{"k", &in.k},
+                                    {"q", &in.q}, {"q_scale", &in.q_scale},
+                                    {"weights", &in.weights}}) {
+    if (view->present && view->on_device) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "device regions: ", field, " is in a device region; device tensors are not wired "
+          "yet in this build"));
+    }
+  }
+  if (in.topk_out.present && in.topk_out.on_device) {
+    return absl::FailedPreconditionError(
+        "device regions: topk_out is in a device region; device tensors are not wired yet "
+        "in this build");
+  }
+  {
+    const int64_t n = role.kind == LayerRoleKind::kBlock
+                          ? int64_t{g.num_heads} * rows.num_rows * g.block.topk_blocks
+                          : int64_t{rows.num_rows} * g.topk;
+    const uint64_t expected = static_cast<uint64_t>(n) * sizeof(int32_t);
+    if (in.topk_out.present && in.topk_out.bytes != expected) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "topk_out.bytes: expected ", expected, " (",
+          role.kind == LayerRoleKind::kBlock
+              ? absl::StrCat("[", g.num_heads, ", ", rows.num_rows, ", ",
+                             g.block.topk_blocks, "]")
+              : absl::StrCat("[", rows.num_rows, ", ", g.topk, "]"),
+          " INT32), got ", in.topk_out.bytes));
+    }
+  }
   if (role.kind == LayerRoleKind::kCandidateConsumer && !source_done_[role.set]) {
     return absl::FailedPreconditionError(absl::StrCat(
         "layer: candidate consumer layer ", in.layer, " needs its source layer ",
@@ -437,6 +469,8 @@ absl::StatusOr<LayerOutput> Step::RunLayer(const LayerInput& in) {
   absl::StatusOr<LayerTimings> t;
   // The output: the caller's bytes when given (no second copy), else ours.
   auto dest = [&](size_t n) -> int32_t* {
+    // Size checked above; regions are 16-byte aligned (TensorRef.offset).
+    if (in.topk_out.present) return reinterpret_cast<int32_t*>(in.topk_out.data);
     if (in.out_bytes == nullptr) {
       out.indices.resize(n);
       return out.indices.data();

@@ -55,6 +55,16 @@ struct LayerInput {
   // byte order = the wire's little-endian) instead of LayerOutput::indices,
   // e.g. straight into the reply's tensor bytes. Unspecified on failure.
   std::string* out_bytes = nullptr;
+  // Optional (LayerRequest.topk_out): a caller's region receiving the
+  // indices instead of out_bytes / LayerOutput::indices. Its byte count must
+  // be exactly the top-k's (INVALID_ARGUMENT "topk_out.bytes" before any
+  // work otherwise). Unspecified on failure.
+  struct OutRegion {
+    bool present = false;
+    uint8_t* data = nullptr;  // writable, host memory unless on_device
+    uint64_t bytes = 0;
+    bool on_device = false;   // PLACEHOLDER(regions): refused until wired
+  } topk_out;
 };
 
 struct LayerOutput {

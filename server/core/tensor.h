@@ -32,6 +32,11 @@ struct TensorView {
   std::vector<int64_t> shape;
   absl::string_view data;  // borrowed; lives as long as the request
   bool present = false;    // false when the field was not set
+  // PLACEHOLDER(regions): `data` then spans device memory (a device region)
+  // and must not be dereferenced on the host. The `plane` branch brings the
+  // real device-tensor flag and its handling; until then the engine refuses
+  // such tensors (FAILED_PRECONDITION "device regions: ... not wired yet").
+  bool on_device = false;
 
   int64_t NumElements() const;
   std::string ShapeString() const;

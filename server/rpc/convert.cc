@@ -53,6 +53,56 @@ LayerInput ToLayerInput(const v1::LayerRequest& r) {
   return in;
 }
 
+namespace {
+
+absl::StatusOr<PinnedRegion> Resolve(const std::string& field, const v1::TensorRef& ref,
+                                     const RegionResolver& regions) {
+  if (regions.registry == nullptr) {
+    return absl::FailedPreconditionError(
+        absl::StrCat(field, ": references need registered regions; none here"));
+  }
+  ASSIGN_OR_RETURN(PinnedRegion p,
+                   regions.registry->Lookup(regions.owner, field,
+                                            RegionSpan{ref.region(), ref.offset(), ref.bytes()}));
+  if (regions.pins != nullptr) regions.pins->push_back(p);
+  return p;
+}
+
+}  // namespace
+
+absl::StatusOr<TensorView> ViewOf(const std::string& field, bool present,
+                                  const v1::Tensor& t, const RegionResolver& regions) {
+  TensorView v = ViewOf(present, t);
+  if (!present || !t.has_ref()) return v;
+  if (!t.data().empty()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        field, ": expected either data or ref, got both (", t.data().size(),
+        " inline bytes and a reference to region ", t.ref().region(), ")"));
+  }
+  ASSIGN_OR_RETURN(PinnedRegion p, Resolve(absl::StrCat(field, ".ref"), t.ref(), regions));
+  v.data = absl::string_view(reinterpret_cast<const char*>(p.data), p.bytes);
+  v.on_device = p.on_device;
+  return v;
+}
+
+absl::StatusOr<LayerInput> ToLayerInput(const v1::LayerRequest& r,
+                                        const RegionResolver& regions) {
+  LayerInput in;
+  in.layer = static_cast<int32_t>(r.layer());
+  ASSIGN_OR_RETURN(in.k, ViewOf("k", r.has_k(), r.k(), regions));
+  ASSIGN_OR_RETURN(in.q, ViewOf("q", r.has_q(), r.q(), regions));
+  ASSIGN_OR_RETURN(in.q_scale, ViewOf("q_scale", r.has_q_scale(), r.q_scale(), regions));
+  ASSIGN_OR_RETURN(in.weights, ViewOf("weights", r.has_weights(), r.weights(), regions));
+  if (r.has_topk_out()) {
+    ASSIGN_OR_RETURN(PinnedRegion p, Resolve("topk_out", r.topk_out(), regions));
+    in.topk_out.present = true;
+    in.topk_out.data = p.data;
+    in.topk_out.bytes = p.bytes;
+    in.topk_out.on_device = p.on_device;
+  }
+  return in;
+}
+
 absl::StatusOr<std::vector<SeqName>> ToReleaseNames(const v1::ReleaseRequest& req,
                                                     const std::string& ns) {
   std::vector<SeqName> names;

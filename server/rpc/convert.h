@@ -12,6 +12,7 @@
 #include "absl/status/statusor.h"
 #include "indexer/v1/indexer.pb.h"
 #include "server/core/engine.h"
+#include "server/core/regions.h"
 #include "server/core/tensor.h"
 
 namespace indexer {
@@ -25,8 +26,33 @@ absl::StatusOr<SeqName> ToSeqName(const std::string& field, const v1::SequenceId
 
 absl::StatusOr<StepSpec> ToStepSpec(const v1::StepHeader& h, const std::string& ns = "");
 
-// Views of the layer's tensors; `out_bytes` unset.
+// Views of the layer's tensors; `out_bytes` unset. Inline bytes only: a
+// tensor given by reference shows as having no bytes (the shape check then
+// rejects it); the service uses the form below.
 LayerInput ToLayerInput(const v1::LayerRequest& r);
+
+// Where a layer's references resolve: the registry and the caller who owns
+// them. The pins of every resolved reference are appended to `pins`; the
+// caller holds them until the layer's reply is written.
+struct RegionResolver {
+  RegionRegistry* registry = nullptr;  // null: every reference is refused
+  std::string owner;
+  std::vector<PinnedRegion>* pins = nullptr;
+};
+
+// A view of `t` (`field` names it in errors): its inline bytes, or the
+// bytes of the region its `ref` names. INVALID_ARGUMENT for a ref together
+// with inline data; the registry's errors for the ref ("q.ref.region: ...").
+// The ref's byte count against shape x dtype is ExpectTensor's check later
+// (the view's data is the ref's bytes). A device region gives a view with
+// on_device set over device memory.
+absl::StatusOr<TensorView> ViewOf(const std::string& field, bool present,
+                                  const v1::Tensor& t, const RegionResolver& regions);
+
+// Views of the layer's tensors with references resolved, and topk_out when
+// set (its byte count is checked by the engine against the layer's top-k).
+absl::StatusOr<LayerInput> ToLayerInput(const v1::LayerRequest& r,
+                                        const RegionResolver& regions);
 
 absl::StatusOr<std::vector<SeqName>> ToReleaseNames(const v1::ReleaseRequest& req,
                                                     const std::string& ns = "");

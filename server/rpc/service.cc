@@ -6,6 +6,7 @@
 #include <utility>
 #include <vector>
 
+#include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "grpcpp/support/proto_buffer_reader.h"
@@ -100,8 +101,12 @@ class StepReactor final
     : public grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer> {
  public:
   StepReactor(Engine* engine, std::shared_ptr<ReplyBuffers> buffers,
-              grpc::CallbackServerContext* ctx)
-      : engine_(engine), ctx_(ctx), buffers_(std::move(buffers)) {
+              grpc::CallbackServerContext* ctx, RegionRegistry* regions, std::string owner)
+      : engine_(engine),
+        ctx_(ctx),
+        buffers_(std::move(buffers)),
+        regions_(regions),
+        owner_(std::move(owner)) {
     StartRead(&req_bytes_);
   }
 
@@ -133,6 +138,8 @@ class StepReactor final
   }
 
   void OnWriteDone(bool ok) override {
+    // The layer's reply is out: its regions may be unmapped from now on.
+    pins_.clear();
     if (!ok) {
       End(grpc::Status(grpc::StatusCode::CANCELLED, "step: reply not delivered"));
       return;
@@ -146,6 +153,7 @@ class StepReactor final
 
   void OnDone() override {
     step_.reset();  // a cancelled stream ends here without End()
+    pins_.clear();
     delete this;
   }
 
@@ -154,6 +162,7 @@ class StepReactor final
   // status, so a client that retries at once finds its sequences free.
   void End(const grpc::Status& status) {
     step_.reset();
+    pins_.clear();  // the failed layer wrote nothing more after this
     Finish(status);
   }
 
@@ -186,11 +195,23 @@ class StepReactor final
 
   absl::Status Layer(const v1::LayerRequest& r) {
     if (!step_) return absl::FailedPreconditionError("layer: expected the header first");
-    LayerInput in = ToLayerInput(r);
+    // References pin their regions in pins_ until the reply is written.
+    pins_.clear();
+    auto converted = ToLayerInput(r, RegionResolver{regions_, owner_, &pins_});
+    if (!converted.ok()) {
+      return absl::Status(converted.status().code(),
+                          absl::StrCat("layer ", r.layer(), ": ", converted.status().message()));
+    }
+    LayerInput& in = *converted;
     // The backend writes the indices straight into a reply buffer, which
-    // goes on the wire as it is (see WriteLayerReply).
+    // goes on the wire as it is (see WriteLayerReply), or into the caller's
+    // topk_out region (the reply then carries dtype and shape only).
     std::unique_ptr<std::string> topk = buffers_->Take();
-    in.out_bytes = topk.get();
+    if (in.topk_out.present) {
+      topk->clear();  // no bytes in the reply
+    } else {
+      in.out_bytes = topk.get();
+    }
     const Clock::time_point start = Clock::now();
     auto out = step_->RunLayer(in);
     if (!out.ok()) {
@@ -250,6 +271,9 @@ class StepReactor final
   Engine* engine_;
   grpc::CallbackServerContext* ctx_;
   std::shared_ptr<ReplyBuffers> buffers_;
+  RegionRegistry* regions_;
+  const std::string owner_;
+  std::vector<PinnedRegion> pins_;  // regions of the layer in flight
   grpc::ByteBuffer req_bytes_;
   grpc::ByteBuffer resp_bytes_;
   v1::StepRequest req_;
@@ -262,7 +286,16 @@ class StepReactor final
 }  // namespace
 
 IndexerService::IndexerService(Engine* engine)
-    : engine_(engine), reply_buffers_(std::make_shared<ReplyBuffers>()) {}
+    : engine_(engine),
+      regions_(&engine->backend(), engine->model().config.region_lease_ms()),
+      client_id_header_(ClientIdHeader(engine->model().config)),
+      reply_buffers_(std::make_shared<ReplyBuffers>()) {}
+
+std::string IndexerService::Owner(const grpc::CallbackServerContext& ctx) const {
+  std::string id = ClientIdentity(ctx, client_id_header_);
+  if (id.empty()) id = "peer:" + ctx.peer();
+  return id;
+}
 
 IndexerService::~IndexerService() = default;
 
@@ -277,9 +310,10 @@ grpc::ServerUnaryReactor* IndexerService::GetServerInfo(
   resp->set_next_n(m.config.next_n());
   for (const char* f : {"dense", "candidate_source", "candidate_consumer", "block", "fp8",
                         "mxfp4", "linear", "tiled", "fp32_q", "bf16_q", "prequantized_k",
-                        "import", "release", "health"}) {
+                        "import", "release", "health", "host_regions"}) {
     resp->add_features(f);
   }
+  if (engine_->backend().Kind() == "gpu") resp->add_features("device_regions");
   const std::vector<GroupUsage> usage = engine_->Usage();
   for (size_t g = 0; g < m.groups.size(); ++g) {
     const GroupSpec& gs = m.groups[g];
@@ -351,7 +385,63 @@ grpc::ServerUnaryReactor* IndexerService::WriteEntries(
 
 grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer>* IndexerService::Step(
     grpc::CallbackServerContext* ctx) {
-  return new StepReactor(engine_, reply_buffers_, ctx);
+  return new StepReactor(engine_, reply_buffers_, ctx, &regions_, Owner(*ctx));
+}
+
+grpc::ServerUnaryReactor* IndexerService::RegisterRegion(grpc::CallbackServerContext* ctx,
+                                                         const v1::RegisterRegionRequest* req,
+                                                         v1::RegisterRegionResponse* resp) {
+  const std::string owner = Owner(*ctx);
+  absl::StatusOr<uint64_t> id;
+  switch (req->kind_case()) {
+    case v1::RegisterRegionRequest::kHost: {
+      const v1::HostRegion& h = req->host();
+      id = regions_.RegisterHost(owner, req->name(), h.shm_name(), h.offset(), h.bytes());
+      break;
+    }
+    case v1::RegisterRegionRequest::kDevice: {
+      const v1::DeviceRegion& d = req->device();
+      id = regions_.RegisterDevice(
+          owner, req->name(),
+          DeviceRegionSpec{d.ipc_handle(), d.device_uuid(), d.pci_bus_id(), d.offset(), d.bytes()});
+      break;
+    }
+    default:
+      id = absl::InvalidArgumentError("kind: expected host or device to be set");
+  }
+  if (!id.ok()) {
+    // The message carries client-chosen names: escaped, so they cannot
+    // forge log lines.
+    spdlog::warn("register region: {}: {}", absl::StatusCodeToString(id.status().code()),
+                 absl::CHexEscape(id.status().message()));
+    return Respond(ctx, id.status());
+  }
+  resp->set_region(*id);
+  resp->set_lease_ms(regions_.lease_ms());
+  spdlog::debug("region {} registered ({} bytes)", *id,
+                req->has_host() ? req->host().bytes() : req->device().bytes());
+  return Respond(ctx, absl::OkStatus());
+}
+
+grpc::ServerUnaryReactor* IndexerService::UnregisterRegion(
+    grpc::CallbackServerContext* ctx, const v1::UnregisterRegionRequest* req,
+    v1::UnregisterRegionResponse*) {
+  return Respond(ctx, regions_.Unregister(Owner(*ctx), req->region()));
+}
+
+grpc::ServerUnaryReactor* IndexerService::ListRegions(grpc::CallbackServerContext* ctx,
+                                                      const v1::ListRegionsRequest*,
+                                                      v1::ListRegionsResponse* resp) {
+  for (const RegionListing& l : regions_.List(Owner(*ctx))) {
+    v1::RegionInfo* ri = resp->add_regions();
+    ri->set_region(l.region);
+    ri->set_name(l.name);
+    ri->set_kind(l.kind);
+    ri->set_bytes(l.bytes);
+    ri->set_where(l.where);
+    ri->set_idle_ms(l.idle_ms);
+  }
+  return Respond(ctx, absl::OkStatus());
 }
 
 }  // namespace indexer

@@ -8,6 +8,11 @@
 // bench` does with one LayerRequest / LayerReply of a Step stream. Prints
 // the round trip p50/p99 (and min, mean, max) over --iters.
 //
+// The same run then measures a small message (--small-bytes each way,
+// default 200: a small control message such as a layer request that
+// carries references), the floor of any gRPC call on the machine (SPEC §8,
+// issue 10's targets).
+//
 // Defaults: one 64-row decode layer of the deepseek-v3.2-fp8 shape (H 64,
 // D 128, top-k 2048), without the protobuf framing (< 100 B):
 //   request = Q [64, 64, 128] FP8 (524288 B) + weights [64, 64] FP32
@@ -227,6 +232,7 @@ int main(int argc, char** argv) {
   int64_t reply_bytes = 64 * 2048 * 4;
   int iters = 1000;
   int warmup = 50;
+  int64_t small_bytes = 200;
   app.add_option("--request-bytes", request_bytes, "bytes per request")
       ->capture_default_str()
       ->check(CLI::Range(int64_t{kHeaderBytes}, int64_t{1} << 30));
@@ -239,6 +245,11 @@ int main(int argc, char** argv) {
   app.add_option("--warmup", warmup, "unmeasured first round trips")
       ->capture_default_str()
       ->check(CLI::Range(0, 1 << 24));
+  app.add_option("--small-bytes", small_bytes,
+                 "request and reply bytes of the small-message round trip "
+                 "measured after the main one (0 = skip)")
+      ->capture_default_str()
+      ->check(CLI::Range(int64_t{0}, int64_t{1} << 20));
   std::vector<std::string> channel_args;
   app.add_option("--arg", channel_args,
                  "NAME=INT gRPC channel argument for both ends, e.g. "
@@ -266,7 +277,10 @@ int main(int argc, char** argv) {
     int_args.emplace_back(a.substr(0, eq), value);
   }
 
-  EchoService service(static_cast<size_t>(reply_bytes));
+  if (small_bytes > 0 && small_bytes < static_cast<int64_t>(kHeaderBytes)) {
+    small_bytes = kHeaderBytes;
+  }
+  EchoService service(static_cast<size_t>(std::max(reply_bytes, small_bytes)));
   grpc::ServerBuilder builder;
   int port = 0;
   const std::string listen =
@@ -303,33 +317,43 @@ int main(int argc, char** argv) {
       grpc::InsecureChannelCredentials(), args);
   grpc::GenericStub stub(channel);
 
-  // The request, built once: its header, then a pattern (never zeros).
-  std::vector<uint8_t> bytes(static_cast<size_t>(request_bytes));
-  for (size_t i = 0; i < bytes.size(); ++i) {
-    bytes[i] = static_cast<uint8_t>(i * 37 + 11);
-  }
-  const uint64_t want = static_cast<uint64_t>(reply_bytes);
-  std::memcpy(bytes.data(), &want, kHeaderBytes);
-  grpc::Slice slice(bytes.data(), bytes.size());
-  const grpc::ByteBuffer request(&slice, 1);
-
-  std::vector<double> us;
-  us.reserve(iters);
-  double cpu_start = 0, cpu_end = 0;
-  {
+  // Round trips of `req` bytes asking for `rep` bytes on one stream; empty
+  // on failure. The request, built once: its header, then a pattern (never
+  // zeros).
+  auto measure = [&](int64_t req, int64_t rep, double* cpu_us) {
+    std::vector<uint8_t> bytes(static_cast<size_t>(req));
+    for (size_t i = 0; i < bytes.size(); ++i) {
+      bytes[i] = static_cast<uint8_t>(i * 37 + 11);
+    }
+    const uint64_t want = static_cast<uint64_t>(rep);
+    std::memcpy(bytes.data(), &want, kHeaderBytes);
+    grpc::Slice slice(bytes.data(), bytes.size());
+    const grpc::ByteBuffer request(&slice, 1);
+    std::vector<double> us;
+    us.reserve(iters);
+    double cpu_start = 0;
     EchoStream stream(&stub);
     for (int i = 0; i < warmup + iters; ++i) {
       if (i == warmup) cpu_start = ProcessCpuMicros();
       const auto start = std::chrono::steady_clock::now();
-      if (!stream.RoundTrip(request, static_cast<size_t>(reply_bytes))) {
-        return 1;
+      if (!stream.RoundTrip(request, static_cast<size_t>(rep))) {
+        return std::vector<double>();
       }
       const double t = std::chrono::duration<double, std::micro>(
                            std::chrono::steady_clock::now() - start)
                            .count();
       if (i >= warmup) us.push_back(t);
     }
-    cpu_end = ProcessCpuMicros();
+    *cpu_us = (ProcessCpuMicros() - cpu_start) / iters;
+    return us;
+  };
+  double cpu_per_trip = 0, small_cpu_per_trip = 0;
+  const std::vector<double> us = measure(request_bytes, reply_bytes, &cpu_per_trip);
+  if (us.empty()) return 1;
+  std::vector<double> small_us;
+  if (small_bytes > 0) {
+    small_us = measure(small_bytes, small_bytes, &small_cpu_per_trip);
+    if (small_us.empty()) return 1;
   }
   server->Shutdown();
 
@@ -353,6 +377,14 @@ int main(int argc, char** argv) {
   // CPU time is the work of both ends; unlike the wall time it barely moves
   // when other processes share the cores.
   std::printf("round trip p10 %.1f us; process cpu %.1f us per round trip\n",
-              Percentile(us, 10), (cpu_end - cpu_start) / iters);
+              Percentile(us, 10), cpu_per_trip);
+  if (!small_us.empty()) {
+    std::printf("small message (request %lld B, reply %lld B), the floor of any call: "
+                "round trip p50 %.1f us, p99 %.1f us (min %.1f); process cpu %.1f us "
+                "per round trip\n",
+                static_cast<long long>(small_bytes), static_cast<long long>(small_bytes),
+                Percentile(small_us, 50), Percentile(small_us, 99),
+                *std::min_element(small_us.begin(), small_us.end()), small_cpu_per_trip);
+  }
   return 0;
 }

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # indexer-cli bench with committed steps (the mode serving engines use)
 # against indexerd on the cpu backend: the batches that crashed the commit
-# (16 x 2048, 64 x 512) and a step of every layer of the demo profile.
+# (16 x 2048, 64 x 512), a step of every layer of the demo profile, and the
+# same with --transport host.
 # Usage: cli_bench_test.sh INDEXERD INDEXER_CLI
 set -euo pipefail
 indexerd=$1 cli=$2
@@ -15,6 +16,12 @@ for _ in $(seq 200); do [[ -s $dir/port ]] && break; sleep 0.05; done
 addr=127.0.0.1:$(cat "$dir/port")
 "$cli" --addr "$addr" bench --batch 16 --context 2048 --steps 2
 "$cli" --addr "$addr" bench --batch 64 --context 512 --steps 2
+# Tensors by reference to a host region, the top-k through topk_out; the
+# region is unregistered at the end of the run.
+"$cli" --addr "$addr" --client-id cli-bench-host bench --transport host --batch 16 \
+  --context 1024 --steps 2 | tee "$dir/host"
+grep -q '^transport: host' "$dir/host"
+grep -q 'all timed layers: rtt p50' "$dir/host"
 # The daemon is still serving and holds the sequences the benches created.
 "$cli" --addr "$addr" info | tee "$dir/info"
 kill -0 $pid

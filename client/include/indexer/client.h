@@ -20,6 +20,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include <grpcpp/generic/generic_stub.h>
@@ -184,6 +185,23 @@ class IndexerClient {
   absl::StatusOr<std::unique_ptr<StepSession>> OpenStep(
       const v1::StepHeader& header);
 
+  // Regions (the data plane): memory shared with the daemon so that tensors
+  // travel as references (MakeRefTensor, LayerRequest.topk_out). A region
+  // belongs to this client's identity (ClientOptions::metadata) and is
+  // dropped after RegisterRegionResponse.lease_ms without use.
+  // A POSIX shared-memory object on the daemon's host; `offset` a multiple
+  // of the page size.
+  absl::StatusOr<v1::RegisterRegionResponse> RegisterHostRegion(
+      const std::string& name, const std::string& shm_name, uint64_t offset, uint64_t bytes);
+  // GPU memory exported with cudaIpcGetMemHandle / hipIpcGetMemHandle:
+  // `ipc_handle` its bytes, the device named by its UUID ("GPU-...") or,
+  // when that is empty, its PCI bus id.
+  absl::StatusOr<v1::RegisterRegionResponse> RegisterDeviceRegion(
+      const std::string& name, const std::string& ipc_handle, const std::string& device_uuid,
+      const std::string& pci_bus_id, uint64_t offset, uint64_t bytes);
+  absl::Status UnregisterRegion(uint64_t region);
+  absl::StatusOr<std::vector<v1::RegionInfo>> ListRegions();
+
   const std::string& address() const { return address_; }
   const ClientOptions& options() const { return options_; }
 
@@ -230,6 +248,14 @@ v1::Tensor MakeInt32Tensor(absl::Span<const int32_t> values,
 // `dtype` is UINT8 or FP8_E4M3 (both one byte per element).
 v1::Tensor MakeByteTensor(v1::DataType dtype, absl::Span<const uint8_t> values,
                           absl::Span<const int64_t> shape);
+
+// A Tensor whose bytes are [offset, offset + NumElements(shape) x
+// DataTypeSize(dtype)) of registered region `region`. The caller writes them
+// before sending the request that carries it (the ordering contract).
+v1::Tensor MakeRefTensor(v1::DataType dtype, absl::Span<const int64_t> shape,
+                         uint64_t region, uint64_t offset);
+// A reference to `bytes` bytes at `offset` of `region`, e.g. topk_out.
+v1::TensorRef MakeTensorRef(uint64_t region, uint64_t offset, uint64_t bytes);
 
 // Reads an INT32 tensor. Checks the dtype, that the byte count matches the
 // shape and, when `expected_shape` is not empty, the shape itself; the error

@@ -31,11 +31,6 @@ def tearDownModule():
         _daemon.stop()
 
 
-def has_feature(name):
-    with ic.Client(_daemon.addr) as c:
-        return name in c.server_info().features
-
-
 def fresh_ids(n):
     return [next(_ids) for _ in range(n)]
 
@@ -314,3 +309,117 @@ class MetadataTest(unittest.TestCase):
                 self.assertEqual(c.server_info().profile, "<none>")
         finally:
             server.stop(None)
+
+
+def _host_transport(region):
+    """A run_step transport that sends every input of a layer by reference
+    to `region` (packed by its arena) and has the top-k written there."""
+    def send(step, layer, args):
+        region.arena.reset()
+        kw = {}
+        for field, dtype in (("k", None), ("q", args.get("q_dtype")), ("weights", None)):
+            if field in args:
+                a = args[field]
+                wire = {np.dtype(np.float32): DataType.FP32, np.dtype(np.uint8): DataType.UINT8}
+                kw[field] = region.put(a, dtype if dtype is not None else wire[a.dtype])
+        rows = args["q"].shape[0]
+        shape = ((layer.num_heads, rows, layer.topk_blocks) if layer.role == "block"
+                 else (rows, layer.topk))
+        out_ref, out = region.output(DataType.INT32, shape)
+        out[...] = -7  # the daemon must overwrite every slot
+        res = step.run_layer(layer.layer, topk_out=out_ref, **kw)
+        if res.topk is not None or res.shape != shape:
+            raise AssertionError(f"layer {layer.layer}: reply {res.shape} with "
+                                 f"{'bytes' if res.topk is not None else 'no bytes'}")
+        return res, out.copy()
+    return send
+
+
+class HostRegionTest(ClientTestBase):
+    """Tensors by reference to a shared-memory region (SPEC §6 data plane).
+    They run when the daemon lists the feature "host_regions"."""
+
+    def setUp(self):
+        super().setUp()
+        if "host_regions" not in self.info.features:
+            self.skipTest("the daemon does not list the feature host_regions")
+        self.region = ic.HostRegion(self.client, 1 << 22, name="py-test-host")
+        self.addCleanup(self.region.close)
+
+    def test_every_layer_by_reference_against_reference(self):
+        listed = {r.region: r for r in self.client.list_regions()}
+        self.assertIn(self.region.region, listed)
+        mine = listed[self.region.region]
+        self.assertEqual((mine.name, mine.kind, mine.bytes, mine.where),
+                         ("py-test-host", "host", 1 << 22, self.region.shm_name))
+        wl = Workload(self.info, seed=21)
+        ids = fresh_ids(2)
+        send = _host_transport(self.region)
+        self.run_step(wl, [(ids[0], 90), (ids[1], 7)], create=True, transport=send)
+        for q_lens in ([1, 2], [2, 1]):
+            self.run_step(wl, list(zip(ids, q_lens)), create=False, transport=send)
+        self.assertEqual([wl.seq_len[i] for i in ids], [93, 10])
+
+    def test_unregistered_region_is_not_found_and_changes_nothing(self):
+        wl = Workload(self.info, seed=22)
+        sid = fresh_ids(1)[0]
+        self.run_step(wl, [(sid, 5)], create=True)
+        args, _ = wl.layer_inputs(wl.layers[0], [(sid, 1)])
+        q_ref = self.region.put(args["q"], DataType.FP8_E4M3)
+        self.region.unregister()
+        self.assertNotIn(q_ref.ref.region, [r.region for r in self.client.list_regions()])
+        with self.client.step([(sid, 1)]) as s:
+            with self.assertRaises(grpc.RpcError) as cm:
+                s.run_layer(0, k=args["k"], q=q_ref, weights=args["weights"])
+        self.assertEqual(cm.exception.code(), grpc.StatusCode.NOT_FOUND)
+        self.assertIn("region", cm.exception.details())
+        with self.assertRaises(grpc.RpcError) as cm:
+            self.client.unregister_region(q_ref.ref.region)
+        self.assertEqual(cm.exception.code(), grpc.StatusCode.NOT_FOUND)
+        self.run_step(wl, [(sid, 1)], create=False)
+        self.assertEqual(wl.seq_len[sid], 6)
+
+    def test_bad_references_are_invalid_argument(self):
+        wl = Workload(self.info, seed=23)
+        sid = fresh_ids(1)[0]
+        self.run_step(wl, [(sid, 5)], create=True)
+        args, _ = wl.layer_inputs(wl.layers[0], [(sid, 1)])
+        q_ref = self.region.put(args["q"], DataType.FP8_E4M3)
+        cases = {
+            "misaligned offset": dict(offset=q_ref.ref.offset + 8, bytes=q_ref.ref.bytes),
+            "beyond the region": dict(offset=(1 << 22) - 1024, bytes=q_ref.ref.bytes),
+            "bytes != shape x dtype": dict(offset=q_ref.ref.offset, bytes=q_ref.ref.bytes - 16),
+        }
+        for what, ref in cases.items():
+            bad = ic.pb.Tensor(dtype=q_ref.dtype, shape=q_ref.shape,
+                               ref=ic.pb.TensorRef(region=self.region.region, **ref))
+            with self.subTest(what), self.client.step([(sid, 1)]) as s:
+                with self.assertRaises(grpc.RpcError) as cm:
+                    s.run_layer(0, k=args["k"], q=bad, weights=args["weights"])
+                self.assertEqual(cm.exception.code(), grpc.StatusCode.INVALID_ARGUMENT)
+                self.assertIn("q", cm.exception.details())
+        # Both inline bytes and a reference: INVALID_ARGUMENT too.
+        both = ic.pb.Tensor()
+        both.CopyFrom(q_ref)
+        both.data = b"\0" * q_ref.ref.bytes
+        with self.client.step([(sid, 1)]) as s:
+            with self.assertRaises(grpc.RpcError) as cm:
+                s.run_layer(0, k=args["k"], q=both, weights=args["weights"])
+        self.assertEqual(cm.exception.code(), grpc.StatusCode.INVALID_ARGUMENT)
+        self.run_step(wl, [(sid, 1)], create=False)
+        self.assertEqual(wl.seq_len[sid], 6)
+
+    def test_missing_shared_memory_object_is_not_found(self):
+        with self.assertRaises(grpc.RpcError) as cm:
+            self.client.register_host_region("py-missing", "/idx-does-not-exist-7f3a", 4096)
+        self.assertEqual(cm.exception.code(), grpc.StatusCode.NOT_FOUND)
+        self.assertIn("shm_name", cm.exception.details())
+
+
+class RegionsAbsentTest(ClientTestBase):
+    def test_daemon_without_host_regions_answers_unimplemented(self):
+        if "host_regions" in self.info.features:
+            self.skipTest("the daemon implements host regions (HostRegionTest covers them)")
+        with self.assertRaises(grpc.RpcError) as cm:
+            ic.HostRegion(self.client, 4096)
+        self.assertEqual(cm.exception.code(), grpc.StatusCode.UNIMPLEMENTED)

@@ -38,10 +38,9 @@ def fresh_ids(n):
 class ClientTestBase(unittest.TestCase):
     def setUp(self):
         self.client = ic.Client(_daemon.addr, client_id="py-test", timeout=120)
+        # Cleanups run last-in first-out: regions a test adds close first.
+        self.addCleanup(self.client.close)
         self.info = self.client.server_info()
-
-    def tearDown(self):
-        self.client.close()
 
     def run_step(self, wl, batch, create, layers=None, transport=None):
         """One committed step over every layer (or `layers`); returns

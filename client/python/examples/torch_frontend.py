@@ -237,15 +237,18 @@ class Checker:
         k = np.concatenate(self.entries[(row, layer.id)])  # decode: row i = sequence i
         vals, scales = fp8.decode_k(k, layer.d)
         q, q_dtype = host_inputs["q"]
-        qv = fp8.decode_e4m3(q[row]) if q_dtype == DataType.FP8_E4M3 else None
-        if qv is None:
-            return False  # FP32 Q is quantized by each daemon: no exact reference here
+        w = host_inputs["weights"][0][row]
+        if q_dtype == DataType.FP8_E4M3:
+            qv = fp8.decode_e4m3(q[row])
+        else:
+            # FP32 Q: both daemons quantize it by SPEC §3, as fp8.quantize_q
+            # does bit for bit, and fold the scale into the weights.
+            codes, s = fp8.quantize_q(q[row:row + 1])
+            qv, w = fp8.decode_e4m3(codes[0]), (w * s[0]).astype(np.float32)
         idx = np.array(sorted(union - {-1}))
-        logits = reference.dense_fp8_logits(qv, host_inputs["weights"][0][row], vals[idx],
-                                            scales[idx])
+        logits = reference.dense_fp8_logits(qv, w, vals[idx], scales[idx])
         d = np.array(sorted(differ))
-        spread = np.ptp(reference.dense_fp8_logits(qv, host_inputs["weights"][0][row],
-                                                   vals[d], scales[d]))
+        spread = np.ptp(reference.dense_fp8_logits(qv, w, vals[d], scales[d]))
         return spread <= 2e-5 * np.abs(logits).max() + 1e-30
 
 

@@ -48,7 +48,8 @@ class CudaIpcTest(unittest.TestCase):
         self.assertGreaterEqual(e.alloc_bytes, e.offset + 1000)
         props = torch.cuda.get_device_properties(dev)
         if hasattr(props, "uuid"):
-            self.assertEqual(e.device_uuid, "GPU-" + str(props.uuid))
+            want = str(props.uuid)  # torch prints it without nvidia-smi's "GPU-"
+            self.assertEqual(e.device_uuid, want if want.startswith("GPU-") else "GPU-" + want)
         out = subprocess.run([sys.executable, "-c", _CHILD, e.handle.hex(), str(e.offset), "1000",
                               str(dev)], capture_output=True, text=True, env=os.environ,
                              timeout=120)

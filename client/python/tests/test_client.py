@@ -194,6 +194,29 @@ class StepTest(ClientTestBase):
                 s.abort()
         np.testing.assert_array_equal(np.sort(got[a], axis=1), np.sort(got[b], axis=1))
 
+    def test_q_forms_agree_bf16_fp32_and_client_quantized_fp8(self):
+        # The same query as BF16 bits, as FP32 of the same values, and as
+        # FP8 codes quantized by fp8.quantize_q with its scale folded into the
+        # weights (what the daemon does with FP32 Q, SPEC §3): one top-k.
+        sid = fresh_ids(1)[0]
+        rng = np.random.default_rng(4)
+        n, h, d = 100, 16, 128
+        entries = fp8.quantize_k(rng.standard_normal((n, d), dtype=np.float32),
+                                 self.info.groups[0].ue8m0)
+        bits = ic.to_bf16_bits(rng.standard_normal((n, h, d), dtype=np.float32))
+        q32 = ic.from_bf16_bits(bits)
+        w = rng.uniform(-1, 1, (n, h)).astype(np.float32)
+        codes, s = fp8.quantize_q(q32)
+        forms = {"bf16": dict(q=bits, q_dtype=DataType.BF16, weights=w),
+                 "fp32": dict(q=q32, weights=w),
+                 "fp8": dict(q=codes, q_dtype=DataType.FP8_E4M3, weights=(w * s).astype(np.float32))}
+        got = {}
+        for name, kw in forms.items():
+            with self.client.step([(sid, n, True)]) as step:
+                got[name] = np.sort(step.run_layer(0, k=entries, **kw).topk, axis=1)
+        np.testing.assert_array_equal(got["bf16"], got["fp32"])
+        np.testing.assert_array_equal(got["fp8"], got["fp32"])
+
     def test_exception_in_with_block_aborts_and_rolls_back(self):
         wl = Workload(self.info, seed=11)
         sid, new = fresh_ids(2)

@@ -1,12 +1,17 @@
 #!/usr/bin/env bash
 # Installs the Debian/Ubuntu packages indexerd builds with, skipping those
 # already present. Usage: deploy/deps.sh [--test]   (--test adds the gfx942
-# compile-check toolchain used by the test suite).
+# compile-check toolchain used by the test suite). The python3-* packages are
+# the runtime of the Python client (client/python; its stubs come from
+# protobuf-compiler-grpc's grpc_python_plugin of the same release) and of its
+# ctest, python_client_test; they are in the main list because front-ends
+# use the client, not only the tests.
 set -euo pipefail
 
 pkgs=(build-essential cmake ninja-build pkg-config
       libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
       libabsl-dev libspdlog-dev libtbb-dev libcli11-dev libgtest-dev libgmock-dev
+      python3-grpcio python3-protobuf python3-numpy
       openssl)  # openssl: tls_test generates its certificates at test time
 if [[ "${1:-}" == "--test" ]]; then
   pkgs+=(clang-19 lld-19 libamdhip64-dev)

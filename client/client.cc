@@ -312,6 +312,7 @@ void IndexerClient::SetDeadline(grpc::ClientContext& context,
   if (timeout != absl::InfiniteDuration()) {
     context.set_deadline(DeadlineAfter(timeout));
   }
+  for (const auto& [key, value] : options_.metadata) context.AddMetadata(key, value);
 }
 
 absl::StatusOr<v1::ServerInfo> IndexerClient::GetServerInfo() {

@@ -1,8 +1,12 @@
 // indexerd: serves the sparse-attention indexer of one model profile.
 //
 //   indexerd --profile demo [--device auto|cpu|gpu:N] [--listen ADDR]
-//            [--cache-mb N] [--threads N] [--config FILE]
+//            [--cache-mb N] [--threads N] [--config FILE] [--port-file FILE]
+//
+// Listens on 127.0.0.1:50061 unless --listen or the config says otherwise.
+#include <cerrno>
 #include <csignal>
+#include <cstring>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -10,6 +14,7 @@
 
 #include "CLI/CLI.hpp"
 #include "kernels/backend.h"
+#include "server/core/config_check.h"
 #include "server/core/engine.h"
 #include "server/core/model.h"
 #include "server/rpc/server.h"
@@ -28,6 +33,17 @@ std::string ResolveConfig(const std::string& config, const std::string& profile,
   return (std::filesystem::path(dir) / (profile + ".textproto")).string();
 }
 
+// The K pools against what the device can hold, before they are allocated:
+// host memory for the cpu backend (calloc would succeed lazily on an
+// overcommitting host and fail page by page later). A GPU backend's
+// allocation of its pools fails at start on its own when they do not fit.
+absl::Status CheckCacheFitsDevice(const indexer::Model& model, const indexer::Backend& b) {
+  if (b.Kind() != "cpu") return absl::OkStatus();
+  auto avail = indexer::HostAvailableBytes();
+  if (!avail.ok()) return absl::OkStatus();  // nothing to compare with
+  return indexer::CheckCacheFits(model, *avail, "host memory (MemAvailable)");
+}
+
 int Run(int argc, char** argv) {
   CLI::App app{"indexerd: sparse-attention indexer daemon (gRPC, indexer.v1)"};
   std::string config, profile = "demo", listen, device, log_level = "info", port_file;
@@ -41,7 +57,7 @@ int Run(int argc, char** argv) {
   app.add_option("--config", config, "Config file (text-format ServerConfig); overrides --profile");
   app.add_option("--config-dir", config_dir, "Where profiles live (env INDEXERD_CONFIG_DIR)")
       ->capture_default_str();
-  app.add_option("--listen", listen, "host:port to listen on (port 0 = any); default from config");
+  app.add_option("--listen", listen, "host:port to listen on (port 0 = any); default from config, else 127.0.0.1:50061");
   app.add_option("--device", device, "auto, cpu, gpu or gpu:N; default from config (auto)");
   app.add_option("--cache-mb", cache_mb, "K cache size over all layers, MiB; default from config");
   app.add_option("--threads", threads, "cpu backend threads (0 = all cores)");
@@ -82,6 +98,10 @@ int Run(int argc, char** argv) {
     spdlog::error("{}", backend.status().ToString());
     return 2;
   }
+  if (absl::Status fits = CheckCacheFitsDevice(*model, **backend); !fits.ok()) {
+    spdlog::error("{}", fits.ToString());
+    return 2;
+  }
   const std::string listen_addr = model->config.listen();
   const std::string profile_name = model->config.profile();
   const indexer::Model model_copy = *model;
@@ -96,6 +116,10 @@ int Run(int argc, char** argv) {
       spdlog::error("{}", backend.status().ToString());
       return 2;
     }
+    if (absl::Status fits = CheckCacheFitsDevice(model_copy, **backend); !fits.ok()) {
+      spdlog::error("{}", fits.ToString());
+      return 2;
+    }
     engine = indexer::Engine::Create(model_copy, *std::move(backend));
   }
   if (!engine.ok()) {
@@ -103,6 +127,7 @@ int Run(int argc, char** argv) {
     return 2;
   }
   const std::string device_desc = (*engine)->backend().Describe();
+
   for (const auto& g : (*engine)->model().groups) {
     spdlog::info("group {}: {} layers, {} D={} E={} r={} {}, {} pages/layer ({:.1f} MiB)",
                  g.name, g.layers.size(), indexer::KvFormatName(g.layout.format),
@@ -117,7 +142,18 @@ int Run(int argc, char** argv) {
   const int port = (*server)->port();
   spdlog::info("indexerd serving profile '{}' on {} (port {}) with device {}", profile_name,
                listen_addr, port, device_desc);
-  if (!port_file.empty()) std::ofstream(port_file) << port << "\n";
+  if (!port_file.empty()) {
+    // Whoever waits on the port file would wait forever: stop instead.
+    std::ofstream out(port_file);
+    out << port << "\n";
+    out.close();
+    if (!out) {
+      spdlog::error("--port-file: cannot write {}: {}; stopping", port_file,
+                    std::strerror(errno));
+      (*server)->Shutdown(0);
+      return 1;
+    }
+  }
 
   int sig = 0;
   sigwait(&sigs, &sig);

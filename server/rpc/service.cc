@@ -12,7 +12,12 @@
 #include "grpcpp/support/proto_buffer_writer.h"
 #include "kernels/common/status_macros.h"
 #include "server/rpc/convert.h"
+#include "server/rpc/executor.h"
 #include "server/rpc/grpc_status.h"
+#include "server/rpc/identity.h"
+#include "server/rpc/idle_watch.h"
+#include "server/rpc/log_safe.h"
+#include "server/rpc/quota.h"
 #include "server/rpc/reply_wire.h"
 #include "spdlog/spdlog.h"
 
@@ -37,6 +42,75 @@ grpc::ServerUnaryReactor* Respond(grpc::CallbackServerContext* ctx,
   auto* reactor = ctx->DefaultReactor();
   reactor->Finish(ToGrpcStatus(s));
   return reactor;
+}
+
+// Parses a raw request: INVALID_ARGUMENT naming the expected type when the
+// bytes do not decode as one.
+template <typename Msg>
+absl::Status Decode(const grpc::ByteBuffer& bytes, const char* type, Msg* out) {
+  grpc::ByteBuffer copy(bytes);  // Deserialize consumes its buffer
+  if (grpc::SerializationTraits<Msg>::Deserialize(&copy, out).ok()) return absl::OkStatus();
+  return absl::InvalidArgumentError(absl::StrCat(
+      "request: expected a ", type, " message; ", bytes.Length(), " bytes do not decode as one"));
+}
+
+// Serializes a reply into `out` when `s` is OK; the status to finish with.
+template <typename Msg>
+absl::Status Encode(absl::Status s, const Msg& msg, grpc::ByteBuffer* out) {
+  if (!s.ok()) return s;
+  bool own_buffer = false;
+  grpc::Status gs = grpc::SerializationTraits<Msg>::Serialize(msg, out, &own_buffer);
+  if (gs.ok()) return absl::OkStatus();
+  return absl::InternalError(absl::StrCat("reply: ", gs.error_message()));
+}
+
+}  // namespace
+
+struct ServiceState {
+  ServiceState(Engine* e, std::shared_ptr<ReplyBuffers> b);
+
+  Engine* engine;
+  std::string client_header;
+  std::shared_ptr<ReplyBuffers> buffers;  // reply slices hold it too
+  ClientQuotas quotas;
+  RateLimiter rejection_log;  // repeated RESOURCE_EXHAUSTED: once a second
+  IdleWatch idle_watch;
+  Executor executor;  // last: its workers stop first
+
+  // Logs a rejected call: once a second for RESOURCE_EXHAUSTED (admission
+  // and quotas, which a flood repeats), counting the rest; else every time.
+  void LogRejection(const std::string& who, const absl::Status& s) {
+    if (s.code() == absl::StatusCode::kResourceExhausted) {
+      int64_t suppressed = 0;
+      if (!rejection_log.Allow(&suppressed)) return;
+      spdlog::warn("[{}] {}: {} ({} similar rejections not logged in the last second)", who,
+                   absl::StatusCodeToString(s.code()), LogSafe(s.message(), kMaxErrorBytes),
+                   suppressed);
+      return;
+    }
+    spdlog::warn("[{}] {}: {}", who, absl::StatusCodeToString(s.code()),
+                 LogSafe(s.message(), kMaxErrorBytes));
+  }
+};
+
+namespace {
+
+std::vector<int64_t> GroupPages(const Engine& e) {
+  std::vector<int64_t> out;
+  for (const GroupSpec& g : e.model().groups) out.push_back(g.pages);
+  return out;
+}
+
+std::vector<std::string> GroupNames(const Engine& e) {
+  std::vector<std::string> out;
+  for (const GroupSpec& g : e.model().groups) out.push_back(g.name);
+  return out;
+}
+
+QuotaLimits LimitsOf(const config::ServerConfig& c) {
+  return {static_cast<int64_t>(c.client_quota().max_open_steps()),
+          static_cast<int64_t>(c.client_quota().max_reserved_pct()),
+          static_cast<int64_t>(c.client_quota().max_bytes_in_flight_mb()) << 20};
 }
 
 }  // namespace
@@ -85,42 +159,53 @@ class ReplyBuffers : public std::enable_shared_from_this<ReplyBuffers> {
 namespace {
 
 // One Step stream: header, layers, commit. Messages are handled one at a
-// time (read, work, write, read ...); the open Step rolls back in OnDone
-// unless it committed, which covers errors, cancellation and lost clients.
+// time (read, work, write, read ...): gRPC's thread receives a message and
+// checks the client's bytes in flight, the service's executor parses it,
+// runs it and starts the reply (or the next read). The open Step rolls back
+// when the stream ends uncommitted: errors, cancellation, lost clients, and
+// a stream that waits for a message longer than step_idle_ms.
+//
+// Threads: at most one of a gRPC callback, an executor task and the idle
+// watch touches the step at a time: the watch acts only while a read is
+// pending (no task can be running), and mu_ orders it against OnReadDone.
 class StepReactor final
-    : public grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer> {
+    : public grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer>,
+      public IdleWatched {
  public:
-  StepReactor(Engine* engine, std::shared_ptr<ReplyBuffers> buffers,
-              grpc::CallbackServerContext* ctx)
-      : engine_(engine), ctx_(ctx), buffers_(std::move(buffers)) {
-    StartRead(&req_bytes_);
+  StepReactor(ServiceState* state, grpc::CallbackServerContext* ctx)
+      : engine_(state->engine),
+        state_(state),
+        ctx_(ctx),
+        buffers_(state->buffers),
+        client_(ClientIdentity(*ctx, state->client_header)) {
+    state_->idle_watch.Add(this);
+    ReadNext();
   }
 
   void OnReadDone(bool ok) override {
+    {
+      absl::MutexLock lock(&mu_);
+      reading_ = false;
+      if (finished_) return;  // ended by the idle watch
+    }
     if (!ok) {
       // Half-close or cancellation before commit.
-      if (step_) spdlog::info("[{}] closed before commit: rolled back", step_->id());
+      if (step_) spdlog::info("[{}] closed before commit: rolled back", Who());
       End(grpc::Status(grpc::StatusCode::ABORTED,
                        "step: stream closed before commit; rolled back"));
       return;
     }
-    // Receipt: the message is whole. Its parse (below) is part of the
-    // layer's queue and total times, so that what the client sees outside
-    // the server is the transport alone.
+    // Receipt: the message is whole. Its parse is part of the layer's queue
+    // and total times, so that what the client sees outside the server is
+    // the transport alone.
     received_ = Clock::now();
-    // What the generated (typed) handler does, here in the reactor: parse
-    // into req_ (one copy of the tensors out of the transport's slices).
-    if (!grpc::SerializationTraits<v1::StepRequest>::Deserialize(&req_bytes_, &req_).ok()) {
-      End(grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
-                       "request: expected a StepRequest message"));
+    absl::Status s =
+        state_->quotas.TakeBytes(client_, static_cast<int64_t>(req_bytes_.Length()), &bytes_hold_);
+    if (!s.ok()) {
+      Reject(s);
       return;
     }
-    absl::Status s = Handle();
-    if (!s.ok()) {
-      spdlog::warn("[{}] {}: {}", step_ ? step_->id() : std::string("step"),
-                   absl::StatusCodeToString(s.code()), std::string(s.message()));
-      End(ToGrpcStatus(s));
-    }
+    state_->executor.Post([this] { Process(); });
   }
 
   void OnWriteDone(bool ok) override {
@@ -132,32 +217,100 @@ class StepReactor final
       End(grpc::Status::OK);
       return;
     }
-    StartRead(&req_bytes_);
+    ReadNext();
   }
 
   void OnDone() override {
+    state_->idle_watch.Remove(this);
     step_.reset();  // a cancelled stream ends here without End()
     delete this;
   }
 
+  // The watch's thread only claims the end; the rollback and Finish run on
+  // the executor, outside the watch's lock (Finish may run OnDone inline,
+  // which takes that lock).
+  void ExpireIfIdleSince(Clock::time_point deadline) override {
+    absl::MutexLock lock(&mu_);
+    if (finished_ || !reading_ || read_since_ > deadline) return;
+    finished_ = true;
+    state_->executor.Post([this] {
+      const int64_t ms = state_->idle_watch.idle().count();
+      if (step_) spdlog::info("[{}] idle for {} ms: rolled back", Who(), ms);
+      Close(grpc::Status(grpc::StatusCode::DEADLINE_EXCEEDED,
+                         absl::StrCat("step: no message for ", ms, " ms (step_idle_ms = ", ms,
+                                      "); the step was rolled back")));
+    });
+  }
+
  private:
+  enum class Next { kRead, kWrite };
+
+  // Executor: parse, run, then reply or read on.
+  void Process() {
+    absl::StatusOr<Next> next = [&]() -> absl::StatusOr<Next> {
+      // What the generated (typed) handler does, here: parse into req_ (one
+      // copy of the tensors out of the transport's slices).
+      if (!grpc::SerializationTraits<v1::StepRequest>::Deserialize(&req_bytes_, &req_).ok()) {
+        return absl::InvalidArgumentError("request: expected a StepRequest message");
+      }
+      return Handle();
+    }();
+    // The request is handled: its bytes no longer count against the client.
+    bytes_hold_.Reset();
+    if (!next.ok()) {
+      Reject(next.status());
+    } else if (*next == Next::kWrite) {
+      StartWrite(&resp_bytes_);
+    } else {
+      ReadNext();
+    }
+  }
+
+  void ReadNext() {
+    {
+      absl::MutexLock lock(&mu_);
+      reading_ = true;
+      read_since_ = Clock::now();
+    }
+    StartRead(&req_bytes_);
+  }
+
+  std::string Who() const { return step_ ? LogSafe(step_->id(), 128) : std::string("step"); }
+
+  void Reject(const absl::Status& s) {
+    state_->LogRejection(Who(), s);
+    End(ToGrpcStatus(s));
+  }
+
   // Rolls back (unless committed) before the client can see the final
   // status, so a client that retries at once finds its sequences free.
   void End(const grpc::Status& status) {
+    {
+      absl::MutexLock lock(&mu_);
+      if (finished_) return;
+      finished_ = true;
+    }
+    Close(status);
+  }
+
+  // REQUIRES: this thread set finished_ (so nothing else touches the step).
+  void Close(const grpc::Status& status) {
     step_.reset();
+    step_hold_.Reset();
     Finish(status);
   }
 
-  absl::Status Handle() {
+  absl::StatusOr<Next> Handle() {
     switch (req_.kind_case()) {
       case v1::StepRequest::kHeader:
         RETURN_IF_ERROR(Begin(req_.header()));
-        StartRead(&req_bytes_);
-        return absl::OkStatus();
+        return Next::kRead;
       case v1::StepRequest::kLayer:
-        return Layer(req_.layer());
+        RETURN_IF_ERROR(Layer(req_.layer()));
+        return Next::kWrite;
       case v1::StepRequest::kCommit:
-        return Commit();
+        RETURN_IF_ERROR(Commit());
+        return Next::kWrite;
       default:
         return absl::InvalidArgumentError(
             "request: expected one of header, layer, commit to be set");
@@ -169,9 +322,16 @@ class StepReactor final
       return absl::FailedPreconditionError("header: already received; expected layer or commit");
     }
     ASSIGN_OR_RETURN(StepSpec spec, ToStepSpec(h));
+    RETURN_IF_ERROR(state_->quotas.OpenStep(client_, &step_hold_));
     ASSIGN_OR_RETURN(step_, engine_->BeginStep(spec));
-    spdlog::debug("[{}] begin: {} sequences, {} rows, peer {}", step_->id(),
-                  spec.seqs.size(), step_->num_rows(), ctx_->peer());
+    absl::Status reserved = state_->quotas.ReservePages(step_->reserved_pages(), &step_hold_);
+    if (!reserved.ok()) {
+      step_.reset();  // rolls back: the pages are free again
+      return reserved;
+    }
+    spdlog::debug("[{}] begin: {} sequences, {} rows, client {}, peer {}", Who(),
+                  spec.seqs.size(), step_->num_rows(), ClientQuotas::Display(client_),
+                  LogSafe(ctx_->peer(), 128));
     return absl::OkStatus();
   }
 
@@ -212,7 +372,6 @@ class StepReactor final
     const std::string head = LayerReplyHead(reply, meta, n);
     grpc::Slice slices[2] = {grpc::Slice(head), buffers_->Lend(std::move(topk), n)};
     resp_bytes_ = grpc::ByteBuffer(slices, n > 0 ? 2 : 1);
-    StartWrite(&resp_bytes_);
   }
 
   absl::Status Commit() {
@@ -220,7 +379,7 @@ class StepReactor final
     ASSIGN_OR_RETURN(std::vector<int64_t> lens, step_->Commit());
     resp_.Clear();
     for (int64_t l : lens) resp_.mutable_committed()->add_seq_lens(static_cast<uint64_t>(l));
-    spdlog::debug("[{}] committed", step_->id());
+    spdlog::debug("[{}] committed", Who());
     committed_ = true;
     // Serialize requires an empty buffer: resp_bytes_ still holds the last
     // layer reply's slices (gRPC's writer asserts on a valid buffer once the
@@ -229,7 +388,6 @@ class StepReactor final
     bool own_buffer = false;
     RETURN_IF_ERROR(FromGrpcSerialize(
         grpc::SerializationTraits<v1::StepResponse>::Serialize(resp_, &resp_bytes_, &own_buffer)));
-    StartWrite(&resp_bytes_);
     return absl::OkStatus();
   }
 
@@ -239,8 +397,16 @@ class StepReactor final
   }
 
   Engine* engine_;
+  ServiceState* state_;
   grpc::CallbackServerContext* ctx_;
   std::shared_ptr<ReplyBuffers> buffers_;
+  const std::string client_;  // quota key (ClientIdentity)
+  ClientQuotas::Hold step_hold_;   // open step + its pages
+  ClientQuotas::Hold bytes_hold_;  // the message being handled
+  absl::Mutex mu_;
+  bool finished_ ABSL_GUARDED_BY(mu_) = false;  // End claimed
+  bool reading_ ABSL_GUARDED_BY(mu_) = false;   // a read is pending
+  Clock::time_point read_since_ ABSL_GUARDED_BY(mu_);
   grpc::ByteBuffer req_bytes_;
   grpc::ByteBuffer resp_bytes_;
   v1::StepRequest req_;
@@ -252,14 +418,30 @@ class StepReactor final
 
 }  // namespace
 
+ServiceState::ServiceState(Engine* e, std::shared_ptr<ReplyBuffers> b)
+    : engine(e),
+      client_header(e->model().config.client_id_header()),
+      buffers(std::move(b)),
+      quotas(LimitsOf(e->model().config), GroupPages(*e), GroupNames(*e)),
+      idle_watch(std::chrono::milliseconds(e->model().config.step_idle_ms())),
+      executor(ExecutorWorkersFor(e->backend().Kind())) {}
+
 IndexerService::IndexerService(Engine* engine)
-    : engine_(engine), reply_buffers_(std::make_shared<ReplyBuffers>()) {}
+    : engine_(engine),
+      state_(std::make_unique<ServiceState>(engine, std::make_shared<ReplyBuffers>())) {}
 
 IndexerService::~IndexerService() = default;
 
-grpc::ServerUnaryReactor* IndexerService::GetServerInfo(
-    grpc::CallbackServerContext* ctx, const v1::GetServerInfoRequest*,
-    v1::ServerInfo* resp) {
+const ClientQuotas& IndexerService::quotas() const { return state_->quotas; }
+
+grpc::ServerUnaryReactor* IndexerService::GetServerInfo(grpc::CallbackServerContext* ctx,
+                                                        const grpc::ByteBuffer* req_bytes,
+                                                        grpc::ByteBuffer* resp_bytes) {
+  v1::GetServerInfoRequest req;
+  absl::Status decoded = Decode(*req_bytes, "GetServerInfoRequest", &req);
+  if (!decoded.ok()) return Respond(ctx, decoded);
+  v1::ServerInfo info;
+  v1::ServerInfo* resp = &info;
   const Model& m = engine_->model();
   resp->set_version(INDEXER_VERSION);
   resp->set_build(INDEXER_BUILD);
@@ -316,32 +498,59 @@ grpc::ServerUnaryReactor* IndexerService::GetServerInfo(
   resp->set_logits_budget_bytes(m.logits_budget_bytes());
   resp->set_open_steps(engine_->open_steps());
   resp->set_sequences(engine_->num_sequences());
-  return Respond(ctx, absl::OkStatus());
+  return Respond(ctx, Encode(absl::OkStatus(), info, resp_bytes));
 }
 
 grpc::ServerUnaryReactor* IndexerService::Release(grpc::CallbackServerContext* ctx,
-                                                  const v1::ReleaseRequest* req,
-                                                  v1::ReleaseResponse* resp) {
-  auto names = ToReleaseNames(*req);
+                                                  const grpc::ByteBuffer* req_bytes,
+                                                  grpc::ByteBuffer* resp_bytes) {
+  v1::ReleaseRequest req;
+  absl::Status s = Decode(*req_bytes, "ReleaseRequest", &req);
+  if (!s.ok()) return Respond(ctx, s);
+  auto names = ToReleaseNames(req);
   if (!names.ok()) return Respond(ctx, names.status());
+  v1::ReleaseResponse resp;
   auto freed = engine_->Release(*names);
-  if (freed.ok()) resp->set_released_pages(*freed);
-  return Respond(ctx, freed.status());
+  if (freed.ok()) resp.set_released_pages(*freed);
+  return Respond(ctx, Encode(freed.status(), resp, resp_bytes));
 }
 
-grpc::ServerUnaryReactor* IndexerService::WriteEntries(
-    grpc::CallbackServerContext* ctx, const v1::WriteEntriesRequest* req,
-    v1::WriteEntriesResponse* resp) {
-  auto args = ToImport(*req, engine_->model().config.max_q_len());
-  if (!args.ok()) return Respond(ctx, args.status());
-  auto len = engine_->Import(args->name, args->create, args->num_tokens, args->layers);
-  if (len.ok()) resp->set_seq_len(*len);
-  return Respond(ctx, len.status());
+// The import runs on the executor (it writes every layer's entries); the
+// request's bytes count against the client until it is done.
+grpc::ServerUnaryReactor* IndexerService::WriteEntries(grpc::CallbackServerContext* ctx,
+                                                       const grpc::ByteBuffer* req_bytes,
+                                                       grpc::ByteBuffer* resp_bytes) {
+  grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
+  auto hold = std::make_shared<ClientQuotas::Hold>();
+  absl::Status taken = state_->quotas.TakeBytes(ClientIdentity(*ctx, state_->client_header),
+                                                static_cast<int64_t>(req_bytes->Length()),
+                                                hold.get());
+  if (!taken.ok()) {
+    state_->LogRejection("import", taken);
+    reactor->Finish(ToGrpcStatus(taken));
+    return reactor;
+  }
+  Engine* engine = engine_;
+  state_->executor.Post([engine, reactor, req_bytes, resp_bytes, hold] {
+    v1::WriteEntriesRequest req;
+    v1::WriteEntriesResponse resp;
+    absl::Status s = [&]() -> absl::Status {
+      RETURN_IF_ERROR(Decode(*req_bytes, "WriteEntriesRequest", &req));
+      ASSIGN_OR_RETURN(ImportArgs args, ToImport(req, engine->model().config.max_q_len()));
+      ASSIGN_OR_RETURN(int64_t len,
+                       engine->Import(args.name, args.create, args.num_tokens, args.layers));
+      resp.set_seq_len(static_cast<uint64_t>(len));
+      return absl::OkStatus();
+    }();
+    hold->Reset();
+    reactor->Finish(ToGrpcStatus(Encode(s, resp, resp_bytes)));
+  });
+  return reactor;
 }
 
 grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer>* IndexerService::Step(
     grpc::CallbackServerContext* ctx) {
-  return new StepReactor(engine_, reply_buffers_, ctx);
+  return new StepReactor(state_.get(), ctx);
 }
 
 }  // namespace indexer

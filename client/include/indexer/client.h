@@ -19,6 +19,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include <grpcpp/generic/generic_stub.h>
@@ -54,6 +55,9 @@ struct ClientOptions {
   absl::Duration abort_grace = absl::Seconds(5);
   // null: insecure channel.
   std::shared_ptr<grpc::ChannelCredentials> credentials;
+  // Metadata sent with every call, e.g. {"x-indexer-client", "svc-a"}: the
+  // client's identity on a plaintext listener (SPEC §9). Keys lower-case.
+  std::vector<std::pair<std::string, std::string>> metadata;
 };
 
 // One open Step stream (header sent, not yet committed or aborted), driven

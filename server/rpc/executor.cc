@@ -1,14 +1,23 @@
 #include "server/rpc/executor.h"
 
+#include <sys/resource.h>
+#include <unistd.h>
+
 #include <string>
 #include <utility>
 
 namespace indexer {
 
-Executor::Executor(int workers) {
+Executor::Executor(int workers, int nice) {
   if (workers < 1) workers = 1;
   threads_.reserve(workers);
-  for (int i = 0; i < workers; ++i) threads_.emplace_back([this] { Loop(); });
+  for (int i = 0; i < workers; ++i) {
+    threads_.emplace_back([this, nice] {
+      // Best effort: without it the workers only compete as equals.
+      if (nice != 0) (void)setpriority(PRIO_PROCESS, static_cast<id_t>(gettid()), nice);
+      Loop();
+    });
+  }
 }
 
 Executor::~Executor() {

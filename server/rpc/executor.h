@@ -21,8 +21,11 @@ namespace indexer {
 
 class Executor {
  public:
-  // Starts `workers` threads (>= 1).
-  explicit Executor(int workers);
+  // Starts `workers` threads (>= 1) at `nice` (Linux: per thread; threads
+  // they start, such as the cpu backend's TBB workers, inherit it). A
+  // positive nice makes layer work yield the CPU to gRPC's threads, so that
+  // health checks are answered at once even on a saturated host.
+  explicit Executor(int workers, int nice = 0);
   // Runs the tasks already posted, then joins the workers.
   ~Executor();
   Executor(const Executor&) = delete;
@@ -50,5 +53,8 @@ class Executor {
 // finishes; a GPU takes one stream of work per worker, and two overlap the
 // host side of one layer with the device side of another.
 int ExecutorWorkersFor(const std::string& backend_kind);
+
+// The nice of layer workers (see Executor).
+inline constexpr int kLayerWorkerNice = 10;
 
 }  // namespace indexer

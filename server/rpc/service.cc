@@ -83,13 +83,15 @@ struct ServiceState {
     if (s.code() == absl::StatusCode::kResourceExhausted) {
       int64_t suppressed = 0;
       if (!rejection_log.Allow(&suppressed)) return;
-      spdlog::warn("[{}] {}: {} ({} similar rejections not logged in the last second)", who,
-                   absl::StatusCodeToString(s.code()), LogSafe(s.message(), kMaxErrorBytes),
-                   suppressed);
+      spdlog::warn("[{}] {}: {}{}", who, absl::StatusCodeToString(s.code()), CapText(s.message()),
+                   suppressed > 0 ? absl::StrCat(" (and ", suppressed,
+                                                 " similar rejections in the last second)")
+                                  : std::string());
       return;
     }
-    spdlog::warn("[{}] {}: {}", who, absl::StatusCodeToString(s.code()),
-                 LogSafe(s.message(), kMaxErrorBytes));
+    // Client text inside messages (names, identities) is escaped where it
+    // enters them (SeqName, ClientQuotas::Display); the length is capped here.
+    spdlog::warn("[{}] {}: {}", who, absl::StatusCodeToString(s.code()), CapText(s.message()));
   }
 };
 
@@ -424,7 +426,7 @@ ServiceState::ServiceState(Engine* e, std::shared_ptr<ReplyBuffers> b)
       buffers(std::move(b)),
       quotas(LimitsOf(e->model().config), GroupPages(*e), GroupNames(*e)),
       idle_watch(std::chrono::milliseconds(e->model().config.step_idle_ms())),
-      executor(ExecutorWorkersFor(e->backend().Kind())) {}
+      executor(ExecutorWorkersFor(e->backend().Kind()), kLayerWorkerNice) {}
 
 IndexerService::IndexerService(Engine* engine)
     : engine_(engine),

@@ -35,13 +35,20 @@ std::string ResolveConfig(const std::string& config, const std::string& profile,
 
 // The K pools against what the device can hold, before they are allocated:
 // host memory for the cpu backend (calloc would succeed lazily on an
-// overcommitting host and fail page by page later). A GPU backend's
-// allocation of its pools fails at start on its own when they do not fit.
+// overcommitting host and fail page by page later), the device's free
+// memory for a GPU.
 absl::Status CheckCacheFitsDevice(const indexer::Model& model, const indexer::Backend& b) {
-  if (b.Kind() != "cpu") return absl::OkStatus();
-  auto avail = indexer::HostAvailableBytes();
-  if (!avail.ok()) return absl::OkStatus();  // nothing to compare with
-  return indexer::CheckCacheFits(model, *avail, "host memory (MemAvailable)");
+  if (b.Kind() == "cpu") {
+    auto avail = indexer::HostAvailableBytes();
+    if (!avail.ok()) return absl::OkStatus();  // nothing to compare with
+    return indexer::CheckCacheFits(model, *avail, "host memory (MemAvailable)");
+  }
+  auto free = b.FreeDeviceMemory();
+  if (!free.ok()) {
+    if (free.status().code() == absl::StatusCode::kNotFound) return absl::OkStatus();
+    return free.status();
+  }
+  return indexer::CheckCacheFits(model, *free, b.Describe() + " free memory");
 }
 
 int Run(int argc, char** argv) {

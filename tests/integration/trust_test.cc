@@ -12,6 +12,7 @@
 #include <condition_variable>
 #include <functional>
 #include <mutex>
+#include <sstream>
 #include <string>
 #include <thread>
 #include <vector>
@@ -21,6 +22,8 @@
 #include "gtest/gtest.h"
 #include "server/rpc/log_safe.h"
 #include "server/rpc/quota.h"
+#include "spdlog/sinks/ostream_sink.h"
+#include "spdlog/spdlog.h"
 #include "tests/integration/wire_harness.h"
 
 namespace indexer::testing {
@@ -378,6 +381,57 @@ TEST(TrustTest, ErrorTextsAreCappedAndNamesEscaped) {
   EXPECT_THAT(std::string(r2.status().message()), HasSubstr("\"evil\\n2026-01-01 info forged\""));
   EXPECT_THAT(std::string(r2.status().message()), Not(HasSubstr("\n")));
   d.WaitIdle();
+}
+
+// The daemon's log under a flood of rejections and hostile input: one
+// admission warning a second (with a count), short lines, and no line that
+// a request id can forge.
+TEST(TrustTest, LogsStayShortUnforgeableAndRateLimited) {
+  std::ostringstream log;
+  auto previous = spdlog::default_logger();
+  spdlog::set_default_logger(std::make_shared<spdlog::logger>(
+      "trust_test", std::make_shared<spdlog::sinks::ostream_sink_mt>(log)));
+  const auto t0 = Clock::now();
+  {
+    config::ServerConfig cfg = MakeConfig({{.format = "fp8", .num_layers = 1, .pages = 64}});
+    cfg.mutable_client_quota()->set_max_open_steps(1);
+    Daemon d(cfg);
+    Shadow shadow(d.layers(), 5);
+    auto x = ClientAs(d, "x");
+    auto y = ClientAs(d, "y");
+    auto held = x->OpenStep(Header({{"held", 1}}, shadow));
+    ASSERT_TRUE(held.ok());
+    ASSERT_TRUE(WaitFor([&] { return d.engine().open_steps() == 1; }));
+    for (int i = 0; i < 40; ++i) {
+      absl::Status s = HeaderStatus(*x, Header({{"flood" + std::to_string(i), 1}}, shadow));
+      ASSERT_EQ(s.code(), absl::StatusCode::kResourceExhausted) << s;
+    }
+    // A request id with a newline, then a layer with a 300,000-entry shape.
+    v1::StepHeader h = Header({{"s", 2}}, shadow);
+    h.set_request_id("req\nFORGED line");
+    auto step = y->OpenStep(h);
+    ASSERT_TRUE(step.ok());
+    std::vector<LayerData> data = shadow.Make({{"s", 2}});
+    v1::LayerRequest r = Request(d.layers()[0], data[0], Form::kFloat);
+    for (int i = 0; i < 300000; ++i) r.mutable_q()->add_shape(1);
+    EXPECT_FALSE((*step)->RunLayer(r).ok());
+    (*held)->Abort();
+    d.WaitIdle();
+  }
+  const double seconds = std::chrono::duration<double>(Clock::now() - t0).count();
+  spdlog::set_default_logger(previous);
+  std::istringstream lines(log.str());
+  std::string line;
+  int quota_lines = 0, request_lines = 0;
+  while (std::getline(lines, line)) {
+    EXPECT_LE(line.size(), kMaxErrorBytes + 200) << line.substr(0, 200);
+    EXPECT_NE(line.rfind("FORGED", 0), 0u) << "a request id started a line: " << line;
+    if (line.find("client_quota.max_open_steps") != std::string::npos) ++quota_lines;
+    if (line.find("[req\\nFORGED line]") != std::string::npos) ++request_lines;
+  }
+  EXPECT_GE(quota_lines, 1);
+  EXPECT_LE(quota_lines, 1 + static_cast<int>(seconds)) << log.str();
+  EXPECT_EQ(request_lines, 1) << log.str();
 }
 
 TEST(LogSafeTest, CapsAndEscapes) {

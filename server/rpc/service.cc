@@ -211,6 +211,11 @@ class StepReactor final
   }
 
   void OnWriteDone(bool ok) override {
+    {
+      absl::MutexLock lock(&mu_);
+      writing_ = false;
+      if (finished_) return;  // ended by the idle watch
+    }
     if (!ok) {
       End(grpc::Status(grpc::StatusCode::CANCELLED, "step: reply not delivered"));
       return;
@@ -231,16 +236,24 @@ class StepReactor final
   // The watch's thread only claims the end; the rollback and Finish run on
   // the executor, outside the watch's lock (Finish may run OnDone inline,
   // which takes that lock).
+  // A client that stops taking replies is idle too: its write never
+  // completes, and the step would hold its pages for as long as the
+  // connection lives. The rollback does not wait for that write (gRPC
+  // sends the status once the transport can).
   void ExpireIfIdleSince(Clock::time_point deadline) override {
     absl::MutexLock lock(&mu_);
-    if (finished_ || !reading_ || read_since_ > deadline) return;
+    if (finished_) return;
+    const bool read_idle = reading_ && read_since_ <= deadline;
+    const bool write_idle = writing_ && write_since_ <= deadline;
+    if (!read_idle && !write_idle) return;
     finished_ = true;
-    state_->executor.Post([this] {
+    state_->executor.Post([this, read_idle] {
       const int64_t ms = state_->idle_watch.idle().count();
       if (step_) spdlog::info("[{}] idle for {} ms: rolled back", Who(), ms);
-      Close(grpc::Status(grpc::StatusCode::DEADLINE_EXCEEDED,
-                         absl::StrCat("step: no message for ", ms, " ms (step_idle_ms = ", ms,
-                                      "); the step was rolled back")));
+      Close(grpc::Status(
+          grpc::StatusCode::DEADLINE_EXCEEDED,
+          absl::StrCat(read_idle ? "step: no message for " : "step: reply not taken for ", ms,
+                       " ms (step_idle_ms = ", ms, "); the step was rolled back")));
     });
   }
 
@@ -262,6 +275,11 @@ class StepReactor final
     if (!next.ok()) {
       Reject(next.status());
     } else if (*next == Next::kWrite) {
+      {
+        absl::MutexLock lock(&mu_);
+        writing_ = true;
+        write_since_ = Clock::now();
+      }
       StartWrite(&resp_bytes_);
     } else {
       ReadNext();
@@ -408,6 +426,8 @@ class StepReactor final
   absl::Mutex mu_;
   bool finished_ ABSL_GUARDED_BY(mu_) = false;  // End claimed
   bool reading_ ABSL_GUARDED_BY(mu_) = false;   // a read is pending
+  bool writing_ ABSL_GUARDED_BY(mu_) = false;   // a reply is being written
+  Clock::time_point write_since_ ABSL_GUARDED_BY(mu_);
   Clock::time_point read_since_ ABSL_GUARDED_BY(mu_);
   grpc::ByteBuffer req_bytes_;
   grpc::ByteBuffer resp_bytes_;

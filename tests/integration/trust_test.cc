@@ -120,6 +120,54 @@ TEST(TrustTest, IdleHeaderOnlyStepIsRolledBack) {
   WireStep(d, shadow, {{"busy", 1}}, Form::kNative);
 }
 
+// A client that sends a layer and never takes its 16 MB reply: the write
+// stalls on HTTP/2 flow control, and the step is rolled back all the same.
+TEST(TrustTest, StepWhoseReplyIsNeverTakenIsRolledBack) {
+  config::ServerConfig cfg = MakeConfig({{.format = "fp8", .page_entries = 64, .num_layers = 1,
+                                          .heads = 1, .topk = 1024, .pages = 256}});
+  cfg.set_max_q_len(8192);
+  cfg.set_step_idle_ms(300);
+  Daemon d(cfg);
+  Shadow shadow(d.layers(), 6);
+  const std::vector<SeqStep> seqs = {{"w", 4096}};
+  std::vector<LayerData> data = shadow.Make(seqs);
+  v1::StepRequest header, layer;
+  *header.mutable_header() = Header(seqs, shadow);
+  *layer.mutable_layer() = Request(d.layers()[0], data[0], Form::kNative);
+
+  grpc::GenericStub stub(grpc::CreateChannel("127.0.0.1:" + std::to_string(d.port()),
+                                             grpc::InsecureChannelCredentials()));
+  grpc::ClientContext ctx;
+  grpc::CompletionQueue cq;
+  auto call = stub.PrepareCall(&ctx, "/indexer.v1.Indexer/Step", &cq);
+  auto tag = [](intptr_t i) { return reinterpret_cast<void*>(i); };
+  auto await = [&](intptr_t want) {
+    void* got;
+    bool ok;
+    return cq.Next(&got, &ok) && got == tag(want) && ok;
+  };
+  call->StartCall(tag(1));
+  ASSERT_TRUE(await(1));
+  for (const v1::StepRequest* m : {&header, &layer}) {
+    grpc::Slice slice(m->SerializeAsString());
+    call->Write(grpc::ByteBuffer(&slice, 1), tag(2));
+    ASSERT_TRUE(await(2));
+  }
+  ASSERT_TRUE(WaitFor([&] { return d.engine().open_steps() == 1; }));
+  // Never read: the reply (4096 x 1024 int32) cannot be delivered.
+  ASSERT_TRUE(WaitFor([&] {
+    return d.engine().open_steps() == 0 && d.engine().Usage()[0].free_pages == 256;
+  })) << "the step whose reply is not taken still holds its pages";
+  EXPECT_FALSE(d.engine().SequenceLength(SeqName::Named("w")).ok());
+  EXPECT_TRUE(d.engine().CheckInvariants().ok()) << d.engine().CheckInvariants();
+  ctx.TryCancel();
+  cq.Shutdown();
+  void* t;
+  bool ok;
+  while (cq.Next(&t, &ok)) {
+  }
+}
+
 // ---------------------------------------------------------------- quotas --
 
 TEST(TrustTest, OpenStepsQuotaPerClient) {

@@ -131,6 +131,12 @@ class Backend {
   virtual std::string Describe() const = 0;
   // "cpu" or "gpu".
   virtual std::string Kind() const = 0;
+  // Bytes of device memory free for K pools now, checked against the cache
+  // size at start. NOT_FOUND when the backend cannot tell (the cpu backend:
+  // the daemon reads the host's MemAvailable).
+  virtual absl::StatusOr<int64_t> FreeDeviceMemory() const {
+    return absl::NotFoundError("device memory: not reported by the " + Kind() + " backend");
+  }
 
   // Paths beyond the dense one that this backend implements; the daemon
   // refuses at start a profile that needs one it lacks.

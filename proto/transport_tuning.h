@@ -23,6 +23,7 @@
 #include <cstdint>
 
 #include <grpcpp/grpcpp.h>
+#include <grpcpp/resource_quota.h>
 #include <grpcpp/server_builder.h>
 
 namespace indexer::transport {
@@ -54,6 +55,38 @@ inline void AddServerArguments(grpc::ServerBuilder& builder, int64_t max_message
   const int limit = MessageLimit(max_message_bytes);
   builder.SetMaxReceiveMessageSize(limit);
   builder.SetMaxSendMessageSize(limit);
+}
+
+// The daemon's transport bounds (SPEC §9), from its config.
+struct ServerLimits {
+  int64_t max_message_bytes = 0;     // <= 0: unlimited
+  int64_t keepalive_ms = 0;          // ping a silent peer after this long; 0 = gRPC's default
+  int64_t keepalive_timeout_ms = 0;  // drop it when no ack comes within this
+  int64_t memory_quota_bytes = 0;    // gRPC resource quota; 0 = unbounded
+};
+
+// Message limits as above; HTTP/2 keepalive so that a peer gone silent
+// (a partition without a reset) is detected and its streams cancelled
+// (which rolls their steps back); and a gRPC resource quota that bounds the
+// memory gRPC takes for requests before the service admits them.
+inline void AddServerArguments(grpc::ServerBuilder& builder, const ServerLimits& limits) {
+  AddServerArguments(builder, limits.max_message_bytes);
+  auto ms = [](int64_t v) { return static_cast<int>(v > INT_MAX ? INT_MAX : v); };
+  if (limits.keepalive_ms > 0) {
+    builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_TIME_MS, ms(limits.keepalive_ms));
+    // Pings continue on a connection without calls, and without data:
+    // an idle front-end's connection is checked too.
+    builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 1);
+    builder.AddChannelArgument(GRPC_ARG_HTTP2_MAX_PINGS_WITHOUT_DATA, 0);
+  }
+  if (limits.keepalive_timeout_ms > 0) {
+    builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_TIMEOUT_MS, ms(limits.keepalive_timeout_ms));
+  }
+  if (limits.memory_quota_bytes > 0) {
+    grpc::ResourceQuota quota("indexerd");
+    quota.Resize(static_cast<size_t>(limits.memory_quota_bytes));
+    builder.SetResourceQuota(quota);
+  }
 }
 
 inline void AddChannelArguments(grpc::ChannelArguments& args, int64_t max_message_bytes) {

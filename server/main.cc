@@ -1,9 +1,13 @@
 // indexerd: serves the sparse-attention indexer of one model profile.
 //
 //   indexerd --profile demo [--device auto|cpu|gpu:N] [--listen ADDR]
-//            [--cache-mb N] [--threads N] [--config FILE]
+//            [--cache-mb N] [--threads N] [--config FILE] [--port-file FILE]
 //            [--tls-cert PEM --tls-key PEM [--tls-ca PEM]] [--authz-policy JSON]
+//
+// Listens on 127.0.0.1:50061 unless --listen or the config says otherwise.
+#include <cerrno>
 #include <csignal>
+#include <cstring>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -11,6 +15,7 @@
 
 #include "CLI/CLI.hpp"
 #include "kernels/backend.h"
+#include "server/core/config_check.h"
 #include "server/core/engine.h"
 #include "server/core/model.h"
 #include "server/rpc/server.h"
@@ -27,6 +32,24 @@ std::string ResolveConfig(const std::string& config, const std::string& profile,
                           const std::string& dir) {
   if (!config.empty()) return config;
   return (std::filesystem::path(dir) / (profile + ".textproto")).string();
+}
+
+// The K pools against what the device can hold, before they are allocated:
+// host memory for the cpu backend (calloc would succeed lazily on an
+// overcommitting host and fail page by page later), the device's free
+// memory for a GPU.
+absl::Status CheckCacheFitsDevice(const indexer::Model& model, const indexer::Backend& b) {
+  if (b.Kind() == "cpu") {
+    auto avail = indexer::HostAvailableBytes();
+    if (!avail.ok()) return absl::OkStatus();  // nothing to compare with
+    return indexer::CheckCacheFits(model, *avail, "host memory (MemAvailable)");
+  }
+  auto free = b.FreeDeviceMemory();
+  if (!free.ok()) {
+    if (free.status().code() == absl::StatusCode::kNotFound) return absl::OkStatus();
+    return free.status();
+  }
+  return indexer::CheckCacheFits(model, *free, b.Describe() + " free memory");
 }
 
 int Run(int argc, char** argv) {
@@ -106,6 +129,10 @@ int Run(int argc, char** argv) {
     spdlog::error("{}", backend.status().ToString());
     return 2;
   }
+  if (absl::Status fits = CheckCacheFitsDevice(*model, **backend); !fits.ok()) {
+    spdlog::error("{}", fits.ToString());
+    return 2;
+  }
   const std::string listen_addr = model->config.listen();
   const std::string profile_name = model->config.profile();
   const indexer::Model model_copy = *model;
@@ -120,6 +147,10 @@ int Run(int argc, char** argv) {
       spdlog::error("{}", backend.status().ToString());
       return 2;
     }
+    if (absl::Status fits = CheckCacheFitsDevice(model_copy, **backend); !fits.ok()) {
+      spdlog::error("{}", fits.ToString());
+      return 2;
+    }
     engine = indexer::Engine::Create(model_copy, *std::move(backend));
   }
   if (!engine.ok()) {
@@ -127,6 +158,7 @@ int Run(int argc, char** argv) {
     return 2;
   }
   const std::string device_desc = (*engine)->backend().Describe();
+
   for (const auto& g : (*engine)->model().groups) {
     spdlog::info("group {}: {} layers, {} D={} E={} r={} {}, {} pages/layer ({:.1f} MiB)",
                  g.name, g.layers.size(), indexer::KvFormatName(g.layout.format),
@@ -141,7 +173,18 @@ int Run(int argc, char** argv) {
   const int port = (*server)->port();
   spdlog::info("indexerd serving profile '{}' on {} (port {}) with device {}", profile_name,
                listen_addr, port, device_desc);
-  if (!port_file.empty()) std::ofstream(port_file) << port << "\n";
+  if (!port_file.empty()) {
+    // Whoever waits on the port file would wait forever: stop instead.
+    std::ofstream out(port_file);
+    out << port << "\n";
+    out.close();
+    if (!out) {
+      spdlog::error("--port-file: cannot write {}: {}; stopping", port_file,
+                    std::strerror(errno));
+      (*server)->Shutdown(0);
+      return 1;
+    }
+  }
 
   int sig = 0;
   sigwait(&sigs, &sig);

@@ -254,6 +254,14 @@ void GpuBackend::set_max_logits_path(int v) {
   max_path_ = v;
 }
 
+absl::StatusOr<int64_t> GpuBackend::FreeDeviceMemory() const {
+  size_t free = 0, total = 0;
+  absl::MutexLock lock(&mu_);
+  GPU_RETURN_IF_ERROR(SetDevice(ordinal_));
+  GPU_RETURN_IF_ERROR(MemGetInfo(&free, &total));
+  return static_cast<int64_t>(free);
+}
+
 absl::StatusOr<uint8_t*> GpuBackend::AllocatePool(const PageLayout& layout,
                                                   int64_t num_pages) {
   const int64_t page_bytes = layout.page_bytes();

@@ -82,6 +82,7 @@ class GpuBackend : public Backend {
 
   std::string Describe() const override;
   std::string Kind() const override { return "gpu"; }
+  absl::StatusOr<int64_t> FreeDeviceMemory() const override;
 
   absl::StatusOr<uint8_t*> AllocatePool(const PageLayout& layout,
                                         int64_t num_pages) override;

@@ -67,6 +67,7 @@ inline Error GetDeviceProperties(DeviceProp* p, int d) {
   return hipGetDeviceProperties(p, d);
 }
 inline Error Malloc(void** p, size_t n) { return hipMalloc(p, n); }
+inline Error MemGetInfo(size_t* free, size_t* total) { return hipMemGetInfo(free, total); }
 inline Error Free(void* p) { return hipFree(p); }
 inline Error HostMalloc(void** p, size_t n) {
   return hipHostMalloc(p, n, hipHostMallocDefault);
@@ -157,6 +158,7 @@ inline Error GetDeviceProperties(DeviceProp* p, int d) {
   return cudaGetDeviceProperties(p, d);
 }
 inline Error Malloc(void** p, size_t n) { return cudaMalloc(p, n); }
+inline Error MemGetInfo(size_t* free, size_t* total) { return cudaMemGetInfo(free, total); }
 inline Error Free(void* p) { return cudaFree(p); }
 inline Error HostMalloc(void** p, size_t n) { return cudaMallocHost(p, n); }
 inline Error HostFree(void* p) { return cudaFreeHost(p); }

@@ -4,7 +4,9 @@
 #include <chrono>
 
 #include "absl/container/flat_hash_set.h"
+#include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_replace.h"
 #include "absl/strings/str_join.h"
 #include "kernels/common/status_macros.h"
 #include "server/core/layer_inputs.h"
@@ -27,7 +29,8 @@ SeqName SeqName::Numeric(uint64_t id, const std::string& ns) {
 }
 
 SeqName SeqName::Named(const std::string& name, const std::string& ns) {
-  return {absl::StrCat(ns.size(), ":", ns, "$", name), absl::StrCat("\"", name, "\"")};
+  // Escaped in messages (and so in logs): a name cannot forge a log line.
+  return {absl::StrCat(ns.size(), ":", ns, "$", name), absl::StrCat("\"", absl::CEscape(name), "\"")};
 }
 
 // ------------------------------------------------------------------ Engine --
@@ -284,7 +287,16 @@ absl::StatusOr<int64_t> Engine::Import(
           model_.num_layers() - 1));
     }
   }
-  ASSIGN_OR_RETURN(std::unique_ptr<Step> step, BeginStep(spec));
+  auto begun = BeginStep(spec);
+  if (!begun.ok()) {
+    // BeginStep speaks of a step header; a WriteEntriesRequest names the
+    // same things `id` and `num_tokens`.
+    return absl::Status(begun.status().code(),
+                        absl::StrReplaceAll(begun.status().message(),
+                                            {{"header.sequences[0].id", "id"},
+                                             {"header.sequences[0].q_len", "num_tokens"}}));
+  }
+  std::unique_ptr<Step> step = *std::move(begun);
   for (size_t i = 0; i < layers.size(); ++i) {
     absl::Status s = step->WriteLayer(layers[i].first, layers[i].second);
     if (!s.ok()) {
@@ -356,6 +368,14 @@ Step::Step(Engine* engine) : engine_(engine) {}
 Step::~Step() { Abort(); }
 
 int32_t Step::num_rows() const { return rows_.empty() ? 0 : rows_[0].num_rows; }
+
+std::vector<int64_t> Step::reserved_pages() const {
+  std::vector<int64_t> pages(engine_->model_.groups.size(), 0);
+  for (const auto& per_seq : new_pages_) {
+    for (size_t g = 0; g < per_seq.size(); ++g) pages[g] += static_cast<int64_t>(per_seq[g].size());
+  }
+  return pages;
+}
 
 void Step::Abort() {
   if (finished_ || keys_.empty()) {

@@ -85,6 +85,8 @@ class Step {
 
   const std::string& id() const { return id_; }
   int32_t num_rows() const;
+  // [group] pages this step allocated, held until it ends (client quotas).
+  std::vector<int64_t> reserved_pages() const;
 
   // Validates the layer's inputs, writes its new entries and returns its
   // top-k. On error nothing visible changes (the step itself stays open; the

@@ -4,10 +4,13 @@
 #include <cmath>
 #include <fstream>
 #include <sstream>
+#include <tuple>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "google/protobuf/text_format.h"
 #include "kernels/common/status_macros.h"
+#include "server/core/config_check.h"
 
 namespace indexer {
 namespace {
@@ -46,25 +49,7 @@ absl::StatusOr<config::ServerConfig> LoadConfigFile(const std::string& path) {
 }
 
 absl::StatusOr<Model> BuildModel(config::ServerConfig cfg) {
-  if (cfg.next_n() == 0) cfg.set_next_n(1);
-  if (cfg.logits_budget_mb() == 0) cfg.set_logits_budget_mb(512);
-  if (cfg.max_message_mb() == 0) cfg.set_max_message_mb(256);
-  if (cfg.max_open_steps() == 0) cfg.set_max_open_steps(64);
-  if (cfg.max_batch() == 0) cfg.set_max_batch(1024);
-  if (cfg.max_q_len() == 0) cfg.set_max_q_len(65536);
-  if (cfg.cache_mb() == 0) cfg.set_cache_mb(2048);
-  // Loopback unless told otherwise (SPEC §9): exposing the daemon is a choice.
-  if (cfg.listen().empty()) cfg.set_listen("127.0.0.1:50061");
-  if (cfg.device().empty()) cfg.set_device("auto");
-  if (cfg.max_seq_len() == 0) cfg.set_max_seq_len(1 << 20);
-  if (cfg.next_n() > 4) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("next_n: expected 1..4, got ", cfg.next_n()));
-  }
-  if (cfg.max_seq_len() > (1u << 30)) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "max_seq_len: expected <= 1073741824, got ", cfg.max_seq_len()));
-  }
+  RETURN_IF_ERROR(FillAndCheckLimits(&cfg));
   if (cfg.groups_size() == 0) {
     return absl::InvalidArgumentError("groups: expected at least one layer group");
   }
@@ -79,6 +64,19 @@ absl::StatusOr<Model> BuildModel(config::ServerConfig cfg) {
     s.name = g.name().empty() ? absl::StrCat("group", gi) : g.name();
     ASSIGN_OR_RETURN(KvFormat fmt, ParseFormat(f + ".kv_format", g.kv_format()));
     const auto& t = g.tiling();
+    // Unsigned fields are range-checked before they become int32 (no wrap).
+    for (const auto& [name, value, hi] : std::vector<std::tuple<const char*, uint64_t, uint64_t>>{
+             {".head_dim", g.head_dim(), 65536}, {".page_entries", g.page_entries(), 65536},
+             {".compress_ratio", g.compress_ratio(), 1024},
+             {".tiling.n_per_tile", t.n_per_tile(), 65536},
+             {".tiling.d_per_tile", t.d_per_tile(), 65536},
+             {".tiling.scale_lanes", t.scale_lanes(), 65536},
+             {".pages", g.pages(), (uint64_t{1} << 31) - 1}}) {
+      if (value > hi) {
+        return absl::InvalidArgumentError(
+            absl::StrCat(f, name, ": expected at most ", hi, ", got ", value));
+      }
+    }
     auto layout = PageLayout::Make(fmt, static_cast<int32_t>(g.head_dim()),
                                    static_cast<int32_t>(g.page_entries()),
                                    static_cast<int32_t>(t.n_per_tile()),
@@ -204,6 +202,10 @@ absl::StatusOr<Model> BuildModel(config::ServerConfig cfg) {
       cs.spec.block_size = static_cast<int32_t>(c.candidate_block_size());
       cs.spec.topk_blocks = static_cast<int32_t>(c.candidate_topk_blocks());
       cs.spec.pin_newest = c.has_pin_newest_block() ? c.pin_newest_block() : true;
+      if (c.gate_ratio() > 1024) {
+        return absl::InvalidArgumentError(
+            absl::StrCat(f, ".gate_ratio: expected 0..1024 (0 = 1), got ", c.gate_ratio()));
+      }
       cs.spec.gate_ratio = c.gate_ratio() == 0 ? 1 : static_cast<int32_t>(c.gate_ratio());
       if (cs.spec.block_size < 1 || cs.spec.block_size > (1 << 20)) {
         return absl::InvalidArgumentError(absl::StrCat(

@@ -61,17 +61,8 @@ absl::StatusOr<ListenerSecurity> MakeListenerSecurity(const config::ServerConfig
                                                    " (0 = 60), got ", tls.refresh_s()));
   }
   const uint32_t refresh_s = tls.refresh_s() ? tls.refresh_s() : kDefaultRefreshS;
-  const std::string header = ClientIdHeader(cfg);
-  const bool header_ok =
-      !absl::EndsWith(header, "-bin") && !absl::StartsWith(header, "grpc-") &&
-      std::all_of(header.begin(), header.end(), [](char c) {
-        return (c >= 'a' && c <= 'z') || (c >= '0' && c <= '9') || c == '-' || c == '_' || c == '.';
-      });
-  if (!header_ok) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "client_id_header: expected a metadata key ([a-z0-9-_.], not grpc-*, not *-bin), got '",
-        absl::CEscape(cfg.client_id_header()), "'"));
-  }
+  // client_id_header was checked and lower-cased with the config
+  // (server/core/config_check.cc).
   if (tls.cert_file().empty()) {
     sec.credentials = grpc::InsecureServerCredentials();
   } else {

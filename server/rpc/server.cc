@@ -36,10 +36,14 @@ absl::StatusOr<std::unique_ptr<RunningServer>> StartServer(
   grpc::EnableDefaultHealthCheckService(true);
   grpc::ServerBuilder builder;
   builder.AddListeningPort(listen, security->credentials, &rs->port_);
-  const int max_bytes =
-      static_cast<int>(std::min<uint64_t>(rs->engine_->model().config.max_message_mb() << 20,
-                                          (1u << 31) - 1));
-  transport::AddServerArguments(builder, max_bytes);
+  // The config's ranges were checked at load (config_check.h): no shift wraps.
+  const config::ServerConfig& cfg = rs->engine_->model().config;
+  transport::ServerLimits limits;
+  limits.max_message_bytes = static_cast<int64_t>(cfg.max_message_mb()) << 20;
+  limits.keepalive_ms = static_cast<int64_t>(cfg.keepalive_ms());
+  limits.keepalive_timeout_ms = static_cast<int64_t>(cfg.keepalive_timeout_ms());
+  limits.memory_quota_bytes = static_cast<int64_t>(cfg.memory_quota_mb()) << 20;
+  transport::AddServerArguments(builder, limits);
   builder.RegisterService(rs->service_.get());
   rs->server_ = builder.BuildAndStart();
   if (!rs->server_ || rs->port_ == 0) {

@@ -14,8 +14,12 @@
 #include "kernels/common/status_macros.h"
 #include "server/rpc/convert.h"
 #include "server/rpc/credentials.h"
+#include "server/rpc/executor.h"
 #include "server/rpc/grpc_status.h"
 #include "server/rpc/identity.h"
+#include "server/rpc/idle_watch.h"
+#include "server/rpc/log_safe.h"
+#include "server/rpc/quota.h"
 #include "server/rpc/reply_wire.h"
 #include "spdlog/spdlog.h"
 
@@ -35,18 +39,94 @@ double MicrosBetween(Clock::time_point a, Clock::time_point b) {
   return std::chrono::duration<double, std::micro>(b - a).count();
 }
 
-// The caller's sequence namespace (SPEC §6 "Clients and tenancy"): its TLS
-// identity, else the configured header. Another namespace's sequence is
-// simply not found.
-std::string CallerNamespace(const grpc::CallbackServerContext& ctx, const Engine& engine) {
-  return ClientIdentity(ctx, ClientIdHeader(engine.model().config));
-}
-
 grpc::ServerUnaryReactor* Respond(grpc::CallbackServerContext* ctx,
                                   const absl::Status& s) {
   auto* reactor = ctx->DefaultReactor();
   reactor->Finish(ToGrpcStatus(s));
   return reactor;
+}
+
+// Parses a raw request: INVALID_ARGUMENT naming the expected type when the
+// bytes do not decode as one.
+template <typename Msg>
+absl::Status Decode(const grpc::ByteBuffer& bytes, const char* type, Msg* out) {
+  grpc::ByteBuffer copy(bytes);  // Deserialize consumes its buffer
+  if (grpc::SerializationTraits<Msg>::Deserialize(&copy, out).ok()) return absl::OkStatus();
+  return absl::InvalidArgumentError(absl::StrCat(
+      "request: expected a ", type, " message; ", bytes.Length(), " bytes do not decode as one"));
+}
+
+// Serializes a reply into `out` when `s` is OK; the status to finish with.
+template <typename Msg>
+absl::Status Encode(absl::Status s, const Msg& msg, grpc::ByteBuffer* out) {
+  if (!s.ok()) return s;
+  bool own_buffer = false;
+  grpc::Status gs = grpc::SerializationTraits<Msg>::Serialize(msg, out, &own_buffer);
+  if (gs.ok()) return absl::OkStatus();
+  return absl::InternalError(absl::StrCat("reply: ", gs.error_message()));
+}
+
+}  // namespace
+
+struct ServiceState {
+  ServiceState(Engine* e, std::shared_ptr<ReplyBuffers> b);
+
+  Engine* engine;
+  // The metadata key naming a plaintext client (credentials.h).
+  std::string client_header;
+  RegionRegistry regions;
+  std::shared_ptr<ReplyBuffers> buffers;  // reply slices hold it too
+  ClientQuotas quotas;
+  RateLimiter rejection_log;  // repeated RESOURCE_EXHAUSTED: once a second
+  IdleWatch idle_watch;
+  Executor executor;  // last: its workers stop first
+
+  // A client's identity (identity.h): its sequence namespace and quota key.
+  std::string Client(const grpc::CallbackServerContext& ctx) const {
+    return ClientIdentity(ctx, client_header);
+  }
+  // Who owns a region: the identity, else the registering connection.
+  std::string Owner(const grpc::CallbackServerContext& ctx) const {
+    std::string id = Client(ctx);
+    return id.empty() ? "peer:" + ctx.peer() : id;
+  }
+
+  // Logs a rejected call: once a second for RESOURCE_EXHAUSTED (admission
+  // and quotas, which a flood repeats), counting the rest; else every time.
+  void LogRejection(const std::string& who, const absl::Status& s) {
+    if (s.code() == absl::StatusCode::kResourceExhausted) {
+      int64_t suppressed = 0;
+      if (!rejection_log.Allow(&suppressed)) return;
+      spdlog::warn("[{}] {}: {}{}", who, absl::StatusCodeToString(s.code()), CapText(s.message()),
+                   suppressed > 0 ? absl::StrCat(" (and ", suppressed,
+                                                 " similar rejections in the last second)")
+                                  : std::string());
+      return;
+    }
+    // Client text inside messages (names, identities) is escaped where it
+    // enters them (SeqName, ClientQuotas::Display); the length is capped here.
+    spdlog::warn("[{}] {}: {}", who, absl::StatusCodeToString(s.code()), CapText(s.message()));
+  }
+};
+
+namespace {
+
+std::vector<int64_t> GroupPages(const Engine& e) {
+  std::vector<int64_t> out;
+  for (const GroupSpec& g : e.model().groups) out.push_back(g.pages);
+  return out;
+}
+
+std::vector<std::string> GroupNames(const Engine& e) {
+  std::vector<std::string> out;
+  for (const GroupSpec& g : e.model().groups) out.push_back(g.name);
+  return out;
+}
+
+QuotaLimits LimitsOf(const config::ServerConfig& c) {
+  return {static_cast<int64_t>(c.client_quota().max_open_steps()),
+          static_cast<int64_t>(c.client_quota().max_reserved_pct()),
+          static_cast<int64_t>(c.client_quota().max_bytes_in_flight_mb()) << 20};
 }
 
 }  // namespace
@@ -95,51 +175,64 @@ class ReplyBuffers : public std::enable_shared_from_this<ReplyBuffers> {
 namespace {
 
 // One Step stream: header, layers, commit. Messages are handled one at a
-// time (read, work, write, read ...); the open Step rolls back in OnDone
-// unless it committed, which covers errors, cancellation and lost clients.
+// time (read, work, write, read ...): gRPC's thread receives a message and
+// checks the client's bytes in flight, the service's executor parses it,
+// runs it and starts the reply (or the next read). The open Step rolls back
+// when the stream ends uncommitted: errors, cancellation, lost clients, and
+// a stream that waits for a message longer than step_idle_ms.
+//
+// Threads: at most one of a gRPC callback, an executor task and the idle
+// watch touches the step at a time: the watch acts only while a read is
+// pending (no task can be running), and mu_ orders it against OnReadDone.
 class StepReactor final
-    : public grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer> {
+    : public grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer>,
+      public IdleWatched {
  public:
-  StepReactor(Engine* engine, std::shared_ptr<ReplyBuffers> buffers,
-              grpc::CallbackServerContext* ctx, RegionRegistry* regions, std::string owner)
-      : engine_(engine),
+  StepReactor(ServiceState* state, grpc::CallbackServerContext* ctx)
+      : engine_(state->engine),
+        state_(state),
         ctx_(ctx),
-        buffers_(std::move(buffers)),
-        regions_(regions),
-        owner_(std::move(owner)) {
-    StartRead(&req_bytes_);
+        buffers_(state->buffers),
+        client_(state->Client(*ctx)),
+        owner_(state->Owner(*ctx)) {
+    state_->idle_watch.Add(this);
+    ReadNext();
   }
 
   void OnReadDone(bool ok) override {
+    {
+      absl::MutexLock lock(&mu_);
+      reading_ = false;
+      if (finished_) return;  // ended by the idle watch
+    }
     if (!ok) {
       // Half-close or cancellation before commit.
-      if (step_) spdlog::info("[{}] closed before commit: rolled back", step_->id());
+      if (step_) spdlog::info("[{}] closed before commit: rolled back", Who());
       End(grpc::Status(grpc::StatusCode::ABORTED,
                        "step: stream closed before commit; rolled back"));
       return;
     }
-    // Receipt: the message is whole. Its parse (below) is part of the
-    // layer's queue and total times, so that what the client sees outside
-    // the server is the transport alone.
+    // Receipt: the message is whole. Its parse is part of the layer's queue
+    // and total times, so that what the client sees outside the server is
+    // the transport alone.
     received_ = Clock::now();
-    // What the generated (typed) handler does, here in the reactor: parse
-    // into req_ (one copy of the tensors out of the transport's slices).
-    if (!grpc::SerializationTraits<v1::StepRequest>::Deserialize(&req_bytes_, &req_).ok()) {
-      End(grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
-                       "request: expected a StepRequest message"));
+    absl::Status s =
+        state_->quotas.TakeBytes(client_, static_cast<int64_t>(req_bytes_.Length()), &bytes_hold_);
+    if (!s.ok()) {
+      Reject(s);
       return;
     }
-    absl::Status s = Handle();
-    if (!s.ok()) {
-      spdlog::warn("[{}] {}: {}", step_ ? step_->id() : std::string("step"),
-                   absl::StatusCodeToString(s.code()), std::string(s.message()));
-      End(ToGrpcStatus(s));
-    }
+    state_->executor.Post([this] { Process(); });
   }
 
   void OnWriteDone(bool ok) override {
     // The layer's reply is out: its regions may be unmapped from now on.
     pins_.clear();
+    {
+      absl::MutexLock lock(&mu_);
+      writing_ = false;
+      if (finished_) return;  // ended by the idle watch
+    }
     if (!ok) {
       End(grpc::Status(grpc::StatusCode::CANCELLED, "step: reply not delivered"));
       return;
@@ -148,34 +241,115 @@ class StepReactor final
       End(grpc::Status::OK);
       return;
     }
-    StartRead(&req_bytes_);
+    ReadNext();
   }
 
   void OnDone() override {
+    state_->idle_watch.Remove(this);
     step_.reset();  // a cancelled stream ends here without End()
     pins_.clear();
     delete this;
   }
 
+  // The watch's thread only claims the end; the rollback and Finish run on
+  // the executor, outside the watch's lock (Finish may run OnDone inline,
+  // which takes that lock).
+  // A client that stops taking replies is idle too: its write never
+  // completes, and the step would hold its pages for as long as the
+  // connection lives. The rollback does not wait for that write (gRPC
+  // sends the status once the transport can).
+  void ExpireIfIdleSince(Clock::time_point deadline) override {
+    absl::MutexLock lock(&mu_);
+    if (finished_) return;
+    const bool read_idle = reading_ && read_since_ <= deadline;
+    const bool write_idle = writing_ && write_since_ <= deadline;
+    if (!read_idle && !write_idle) return;
+    finished_ = true;
+    state_->executor.Post([this, read_idle] {
+      const int64_t ms = state_->idle_watch.idle().count();
+      if (step_) spdlog::info("[{}] idle for {} ms: rolled back", Who(), ms);
+      Close(grpc::Status(
+          grpc::StatusCode::DEADLINE_EXCEEDED,
+          absl::StrCat(read_idle ? "step: no message for " : "step: reply not taken for ", ms,
+                       " ms (step_idle_ms = ", ms, "); the step was rolled back")));
+    });
+  }
+
  private:
+  enum class Next { kRead, kWrite };
+
+  // Executor: parse, run, then reply or read on.
+  void Process() {
+    absl::StatusOr<Next> next = [&]() -> absl::StatusOr<Next> {
+      // What the generated (typed) handler does, here: parse into req_ (one
+      // copy of the tensors out of the transport's slices).
+      if (!grpc::SerializationTraits<v1::StepRequest>::Deserialize(&req_bytes_, &req_).ok()) {
+        return absl::InvalidArgumentError("request: expected a StepRequest message");
+      }
+      return Handle();
+    }();
+    // The request is handled: its bytes no longer count against the client.
+    bytes_hold_.Reset();
+    if (!next.ok()) {
+      Reject(next.status());
+    } else if (*next == Next::kWrite) {
+      {
+        absl::MutexLock lock(&mu_);
+        writing_ = true;
+        write_since_ = Clock::now();
+      }
+      StartWrite(&resp_bytes_);
+    } else {
+      ReadNext();
+    }
+  }
+
+  void ReadNext() {
+    {
+      absl::MutexLock lock(&mu_);
+      reading_ = true;
+      read_since_ = Clock::now();
+    }
+    StartRead(&req_bytes_);
+  }
+
+  std::string Who() const { return step_ ? LogSafe(step_->id(), 128) : std::string("step"); }
+
+  void Reject(const absl::Status& s) {
+    state_->LogRejection(Who(), s);
+    End(ToGrpcStatus(s));
+  }
+
   // Rolls back (unless committed) before the client can see the final
   // status, so a client that retries at once finds its sequences free.
   void End(const grpc::Status& status) {
+    {
+      absl::MutexLock lock(&mu_);
+      if (finished_) return;
+      finished_ = true;
+    }
+    Close(status);
+  }
+
+  // REQUIRES: this thread set finished_ (so nothing else touches the step).
+  void Close(const grpc::Status& status) {
     step_.reset();
-    pins_.clear();  // the failed layer wrote nothing more after this
+    step_hold_.Reset();
+    pins_.clear();  // the failed layer writes nothing after this
     Finish(status);
   }
 
-  absl::Status Handle() {
+  absl::StatusOr<Next> Handle() {
     switch (req_.kind_case()) {
       case v1::StepRequest::kHeader:
         RETURN_IF_ERROR(Begin(req_.header()));
-        StartRead(&req_bytes_);
-        return absl::OkStatus();
+        return Next::kRead;
       case v1::StepRequest::kLayer:
-        return Layer(req_.layer());
+        RETURN_IF_ERROR(Layer(req_.layer()));
+        return Next::kWrite;
       case v1::StepRequest::kCommit:
-        return Commit();
+        RETURN_IF_ERROR(Commit());
+        return Next::kWrite;
       default:
         return absl::InvalidArgumentError(
             "request: expected one of header, layer, commit to be set");
@@ -186,10 +360,19 @@ class StepReactor final
     if (step_) {
       return absl::FailedPreconditionError("header: already received; expected layer or commit");
     }
-    ASSIGN_OR_RETURN(StepSpec spec, ToStepSpec(h, CallerNamespace(*ctx_, *engine_)));
+    // Sequences live in the client's namespace (SPEC §6 "Clients and
+    // tenancy"): another client's sequence is simply not found.
+    ASSIGN_OR_RETURN(StepSpec spec, ToStepSpec(h, client_));
+    RETURN_IF_ERROR(state_->quotas.OpenStep(client_, &step_hold_));
     ASSIGN_OR_RETURN(step_, engine_->BeginStep(spec));
-    spdlog::debug("[{}] begin: {} sequences, {} rows, peer {}", step_->id(),
-                  spec.seqs.size(), step_->num_rows(), ctx_->peer());
+    absl::Status reserved = state_->quotas.ReservePages(step_->reserved_pages(), &step_hold_);
+    if (!reserved.ok()) {
+      step_.reset();  // rolls back: the pages are free again
+      return reserved;
+    }
+    spdlog::debug("[{}] begin: {} sequences, {} rows, client {}, peer {}", Who(),
+                  spec.seqs.size(), step_->num_rows(), ClientQuotas::Display(client_),
+                  LogSafe(ctx_->peer(), 128));
     return absl::OkStatus();
   }
 
@@ -197,7 +380,7 @@ class StepReactor final
     if (!step_) return absl::FailedPreconditionError("layer: expected the header first");
     // References pin their regions in pins_ until the reply is written.
     pins_.clear();
-    auto converted = ToLayerInput(r, RegionResolver{regions_, owner_, &pins_});
+    auto converted = ToLayerInput(r, RegionResolver{&state_->regions, owner_, &pins_});
     if (!converted.ok()) {
       return absl::Status(converted.status().code(),
                           absl::StrCat("layer ", r.layer(), ": ", converted.status().message()));
@@ -208,7 +391,7 @@ class StepReactor final
     // topk_out region (the reply then carries dtype and shape only).
     std::unique_ptr<std::string> topk = buffers_->Take();
     if (in.topk_out.present) {
-      topk->clear();  // no bytes in the reply
+      topk->clear();
     } else {
       in.out_bytes = topk.get();
     }
@@ -242,7 +425,6 @@ class StepReactor final
     const std::string head = LayerReplyHead(reply, meta, n);
     grpc::Slice slices[2] = {grpc::Slice(head), buffers_->Lend(std::move(topk), n)};
     resp_bytes_ = grpc::ByteBuffer(slices, n > 0 ? 2 : 1);
-    StartWrite(&resp_bytes_);
   }
 
   absl::Status Commit() {
@@ -250,7 +432,7 @@ class StepReactor final
     ASSIGN_OR_RETURN(std::vector<int64_t> lens, step_->Commit());
     resp_.Clear();
     for (int64_t l : lens) resp_.mutable_committed()->add_seq_lens(static_cast<uint64_t>(l));
-    spdlog::debug("[{}] committed", step_->id());
+    spdlog::debug("[{}] committed", Who());
     committed_ = true;
     // Serialize requires an empty buffer: resp_bytes_ still holds the last
     // layer reply's slices (gRPC's writer asserts on a valid buffer once the
@@ -259,7 +441,6 @@ class StepReactor final
     bool own_buffer = false;
     RETURN_IF_ERROR(FromGrpcSerialize(
         grpc::SerializationTraits<v1::StepResponse>::Serialize(resp_, &resp_bytes_, &own_buffer)));
-    StartWrite(&resp_bytes_);
     return absl::OkStatus();
   }
 
@@ -269,11 +450,20 @@ class StepReactor final
   }
 
   Engine* engine_;
+  ServiceState* state_;
   grpc::CallbackServerContext* ctx_;
   std::shared_ptr<ReplyBuffers> buffers_;
-  RegionRegistry* regions_;
-  const std::string owner_;
+  const std::string client_;  // namespace and quota key (ClientIdentity)
+  const std::string owner_;   // owner of the regions it may reference
   std::vector<PinnedRegion> pins_;  // regions of the layer in flight
+  ClientQuotas::Hold step_hold_;   // open step + its pages
+  ClientQuotas::Hold bytes_hold_;  // the message being handled
+  absl::Mutex mu_;
+  bool finished_ ABSL_GUARDED_BY(mu_) = false;  // End claimed
+  bool reading_ ABSL_GUARDED_BY(mu_) = false;   // a read is pending
+  bool writing_ ABSL_GUARDED_BY(mu_) = false;   // a reply is being written
+  Clock::time_point write_since_ ABSL_GUARDED_BY(mu_);
+  Clock::time_point read_since_ ABSL_GUARDED_BY(mu_);
   grpc::ByteBuffer req_bytes_;
   grpc::ByteBuffer resp_bytes_;
   v1::StepRequest req_;
@@ -285,23 +475,31 @@ class StepReactor final
 
 }  // namespace
 
+ServiceState::ServiceState(Engine* e, std::shared_ptr<ReplyBuffers> b)
+    : engine(e),
+      client_header(ClientIdHeader(e->model().config)),
+      regions(&e->backend(), e->model().config.region_lease_ms()),
+      buffers(std::move(b)),
+      quotas(LimitsOf(e->model().config), GroupPages(*e), GroupNames(*e)),
+      idle_watch(std::chrono::milliseconds(e->model().config.step_idle_ms())),
+      executor(ExecutorWorkersFor(e->backend().Kind()), kLayerWorkerNice) {}
+
 IndexerService::IndexerService(Engine* engine)
     : engine_(engine),
-      regions_(&engine->backend(), engine->model().config.region_lease_ms()),
-      client_id_header_(ClientIdHeader(engine->model().config)),
-      reply_buffers_(std::make_shared<ReplyBuffers>()) {}
-
-std::string IndexerService::Owner(const grpc::CallbackServerContext& ctx) const {
-  std::string id = ClientIdentity(ctx, client_id_header_);
-  if (id.empty()) id = "peer:" + ctx.peer();
-  return id;
-}
+      state_(std::make_unique<ServiceState>(engine, std::make_shared<ReplyBuffers>())) {}
 
 IndexerService::~IndexerService() = default;
 
-grpc::ServerUnaryReactor* IndexerService::GetServerInfo(
-    grpc::CallbackServerContext* ctx, const v1::GetServerInfoRequest*,
-    v1::ServerInfo* resp) {
+const ClientQuotas& IndexerService::quotas() const { return state_->quotas; }
+
+grpc::ServerUnaryReactor* IndexerService::GetServerInfo(grpc::CallbackServerContext* ctx,
+                                                        const grpc::ByteBuffer* req_bytes,
+                                                        grpc::ByteBuffer* resp_bytes) {
+  v1::GetServerInfoRequest req;
+  absl::Status decoded = Decode(*req_bytes, "GetServerInfoRequest", &req);
+  if (!decoded.ok()) return Respond(ctx, decoded);
+  v1::ServerInfo info;
+  v1::ServerInfo* resp = &info;
   const Model& m = engine_->model();
   resp->set_version(INDEXER_VERSION);
   resp->set_build(INDEXER_BUILD);
@@ -359,50 +557,83 @@ grpc::ServerUnaryReactor* IndexerService::GetServerInfo(
   resp->set_logits_budget_bytes(m.logits_budget_bytes());
   resp->set_open_steps(engine_->open_steps());
   resp->set_sequences(engine_->num_sequences());
-  return Respond(ctx, absl::OkStatus());
+  return Respond(ctx, Encode(absl::OkStatus(), info, resp_bytes));
 }
 
 grpc::ServerUnaryReactor* IndexerService::Release(grpc::CallbackServerContext* ctx,
-                                                  const v1::ReleaseRequest* req,
-                                                  v1::ReleaseResponse* resp) {
-  auto names = ToReleaseNames(*req, CallerNamespace(*ctx, *engine_));
+                                                  const grpc::ByteBuffer* req_bytes,
+                                                  grpc::ByteBuffer* resp_bytes) {
+  v1::ReleaseRequest req;
+  absl::Status s = Decode(*req_bytes, "ReleaseRequest", &req);
+  if (!s.ok()) return Respond(ctx, s);
+  auto names = ToReleaseNames(req, state_->Client(*ctx));
   if (!names.ok()) return Respond(ctx, names.status());
+  v1::ReleaseResponse resp;
   auto freed = engine_->Release(*names);
-  if (freed.ok()) resp->set_released_pages(*freed);
-  return Respond(ctx, freed.status());
+  if (freed.ok()) resp.set_released_pages(*freed);
+  return Respond(ctx, Encode(freed.status(), resp, resp_bytes));
 }
 
-grpc::ServerUnaryReactor* IndexerService::WriteEntries(
-    grpc::CallbackServerContext* ctx, const v1::WriteEntriesRequest* req,
-    v1::WriteEntriesResponse* resp) {
-  auto args = ToImport(*req, engine_->model().config.max_q_len(),
-                       CallerNamespace(*ctx, *engine_));
-  if (!args.ok()) return Respond(ctx, args.status());
-  auto len = engine_->Import(args->name, args->create, args->num_tokens, args->layers);
-  if (len.ok()) resp->set_seq_len(*len);
-  return Respond(ctx, len.status());
+// The import runs on the executor (it writes every layer's entries); the
+// request's bytes count against the client until it is done.
+grpc::ServerUnaryReactor* IndexerService::WriteEntries(grpc::CallbackServerContext* ctx,
+                                                       const grpc::ByteBuffer* req_bytes,
+                                                       grpc::ByteBuffer* resp_bytes) {
+  grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
+  auto hold = std::make_shared<ClientQuotas::Hold>();
+  const std::string client = state_->Client(*ctx);
+  absl::Status taken = state_->quotas.TakeBytes(client,
+                                                static_cast<int64_t>(req_bytes->Length()),
+                                                hold.get());
+  if (!taken.ok()) {
+    state_->LogRejection("import", taken);
+    reactor->Finish(ToGrpcStatus(taken));
+    return reactor;
+  }
+  Engine* engine = engine_;
+  state_->executor.Post([engine, reactor, req_bytes, resp_bytes, hold, client] {
+    v1::WriteEntriesRequest req;
+    v1::WriteEntriesResponse resp;
+    absl::Status s = [&]() -> absl::Status {
+      RETURN_IF_ERROR(Decode(*req_bytes, "WriteEntriesRequest", &req));
+      ASSIGN_OR_RETURN(ImportArgs args, ToImport(req, engine->model().config.max_q_len(), client));
+      ASSIGN_OR_RETURN(int64_t len,
+                       engine->Import(args.name, args.create, args.num_tokens, args.layers));
+      resp.set_seq_len(static_cast<uint64_t>(len));
+      return absl::OkStatus();
+    }();
+    hold->Reset();
+    reactor->Finish(ToGrpcStatus(Encode(s, resp, resp_bytes)));
+  });
+  return reactor;
 }
 
 grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer>* IndexerService::Step(
     grpc::CallbackServerContext* ctx) {
-  return new StepReactor(engine_, reply_buffers_, ctx, &regions_, Owner(*ctx));
+  return new StepReactor(state_.get(), ctx);
 }
 
+RegionRegistry& IndexerService::regions() { return state_->regions; }
+
 grpc::ServerUnaryReactor* IndexerService::RegisterRegion(grpc::CallbackServerContext* ctx,
-                                                         const v1::RegisterRegionRequest* req,
-                                                         v1::RegisterRegionResponse* resp) {
-  const std::string owner = Owner(*ctx);
+                                                         const grpc::ByteBuffer* req_bytes,
+                                                         grpc::ByteBuffer* resp_bytes) {
+  v1::RegisterRegionRequest req;
+  absl::Status decoded = Decode(*req_bytes, "RegisterRegionRequest", &req);
+  if (!decoded.ok()) return Respond(ctx, decoded);
+  const std::string owner = state_->Owner(*ctx);
+  RegionRegistry& regions = state_->regions;
   absl::StatusOr<uint64_t> id;
-  switch (req->kind_case()) {
+  switch (req.kind_case()) {
     case v1::RegisterRegionRequest::kHost: {
-      const v1::HostRegion& h = req->host();
-      id = regions_.RegisterHost(owner, req->name(), h.shm_name(), h.offset(), h.bytes());
+      const v1::HostRegion& h = req.host();
+      id = regions.RegisterHost(owner, req.name(), h.shm_name(), h.offset(), h.bytes());
       break;
     }
     case v1::RegisterRegionRequest::kDevice: {
-      const v1::DeviceRegion& d = req->device();
-      id = regions_.RegisterDevice(
-          owner, req->name(),
+      const v1::DeviceRegion& d = req.device();
+      id = regions.RegisterDevice(
+          owner, req.name(),
           DeviceRegionSpec{d.ipc_handle(), d.device_uuid(), d.pci_bus_id(), d.offset(), d.bytes()});
       break;
     }
@@ -410,30 +641,35 @@ grpc::ServerUnaryReactor* IndexerService::RegisterRegion(grpc::CallbackServerCon
       id = absl::InvalidArgumentError("kind: expected host or device to be set");
   }
   if (!id.ok()) {
-    // The message carries client-chosen names: escaped, so they cannot
-    // forge log lines.
-    spdlog::warn("register region: {}: {}", absl::StatusCodeToString(id.status().code()),
-                 absl::CHexEscape(id.status().message()));
+    state_->LogRejection("register region", id.status());
     return Respond(ctx, id.status());
   }
-  resp->set_region(*id);
-  resp->set_lease_ms(regions_.lease_ms());
+  v1::RegisterRegionResponse resp;
+  resp.set_region(*id);
+  resp.set_lease_ms(regions.lease_ms());
   spdlog::debug("region {} registered ({} bytes)", *id,
-                req->has_host() ? req->host().bytes() : req->device().bytes());
-  return Respond(ctx, absl::OkStatus());
+                req.has_host() ? req.host().bytes() : req.device().bytes());
+  return Respond(ctx, Encode(absl::OkStatus(), resp, resp_bytes));
 }
 
-grpc::ServerUnaryReactor* IndexerService::UnregisterRegion(
-    grpc::CallbackServerContext* ctx, const v1::UnregisterRegionRequest* req,
-    v1::UnregisterRegionResponse*) {
-  return Respond(ctx, regions_.Unregister(Owner(*ctx), req->region()));
+grpc::ServerUnaryReactor* IndexerService::UnregisterRegion(grpc::CallbackServerContext* ctx,
+                                                           const grpc::ByteBuffer* req_bytes,
+                                                           grpc::ByteBuffer* resp_bytes) {
+  v1::UnregisterRegionRequest req;
+  absl::Status s = Decode(*req_bytes, "UnregisterRegionRequest", &req);
+  if (s.ok()) s = state_->regions.Unregister(state_->Owner(*ctx), req.region());
+  return Respond(ctx, Encode(s, v1::UnregisterRegionResponse(), resp_bytes));
 }
 
 grpc::ServerUnaryReactor* IndexerService::ListRegions(grpc::CallbackServerContext* ctx,
-                                                      const v1::ListRegionsRequest*,
-                                                      v1::ListRegionsResponse* resp) {
-  for (const RegionListing& l : regions_.List(Owner(*ctx))) {
-    v1::RegionInfo* ri = resp->add_regions();
+                                                      const grpc::ByteBuffer* req_bytes,
+                                                      grpc::ByteBuffer* resp_bytes) {
+  v1::ListRegionsRequest req;
+  absl::Status s = Decode(*req_bytes, "ListRegionsRequest", &req);
+  if (!s.ok()) return Respond(ctx, s);
+  v1::ListRegionsResponse resp;
+  for (const RegionListing& l : state_->regions.List(state_->Owner(*ctx))) {
+    v1::RegionInfo* ri = resp.add_regions();
     ri->set_region(l.region);
     ri->set_name(l.name);
     ri->set_kind(l.kind);
@@ -441,7 +677,7 @@ grpc::ServerUnaryReactor* IndexerService::ListRegions(grpc::CallbackServerContex
     ri->set_where(l.where);
     ri->set_idle_ms(l.idle_ms);
   }
-  return Respond(ctx, absl::OkStatus());
+  return Respond(ctx, Encode(absl::OkStatus(), resp, resp_bytes));
 }
 
 }  // namespace indexer

@@ -1,5 +1,10 @@
 // indexer.v1.Indexer on gRPC's callback API. Converts messages to the core's
 // types, calls the Engine and converts back; no indexer logic lives here.
+//
+// Threads: gRPC's callback threads only receive, check quotas and dispatch.
+// Layer work (Step layers and commits, WriteEntries' import) runs on the
+// service's Executor, so health checks and GetServerInfo answer while the
+// device is saturated.
 #pragma once
 
 #include <memory>
@@ -12,55 +17,64 @@
 namespace indexer {
 
 class ReplyBuffers;
+class Executor;
+class ClientQuotas;
+class IdleWatch;
+class RateLimiter;
 
-// Step is served on raw bytes (WithRawCallbackMethod_Step): the request is
-// parsed by the reactor and a layer's reply goes out with its top-k bytes as
-// a slice of their own, without a serialization copy. The wire messages are
-// the same StepRequest / StepResponse.
-using IndexerServiceBase = v1::Indexer::WithCallbackMethod_GetServerInfo<
-    v1::Indexer::WithCallbackMethod_Release<v1::Indexer::WithCallbackMethod_WriteEntries<
-        v1::Indexer::WithRawCallbackMethod_Step<v1::Indexer::WithCallbackMethod_RegisterRegion<
-            v1::Indexer::WithCallbackMethod_UnregisterRegion<
-                v1::Indexer::WithCallbackMethod_ListRegions<v1::Indexer::Service>>>>>>>;
+// Every method is served on raw bytes: the request is parsed by the service
+// so that bytes that do not decode get INVALID_ARGUMENT naming the expected
+// request type (gRPC's generated handler answers them with an empty
+// status), and a Step layer's reply goes out with its top-k bytes as a slice
+// of their own, without a serialization copy. The wire messages are the
+// generated ones.
+using IndexerServiceBase = v1::Indexer::WithRawCallbackMethod_GetServerInfo<
+    v1::Indexer::WithRawCallbackMethod_Release<v1::Indexer::WithRawCallbackMethod_WriteEntries<
+        v1::Indexer::WithRawCallbackMethod_Step<v1::Indexer::WithRawCallbackMethod_RegisterRegion<
+            v1::Indexer::WithRawCallbackMethod_UnregisterRegion<
+                v1::Indexer::WithRawCallbackMethod_ListRegions<v1::Indexer::Service>>>>>>>;
+
+// What the service's calls share (owned by the service).
+struct ServiceState;
 
 class IndexerService final : public IndexerServiceBase {
  public:
-  // REQUIRES: `engine` outlives the service.
+  // REQUIRES: `engine` outlives the service. Limits come from the engine's
+  // config (step_idle_ms, client_quota, client_id_header).
   explicit IndexerService(Engine* engine);
   ~IndexerService() override;
 
   grpc::ServerUnaryReactor* GetServerInfo(grpc::CallbackServerContext* ctx,
-                                          const v1::GetServerInfoRequest* req,
-                                          v1::ServerInfo* resp) override;
+                                          const grpc::ByteBuffer* req,
+                                          grpc::ByteBuffer* resp) override;
   grpc::ServerUnaryReactor* Release(grpc::CallbackServerContext* ctx,
-                                    const v1::ReleaseRequest* req,
-                                    v1::ReleaseResponse* resp) override;
+                                    const grpc::ByteBuffer* req,
+                                    grpc::ByteBuffer* resp) override;
   grpc::ServerUnaryReactor* WriteEntries(grpc::CallbackServerContext* ctx,
-                                         const v1::WriteEntriesRequest* req,
-                                         v1::WriteEntriesResponse* resp) override;
+                                         const grpc::ByteBuffer* req,
+                                         grpc::ByteBuffer* resp) override;
   grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer>* Step(
       grpc::CallbackServerContext* ctx) override;
   // Regions (SPEC §6 data plane): owned by the caller's identity (see
   // identity.h; without one, "peer:" + the connection's peer address).
   grpc::ServerUnaryReactor* RegisterRegion(grpc::CallbackServerContext* ctx,
-                                           const v1::RegisterRegionRequest* req,
-                                           v1::RegisterRegionResponse* resp) override;
+                                           const grpc::ByteBuffer* req,
+                                           grpc::ByteBuffer* resp) override;
   grpc::ServerUnaryReactor* UnregisterRegion(grpc::CallbackServerContext* ctx,
-                                             const v1::UnregisterRegionRequest* req,
-                                             v1::UnregisterRegionResponse* resp) override;
+                                             const grpc::ByteBuffer* req,
+                                             grpc::ByteBuffer* resp) override;
   grpc::ServerUnaryReactor* ListRegions(grpc::CallbackServerContext* ctx,
-                                        const v1::ListRegionsRequest* req,
-                                        v1::ListRegionsResponse* resp) override;
+                                        const grpc::ByteBuffer* req,
+                                        grpc::ByteBuffer* resp) override;
 
-  RegionRegistry& regions() { return regions_; }
+  RegionRegistry& regions();
+
+  // For tests: the quotas' view of a client (ClientIdentity form).
+  const ClientQuotas& quotas() const;
 
  private:
-  std::string Owner(const grpc::CallbackServerContext& ctx) const;
-
   Engine* engine_;
-  RegionRegistry regions_;
-  std::string client_id_header_;
-  std::shared_ptr<ReplyBuffers> reply_buffers_;  // reply slices hold it too
+  std::unique_ptr<ServiceState> state_;
 };
 
 }  // namespace indexer

@@ -515,9 +515,10 @@ TEST(ListenerSecurityConfig, RefusesIncompleteOrUnreadableFiles) {
   cfg.set_authz_policy_file(WriteFile("bad.json", R"({"name": "x"})"));
   EXPECT_THAT(std::string(MakeListenerSecurity(cfg).status().message()),
               HasSubstr("allow_rules"));
+  // The header's key is checked with the rest of the config.
   cfg = BaseConfig();
   cfg.set_client_id_header("x tenant");
-  EXPECT_THAT(std::string(MakeListenerSecurity(cfg).status().message()),
+  EXPECT_THAT(std::string(BuildModel(cfg).status().message()),
               HasSubstr("client_id_header: expected a metadata key"));
   // Plaintext listeners cannot enforce a policy: refused, not ignored.
   cfg = BaseConfig();

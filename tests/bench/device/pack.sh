@@ -1,0 +1,31 @@
+#!/usr/bin/env bash
+# Runs HERE (no GPU needed): builds the tree with CUDA for sm_90a into
+# build-gpu/ and packs what a device run needs into dev/ (git-ignored):
+# stripped binaries, the shared libraries they load that a bare device image
+# lacks (gRPC, protobuf, Abseil, TBB, spdlog, ...: found with ldd), the
+# Python package with its generated stubs, and SOURCE.txt naming the commit.
+# Then carry `dev` in the device call and run tests/bench/device/run.sh.
+set -euo pipefail
+cd "$(dirname "$0")/../../.."
+export PATH=/usr/local/cuda/bin:$PATH
+launcher=()
+command -v ccache >/dev/null && launcher=(-DCMAKE_CXX_COMPILER_LAUNCHER=ccache -DCMAKE_CUDA_COMPILER_LAUNCHER=ccache)
+cmake -S . -B build-gpu -G Ninja -DGPU=CUDA -DCUDA_ARCH=90a -DCMAKE_BUILD_TYPE=RelWithDebInfo "${launcher[@]}" >/dev/null
+cmake --build build-gpu -j"$(nproc)"
+rm -rf dev && mkdir -p dev/bin dev/lib
+for b in tests/gpu/gpu_backend_test tests/integration/server_test tests/integration/serving_test \
+         tests/integration/regions_test client/indexer-cli server/indexerd \
+         tests/bench/indexer_gpu_bench tests/bench/grpc_echo_bench; do
+  [[ -f build-gpu/$b ]] || { echo "pack: no $b (skipped)"; continue; }
+  cp "build-gpu/$b" dev/bin/ && strip "dev/bin/$(basename "$b")"
+done
+# Libraries of the build machine's distribution; the C/C++ runtime of the
+# device image is newer and stays.
+ldd dev/bin/* 2>/dev/null | awk '/=> \//{print $3}' | sort -u |
+  grep -vE '/(libc|libm|libpthread|libdl|librt|libgcc_s|libstdc\+\+|ld-linux[^/]*)\.so' |
+  while read -r lib; do cp -L "$lib" dev/lib/; done
+[[ -d build-gpu/python ]] && cp -rL build-gpu/python dev/python
+# server_test runs indexer-cli from the path it was built with.
+grep -aom1 '/[[:alnum:]_./+-]*/client/indexer-cli' build-gpu/tests/integration/server_test > dev/cli_path.txt || true
+{ git log -1 --format='%H %s'; git status --porcelain | head -20; } > dev/SOURCE.txt
+du -sh dev

@@ -216,7 +216,7 @@ absl::StatusOr<LayerTimings> CpuBackend::BlockTopk(
   const int32_t heads = q.num_heads, per_page = layout.page_entries;
   const int32_t k = spec.topk_blocks;
   std::vector<float> scores;
-  for (const auto& [rb, re] : cpu_internal::Chunks(rows)) {
+  for (const auto& [rb, re] : rows.Chunks()) {
     int32_t width = 0;
     for (int32_t r = rb; r < re; ++r) {
       width = std::max(width, CeilDiv(rows.row_visible[r], per_page));

@@ -258,7 +258,7 @@ LayerTimings CpuBackend::GatherConsumer(const PageLayout& layout,
   LayerTimings timings;
   std::vector<int64_t> offsets;
   std::vector<float> slots;
-  for (const auto& [rb, re] : cpu_internal::Chunks(rows)) {
+  for (const auto& [rb, re] : rows.Chunks()) {
     // Compact logits of the chunk's rows, one slot per pool entry; rows whose
     // whole pool fits in topk need none.
     offsets.assign(static_cast<size_t>(re - rb) + 1, 0);

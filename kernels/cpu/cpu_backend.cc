@@ -25,34 +25,6 @@ using cpu_internal::Bad;
 using cpu_internal::Clock;
 using cpu_internal::MicrosSince;
 
-absl::Status CheckSize(absl::string_view field, size_t size, int64_t want) {
-  if (static_cast<int64_t>(size) == want) return absl::OkStatus();
-  return Bad(absl::StrCat(field, " size"), absl::StrCat(want),
-             static_cast<int64_t>(size));
-}
-
-// Checks that the pages holding entries [0, entries) of sequence `s` exist.
-absl::Status CheckPages(const PageLayout& layout, const StepRows& rows,
-                        int32_t s, int64_t first_entry, int64_t entries,
-                        int64_t num_pages) {
-  if (entries <= first_entry) return absl::OkStatus();
-  const int64_t first = first_entry / layout.page_entries;
-  const int64_t last = (entries - 1) / layout.page_entries;
-  if (last >= rows.max_pages) {
-    return Bad(absl::StrCat("max_pages (sequence ", s, " needs ", entries,
-                            " entries)"),
-               absl::StrCat("at least ", last + 1), rows.max_pages);
-  }
-  for (int64_t lp = first; lp <= last; ++lp) {
-    const int32_t page = rows.Page(s, static_cast<int32_t>(lp));
-    if (page < 0 || page >= num_pages) {
-      return Bad(absl::StrCat("block_table[", s, "][", lp, "]"),
-                 absl::StrCat("a page in [0, ", num_pages, ")"), page);
-    }
-  }
-  return absl::OkStatus();
-}
-
 }  // namespace
 
 namespace cpu_internal {
@@ -67,12 +39,10 @@ absl::Status Bad(absl::string_view field, absl::string_view expected,
       absl::StrCat(field, ": expected ", expected, ", got ", got));
 }
 
-std::vector<std::pair<int32_t, int32_t>> Chunks(const StepRows& rows) {
-  if (!rows.chunks.empty() || rows.num_rows == 0) return rows.chunks;
-  return {{0, rows.num_rows}};
-}
-
 absl::Status CheckQ(const PageLayout& layout, const QInput& q) {
+  if (q.on_device) {
+    return absl::FailedPreconditionError("q: device tensors need the gpu backend");
+  }
   if (q.num_heads < 1) return Bad("q.num_heads", ">= 1", q.num_heads);
   if (q.values == nullptr || q.weights == nullptr ||
       (layout.format == KvFormat::kMxfp4 && q.scales == nullptr)) {
@@ -117,85 +87,6 @@ absl::Status ValidateOnce(const PageLayout& layout, const StepRows& rows,
 }
 
 }  // namespace cpu_internal
-
-absl::Status ValidateStepRows(const PageLayout& layout, const StepRows& rows,
-                              int64_t num_pages) {
-  const int32_t ns = rows.num_seqs, nr = rows.num_rows;
-  if (ns < 0) return Bad("num_seqs", ">= 0", ns);
-  if (nr < 0) return Bad("num_rows", ">= 0", nr);
-  if (rows.compress_ratio < 1) {
-    return Bad("compress_ratio", ">= 1", rows.compress_ratio);
-  }
-  if (rows.max_pages < 0) return Bad("max_pages", ">= 0", rows.max_pages);
-  RETURN_IF_ERROR(CheckSize("seq_row_begin", rows.seq_row_begin.size(), ns + 1));
-  RETURN_IF_ERROR(CheckSize("seq_k_begin", rows.seq_k_begin.size(), ns + 1));
-  RETURN_IF_ERROR(CheckSize("seq_old_entries", rows.seq_old_entries.size(), ns));
-  RETURN_IF_ERROR(CheckSize("seq_new_entries", rows.seq_new_entries.size(), ns));
-  RETURN_IF_ERROR(CheckSize("row_visible", rows.row_visible.size(), nr));
-  RETURN_IF_ERROR(CheckSize("row_seq", rows.row_seq.size(), nr));
-  RETURN_IF_ERROR(CheckSize("block_table", rows.block_table.size(),
-                            static_cast<int64_t>(ns) * rows.max_pages));
-  if (rows.seq_row_begin[0] != 0) {
-    return Bad("seq_row_begin[0]", "0", rows.seq_row_begin[0]);
-  }
-  if (rows.seq_k_begin[0] != 0) {
-    return Bad("seq_k_begin[0]", "0", rows.seq_k_begin[0]);
-  }
-  if (rows.seq_row_begin[ns] != nr) {
-    return Bad(absl::StrCat("seq_row_begin[", ns, "]"),
-               absl::StrCat(nr, " (num_rows)"), rows.seq_row_begin[ns]);
-  }
-  for (int32_t s = 0; s < ns; ++s) {
-    const int32_t old_e = rows.seq_old_entries[s];
-    const int32_t new_e = rows.seq_new_entries[s];
-    if (old_e < 0 || new_e < old_e) {
-      return Bad(absl::StrCat("seq_new_entries[", s, "]"),
-                 absl::StrCat(">= seq_old_entries (", old_e, ") >= 0"), new_e);
-    }
-    if (rows.seq_row_begin[s + 1] < rows.seq_row_begin[s]) {
-      return Bad(absl::StrCat("seq_row_begin[", s + 1, "]"),
-                 absl::StrCat(">= ", rows.seq_row_begin[s]),
-                 rows.seq_row_begin[s + 1]);
-    }
-    const int64_t k_count = static_cast<int64_t>(rows.seq_k_begin[s + 1]) -
-                            rows.seq_k_begin[s];
-    if (k_count != new_e - old_e) {
-      return Bad(absl::StrCat("seq_k_begin[", s + 1, "] - seq_k_begin[", s,
-                              "]"),
-                 absl::StrCat(new_e - old_e, " (new - old entries)"), k_count);
-    }
-    RETURN_IF_ERROR(CheckPages(layout, rows, s, 0, new_e, num_pages));
-    for (int32_t r = rows.seq_row_begin[s]; r < rows.seq_row_begin[s + 1];
-         ++r) {
-      if (rows.row_seq[r] != s) {
-        return Bad(absl::StrCat("row_seq[", r, "]"), absl::StrCat(s),
-                   rows.row_seq[r]);
-      }
-      if (rows.row_visible[r] < 0 || rows.row_visible[r] > new_e) {
-        return Bad(absl::StrCat("row_visible[", r, "]"),
-                   absl::StrCat("a count in [0, ", new_e,
-                                "] (entries of sequence ", s, ")"),
-                   rows.row_visible[r]);
-      }
-    }
-  }
-  int32_t next = 0;
-  for (size_t c = 0; c < rows.chunks.size(); ++c) {
-    const auto [b, e] = rows.chunks[c];
-    if (b != next || e <= b || e > nr) {
-      return Bad(absl::StrCat("chunks[", c, "]"),
-                 absl::StrCat("rows [", next, ", end) with ", next,
-                              " < end <= ", nr, "; begin is"),
-                 b);
-    }
-    next = e;
-  }
-  if (!rows.chunks.empty() && next != nr) {
-    return Bad("chunks", absl::StrCat("to cover all ", nr, " rows, covered"),
-               next);
-  }
-  return absl::OkStatus();
-}
 
 CpuBackend::CpuBackend(int threads)
     : threads_(threads > 0 ? threads
@@ -263,6 +154,9 @@ absl::StatusOr<double> CpuBackend::WriteEntries(const PageLayout& layout,
   RETURN_IF_ERROR(cpu_internal::ValidateOnce(layout, rows, ctx, p.num_pages));
   const int64_t n = rows.NewEntries();
   if (n == 0) return MicrosSince(t0);
+  if (k.on_device) {
+    return absl::FailedPreconditionError("k: device tensors need the gpu backend");
+  }
   if (k.data == nullptr) {
     return absl::InvalidArgumentError("k.data: expected a tensor, got null");
   }
@@ -337,7 +231,7 @@ LayerTimings CpuBackend::DenseWalk(const PageLayout& layout,
   LayerTimings timings;
   std::vector<int64_t> offsets;
   std::vector<float> logits;
-  for (const auto& [rb, re] : cpu_internal::Chunks(rows)) {
+  for (const auto& [rb, re] : rows.Chunks()) {
     // Logits of the chunk's rows, packed row after row.
     offsets.assign(static_cast<size_t>(re - rb) + 1, 0);
     for (int32_t r = rb; r < re; ++r) {

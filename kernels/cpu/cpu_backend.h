@@ -118,11 +118,4 @@ class CpuBackend : public Backend {
   std::vector<Pool> pools_ ABSL_GUARDED_BY(mu_);
 };
 
-// Checks that `rows` is self-consistent for `layout` (sizes of every vector,
-// prefix sums, visible counts within the sequence, chunks covering the rows
-// in order) and that every page the step can touch is in [0, num_pages).
-// INVALID_ARGUMENT naming the field otherwise.
-absl::Status ValidateStepRows(const PageLayout& layout, const StepRows& rows,
-                              int64_t num_pages);
-
 }  // namespace indexer

@@ -29,9 +29,6 @@ double MicrosSince(Clock::time_point t0);
 absl::Status Bad(absl::string_view field, absl::string_view expected,
                  int64_t got);
 
-// The rows' chunks, or one chunk of all rows when the plan has none.
-std::vector<std::pair<int32_t, int32_t>> Chunks(const StepRows& rows);
-
 // INVALID_ARGUMENT unless q has heads and the tensors `layout` needs.
 absl::Status CheckQ(const PageLayout& layout, const QInput& q);
 

@@ -10,7 +10,7 @@
 #include "absl/cleanup/cleanup.h"
 #include "absl/strings/str_cat.h"
 #include "kernels/common/status_macros.h"
-#include "kernels/cpu/cpu_backend.h"  // ValidateStepRows: one set of rules
+#include "kernels/geometry/step_geometry.h"  // ValidateStepRows: one set of rules
 #include "kernels/gpu/gpu_backend_impl.h"
 
 namespace indexer {
@@ -215,6 +215,7 @@ absl::Status GpuBackend::Init() {
   GPU_RETURN_IF_ERROR(MemsetAsync(topk_state_, 0, int64_t{ws_.max_rows} * kTopkStateWords * 4, stream_));
   GPU_RETURN_IF_ERROR(StreamSynchronize(stream_));
   RETURN_IF_ERROR(take(int64_t{ws_.max_rows} * 64 * 4, &aux_));
+  RETURN_IF_ERROR(take(2 * sizeof(uint32_t), &bad_));
   RETURN_IF_ERROR(take(ws_.arena_bytes, &arena_base_));
   arena_ = std::make_unique<DeviceArena>(arena_base_, ws_.arena_bytes);
   return absl::OkStatus();
@@ -403,6 +404,22 @@ absl::Status GpuBackend::BeginCall() {
   downloads_.clear();
   spans_.clear();
   ev_used_ = 0;
+  checks_armed_ = false;
+  out_device_ = false;
+  return absl::OkStatus();
+}
+
+absl::Status GpuBackend::ArmChecks() {
+  if (checks_armed_) return absl::OkStatus();
+  // 0xffffffff: no bad element; the check kernels lower it.
+  GPU_RETURN_IF_ERROR(MemsetAsync(bad_, 0xff, 2 * sizeof(uint32_t), stream_));
+  checks_armed_ = true;
+  return absl::OkStatus();
+}
+
+absl::Status GpuBackend::Emit(int32_t* dst, const int32_t* src, int64_t bytes) {
+  if (!out_device_) return Download(dst, src, bytes);
+  GPU_RETURN_IF_ERROR(CopyD2D(dst, src, static_cast<size_t>(bytes), stream_));
   return absl::OkStatus();
 }
 
@@ -452,9 +469,23 @@ absl::Status GpuBackend::Sync() {
 }
 
 absl::Status GpuBackend::EndCall() {
+  if (checks_armed_) RETURN_IF_ERROR(Download(bad_host_, bad_, sizeof(bad_host_)));
   RETURN_IF_ERROR(Sync());
   for (const PendingCopy& c : downloads_) std::memcpy(c.dst, c.src, c.bytes);
   downloads_.clear();
+  if (!checks_armed_) return absl::OkStatus();
+  checks_armed_ = false;
+  if (bad_host_[0] != UINT32_MAX) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "k: element ", bad_host_[0],
+        " of the device tensor is not finite (NaN or Inf, an e4m3 NaN code, a scale not "
+        "finite > 0 or an e8m0 0xff); expected finite values"));
+  }
+  if (bad_host_[1] != UINT32_MAX) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "weights: element ", bad_host_[1],
+        " of the device tensor is NaN or Inf; expected finite values"));
+  }
   return absl::OkStatus();
 }
 
@@ -463,10 +494,18 @@ absl::StatusOr<double> GpuBackend::WriteEntries(const PageLayout& layout,
                                                 const StepRows& rows,
                                                 StepContext* ctx,
                                                 const KInput& k) {
+  double us = 0;
+  RETURN_IF_ERROR(WriteImpl(layout, pool, rows, ctx, k, &us, /*nested=*/false));
+  return us;
+}
+
+absl::Status GpuBackend::WriteImpl(const PageLayout& layout, uint8_t* pool,
+                                   const StepRows& rows, StepContext* ctx,
+                                   const KInput& k, double* us, bool nested) {
   ASSIGN_OR_RETURN(const Pool p, FindPool(pool, layout));
   ASSIGN_OR_RETURN(Step * step, CheckedStep(layout, rows, ctx, p));
   const int64_t n = rows.NewEntries();
-  if (n == 0) return 0.0;
+  if (n == 0) return absl::OkStatus();
   if (k.data == nullptr) return absl::InvalidArgumentError("k.data: expected a tensor, got null");
   std::unique_ptr<Step> owned;
   if (step == nullptr) {
@@ -486,25 +525,40 @@ absl::StatusOr<double> GpuBackend::WriteEntries(const PageLayout& layout,
     case KInput::Kind::kQuantized: wp.source = KSource::kQuantized; row_bytes = layout.entry_bytes(); break;
   }
   const int64_t piece = std::max<int64_t>(1, ws_.k_bytes / row_bytes);
-  absl::MutexLock lock(&mu_);
-  RETURN_IF_ERROR(BeginCall());
-  DrainOnError drain(stream_);
-  double us = 0;
+  CallScope call(this, nested);
+  RETURN_IF_ERROR(call.Begin());
+  if (k.on_device) {
+    // The host never sees device K: its values are checked here, on the
+    // stream, and the verdict read after the call's one synchronization.
+    RETURN_IF_ERROR(ArmChecks());
+    CheckParams cp{};
+    cp.src = k.data;
+    cp.kind = k.kind == KInput::Kind::kFloat32 ? CheckKind::kFloat32
+              : k.kind == KInput::Kind::kBf16  ? CheckKind::kBf16
+                                               : CheckKind::kQuantized;
+    cp.count = cp.kind == CheckKind::kQuantized ? n : n * layout.head_dim;
+    cp.layout = layout;
+    cp.first_bad = bad_;
+    RETURN_IF_ERROR(LaunchCheckInput(cp, stream_));
+  }
   for (int64_t b = 0; b < n; b += piece) {
     // Pieces share k_stage_: stream order keeps each copy after the last
     // piece's kernel.
     const int64_t m = std::min(piece, n - b);
-    RETURN_IF_ERROR(Upload(k_stage_, static_cast<const uint8_t*>(k.data) + b * row_bytes, m * row_bytes));
-    wp.src = k_stage_;
+    const uint8_t* src = static_cast<const uint8_t*>(k.data) + b * row_bytes;
+    if (k.on_device) {
+      wp.src = src;  // read in place
+    } else {
+      RETURN_IF_ERROR(Upload(k_stage_, src, m * row_bytes));
+      wp.src = k_stage_;
+    }
     wp.entry_base = static_cast<int32_t>(b);
     wp.num_entries = static_cast<int32_t>(m);
     RETURN_IF_ERROR(BeginSpan());
     RETURN_IF_ERROR(LaunchWriteEntries(wp, stream_));
-    RETURN_IF_ERROR(EndSpan(&us));
+    RETURN_IF_ERROR(EndSpan(us));
   }
-  RETURN_IF_ERROR(EndCall());
-  drain.Dismiss();
-  return us;
+  return call.End();
 }
 
 absl::Status GpuBackend::DenseWalk(
@@ -514,14 +568,33 @@ absl::Status GpuBackend::DenseWalk(
   const bool mx = layout.format == KvFormat::kMxfp4;
   const int64_t h = q.num_heads;
   const int64_t vb = layout.value_bytes(), nb = layout.head_dim / kMxBlock;
+  if (q.on_device) {
+    RETURN_IF_ERROR(ArmChecks());
+    CheckParams cp{};
+    cp.src = q.weights;
+    cp.count = int64_t{step->plan().chunks.empty() ? 0 : step->plan().chunks.back().row_end} * h;
+    cp.kind = CheckKind::kFloat32;
+    cp.layout = layout;
+    cp.first_bad = bad_ + 1;
+    RETURN_IF_ERROR(LaunchCheckInput(cp, stream_));
+  }
   // Sub-chunks share the Q, logits and output buffers on the device: stream
   // order keeps each writer after the last reader, so only the end waits.
   for (const SubChunk& sc : step->plan().chunks) {
     const int64_t rb = sc.row_begin, nr = sc.row_end - sc.row_begin;
     // ---- Q of the sub-chunk ---------------------------------------------
-    RETURN_IF_ERROR(Upload(q_values_, q.values + rb * h * vb, nr * h * vb));
-    if (mx) RETURN_IF_ERROR(Upload(q_scales_, q.scales + rb * h * nb, nr * h * nb));
-    RETURN_IF_ERROR(Upload(q_weights_, q.weights + rb * h, nr * h * 4));
+    // Device Q is read in place; host Q goes through the staging.
+    const uint8_t* qv = q.values + rb * h * vb;
+    const uint8_t* qs = mx ? q.scales + rb * h * nb : nullptr;
+    const float* qw = q.weights + rb * h;
+    if (!q.on_device) {
+      RETURN_IF_ERROR(Upload(q_values_, qv, nr * h * vb));
+      if (mx) RETURN_IF_ERROR(Upload(q_scales_, qs, nr * h * nb));
+      RETURN_IF_ERROR(Upload(q_weights_, qw, nr * h * 4));
+      qv = q_values_;
+      qs = mx ? q_scales_ : nullptr;
+      qw = q_weights_;
+    }
 
     // ---- logits ------------------------------------------------------------
     LogitsParams lp{};
@@ -536,9 +609,9 @@ absl::Status GpuBackend::DenseWalk(
     lp.num_heads = q.num_heads;
     lp.max_group_rows = sc.max_group_rows;
     lp.num_sms = props_.multiProcessorCount;
-    lp.q_values = q_values_;
-    lp.q_scales = mx ? q_scales_ : nullptr;
-    lp.weights = q_weights_;
+    lp.q_values = qv;
+    lp.q_scales = qs;
+    lp.weights = qw;
     lp.logits = logits_;
     lp.stride = sc.stride;
     const char* which = "portable";
@@ -603,265 +676,35 @@ absl::Status GpuBackend::CheckQTensors(const PageLayout& layout, const QInput& q
 absl::StatusOr<LayerTimings> GpuBackend::DenseTopk(
     const PageLayout& layout, const uint8_t* pool, const StepRows& rows,
     StepContext* ctx, const QInput& q, int32_t topk, int32_t* out) {
+  LayerTimings t;
+  RETURN_IF_ERROR(DenseImpl(layout, pool, rows, ctx, q, topk, out, &t, /*nested=*/false));
+  return t;
+}
+
+absl::Status GpuBackend::DenseImpl(const PageLayout& layout, const uint8_t* pool,
+                                   const StepRows& rows, StepContext* ctx, const QInput& q,
+                                   int32_t topk, int32_t* out, LayerTimings* timings,
+                                   bool nested) {
   ASSIGN_OR_RETURN(const Pool p, FindPool(pool, layout));
   ASSIGN_OR_RETURN(Step * step, CheckedStep(layout, rows, ctx, p));
   RETURN_IF_ERROR(CheckDenseArgs(layout, q, topk, rows.num_rows, out));
-  LayerTimings timings;
-  if (rows.num_rows == 0 || topk == 0) return timings;
+  if (rows.num_rows == 0 || topk == 0) return absl::OkStatus();
   std::unique_ptr<Step> owned;
   if (step == nullptr) {
     ASSIGN_OR_RETURN(owned, MakeStep(layout, rows));
     step = owned.get();
   }
-  absl::MutexLock lock(&mu_);
-  RETURN_IF_ERROR(BeginCall());
-  DrainOnError drain(stream_);
-  RETURN_IF_ERROR(DenseWalk(p, layout, pool, step, q, &timings, [&](const SubChunk& sc) {
+  CallScope call(this, nested);
+  RETURN_IF_ERROR(call.Begin());
+  RETURN_IF_ERROR(DenseWalk(p, layout, pool, step, q, timings, [&](const SubChunk& sc) {
     const int64_t rb = sc.row_begin;
     return TopkPieces(logits_, sc.stride, step->dev().row_visible + rb, sc.row_end - rb,
-                      sc.max_visible, topk, &timings.topk_us, [&](int64_t a, int64_t m) {
-                        return Download(out + (rb + a) * topk, out_, m * topk * 4);
+                      sc.max_visible, topk, &timings->topk_us, [&](int64_t a, int64_t m) {
+                        return Emit(out + (rb + a) * topk, out_, m * topk * 4);
                       });
   }));
-  RETURN_IF_ERROR(EndCall());
-  drain.Dismiss();
-  return timings;
-}
-
-namespace {
-
-absl::Status CheckCandidateSpec(const CandidateSpec& spec) {
-  if (spec.set < 0) return Bad("candidate set", ">= 0", spec.set);
-  if (spec.block_size < 1) return Bad("candidate_block_size", ">= 1", spec.block_size);
-  if (spec.topk_blocks < 1) return Bad("candidate_topk_blocks", ">= 1", spec.topk_blocks);
+  RETURN_IF_ERROR(call.End());
   return absl::OkStatus();
-}
-
-int32_t CeilDiv(int32_t a, int32_t b) { return (a + b - 1) / b; }
-
-}  // namespace
-
-absl::StatusOr<GpuBackend::Step*> GpuBackend::CandidateStep(
-    const PageLayout& layout, const StepRows& rows, StepContext* ctx,
-    const Pool& p) {
-  if (ctx == nullptr) {
-    return absl::InvalidArgumentError(
-        "ctx: expected the step's context from PrepareStep (candidate pools live in it)");
-  }
-  return CheckedStep(layout, rows, ctx, p);
-}
-
-absl::StatusOr<LayerTimings> GpuBackend::CandidateSource(
-    const PageLayout& layout, const uint8_t* pool, const StepRows& rows,
-    StepContext* ctx, const QInput& q, int32_t topk, const CandidateSpec& spec,
-    int32_t* out) {
-  ASSIGN_OR_RETURN(const Pool p, FindPool(pool, layout));
-  ASSIGN_OR_RETURN(Step * step, CandidateStep(layout, rows, ctx, p));
-  RETURN_IF_ERROR(CheckCandidateSpec(spec));
-  RETURN_IF_ERROR(CheckDenseArgs(layout, q, topk, rows.num_rows, out));
-  // The pools need the logits even when the source's own top-k is empty.
-  if (rows.num_rows > 0) RETURN_IF_ERROR(CheckQTensors(layout, q));
-  const int64_t n = rows.num_rows, k = spec.topk_blocks;
-  Step::CandPool cands;
-  cands.block_size = spec.block_size;
-  cands.topk_blocks = spec.topk_blocks;
-  cands.row_visible = rows.row_visible;
-  ASSIGN_OR_RETURN(cands.mem, step->arena()->Allocate(std::max<int64_t>(1, n * (k + 1)) * 4,
-                                                      "candidate pools"));
-  cands.blocks = reinterpret_cast<int32_t*>(cands.mem);
-  cands.entries = cands.blocks + n * k;
-  // Gives the pools back unless they are published.
-  auto release = absl::MakeCleanup([&] {
-    if (cands.mem != nullptr) step->arena()->Release(cands.mem);
-  });
-  LayerTimings timings;
-  if (n > 0) {
-    absl::MutexLock lock(&mu_);
-    RETURN_IF_ERROR(BeginCall());
-    DrainOnError drain(stream_);
-    RETURN_IF_ERROR(DenseWalk(p, layout, pool, step, q, &timings, [&](const SubChunk& sc) {
-      const int64_t rb = sc.row_begin, nr = sc.row_end - sc.row_begin;
-      const int32_t* visible = step->dev().row_visible + rb;
-      if (topk > 0) {
-        RETURN_IF_ERROR(TopkPieces(logits_, sc.stride, visible, nr, sc.max_visible, topk,
-                                   &timings.topk_us, [&](int64_t a, int64_t m) {
-                                     return Download(out + (rb + a) * topk, out_, m * topk * 4);
-                                   }));
-      }
-      // The pools, from the same logits: block maxima in place, their top
-      // k blocks, then the pin and the ascending order.
-      const int32_t max_blocks = CeilDiv(sc.max_visible, spec.block_size);
-      RETURN_IF_ERROR(BeginSpan());
-      RETURN_IF_ERROR(LaunchBlockMaxima(
-          BlockMaxParams{logits_, sc.stride, visible, static_cast<int32_t>(nr), spec.block_size, aux_},
-          stream_));
-      RETURN_IF_ERROR(EndSpan(&timings.topk_us));
-      return TopkPieces(logits_, sc.stride, aux_, nr, max_blocks, spec.topk_blocks,
-                        &timings.topk_us, [&](int64_t a, int64_t m) {
-                          PoolParams pp{};
-                          pp.sel = out_;
-                          pp.sel_stride = k;
-                          pp.maxima = logits_ + a * sc.stride;
-                          pp.stride = sc.stride;
-                          pp.row_visible = visible + a;
-                          pp.num_rows = static_cast<int32_t>(m);
-                          pp.topk_blocks = spec.topk_blocks;
-                          pp.block_size = spec.block_size;
-                          pp.pin_newest = spec.pin_newest;
-                          pp.blocks = cands.blocks + (rb + a) * k;
-                          pp.entries = cands.entries + rb + a;
-                          return LaunchFinishPool(pp, max_blocks, stream_);
-                        });
-    }));
-    RETURN_IF_ERROR(EndCall());
-    drain.Dismiss();
-  }
-  step->PutPool(spec.set, std::move(cands));
-  cands.mem = nullptr;
-  return timings;
-}
-
-absl::StatusOr<LayerTimings> GpuBackend::CandidateConsumer(
-    const PageLayout& layout, const uint8_t* pool, const StepRows& rows,
-    StepContext* ctx, const QInput& q, int32_t topk, const CandidateSpec& spec,
-    ConsumerMode /*mode*/, int32_t* out) {
-  ASSIGN_OR_RETURN(const Pool p, FindPool(pool, layout));
-  ASSIGN_OR_RETURN(Step * step, CandidateStep(layout, rows, ctx, p));
-  RETURN_IF_ERROR(CheckCandidateSpec(spec));
-  if (topk < 0) return Bad("topk", ">= 0", topk);
-  const Step::CandPool* cands = step->GetPool(spec.set);
-  if (cands == nullptr) {
-    return absl::FailedPreconditionError(
-        absl::StrCat("candidate set ", spec.set, ": the source layer has not run in this step"));
-  }
-  if (cands->block_size != spec.block_size || cands->topk_blocks != spec.topk_blocks) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "candidate set ", spec.set, ": expected the source's block_size ", cands->block_size,
-        " and topk_blocks ", cands->topk_blocks, ", got ", spec.block_size, " and ",
-        spec.topk_blocks));
-  }
-  if (cands->row_visible != rows.row_visible) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "rows: expected the rows candidate set ", spec.set, "'s source ran on (",
-        cands->row_visible.size(), " rows with the same visible entries), got ", rows.num_rows,
-        " rows"));
-  }
-  RETURN_IF_ERROR(CheckDenseArgs(layout, q, topk, rows.num_rows, out));
-  LayerTimings timings;
-  if (rows.num_rows == 0 || topk == 0) return timings;
-  const int64_t k = spec.topk_blocks;
-  const int64_t pool_entries = k * spec.block_size;
-  absl::MutexLock lock(&mu_);
-  RETURN_IF_ERROR(BeginCall());
-  DrainOnError drain(stream_);
-  RETURN_IF_ERROR(DenseWalk(p, layout, pool, step, q, &timings, [&](const SubChunk& sc) {
-    const int64_t rb = sc.row_begin, nr = sc.row_end - sc.row_begin;
-    PoolGatherParams gp{};
-    gp.logits = logits_;
-    gp.stride = sc.stride;
-    gp.blocks = cands->blocks + rb * k;
-    gp.entries = cands->entries + rb;
-    gp.num_rows = static_cast<int32_t>(nr);
-    gp.topk_blocks = spec.topk_blocks;
-    gp.block_size = spec.block_size;
-    gp.topk = topk;
-    gp.slot_count = aux_;
-    RETURN_IF_ERROR(BeginSpan());
-    RETURN_IF_ERROR(LaunchGatherPool(gp, stream_));
-    RETURN_IF_ERROR(EndSpan(&timings.topk_us));
-    const int32_t max_slots =
-        static_cast<int32_t>(std::min<int64_t>(sc.max_visible, pool_entries));
-    return TopkPieces(logits_, sc.stride, aux_, nr, max_slots, topk, &timings.topk_us,
-                      [&](int64_t a, int64_t m) {
-                        PoolRemapParams rp{};
-                        rp.out = out_;
-                        rp.blocks = cands->blocks + (rb + a) * k;
-                        rp.entries = cands->entries + rb + a;
-                        rp.num_rows = static_cast<int32_t>(m);
-                        rp.topk_blocks = spec.topk_blocks;
-                        rp.block_size = spec.block_size;
-                        rp.topk = topk;
-                        RETURN_IF_ERROR(LaunchRemapPool(rp, stream_));
-                        return Download(out + (rb + a) * topk, out_, m * topk * 4);
-                      });
-  }));
-  RETURN_IF_ERROR(EndCall());
-  drain.Dismiss();
-  return timings;
-}
-
-absl::StatusOr<LayerTimings> GpuBackend::BlockTopk(
-    const PageLayout& layout, const uint8_t* pool, const StepRows& rows,
-    StepContext* ctx, const BlockQInput& q, const BlockSpec& spec, int32_t* out) {
-  ASSIGN_OR_RETURN(const Pool p, FindPool(pool, layout));
-  if (layout.format != KvFormat::kMxfp4) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "layout: the block path expected MXFP4 K pages, got ", KvFormatName(layout.format)));
-  }
-  ASSIGN_OR_RETURN(Step * step, CheckedStep(layout, rows, ctx, p));
-  if (spec.topk_blocks < 0) return Bad("topk_blocks", ">= 0", spec.topk_blocks);
-  if (spec.init_blocks < 0) return Bad("init_blocks", ">= 0", spec.init_blocks);
-  if (spec.local_blocks < 0) return Bad("local_blocks", ">= 0", spec.local_blocks);
-  if (!std::isfinite(spec.scale) || spec.scale <= 0) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "scale: expected a finite value > 0 (D^-0.5), got ", spec.scale));
-  }
-  // Q [rows, Hi, D] fp32 travels in the Q staging sized for H 128 x 128 B.
-  const int32_t max_block_heads = ws_.max_heads * 128 / (4 * layout.head_dim);
-  if (q.num_heads < 1 || q.num_heads > max_block_heads) {
-    return Bad("q.num_heads", absl::StrCat("in [1, ", max_block_heads, "]"), q.num_heads);
-  }
-  LayerTimings timings;
-  if (rows.num_rows == 0 || spec.topk_blocks == 0) return timings;
-  if (q.q == nullptr) return absl::InvalidArgumentError("q: expected a [rows, Hi, D] tensor, got null");
-  if (out == nullptr) return absl::InvalidArgumentError("out: expected a buffer, got null");
-  std::unique_ptr<Step> owned;
-  if (step == nullptr) {
-    ASSIGN_OR_RETURN(owned, MakeStep(layout, rows));
-    step = owned.get();
-  }
-  const int64_t heads = q.num_heads, dim = layout.head_dim, k = spec.topk_blocks;
-  absl::MutexLock lock(&mu_);
-  RETURN_IF_ERROR(BeginCall());
-  DrainOnError drain(stream_);
-  for (const SubChunk& sc : step->plan().chunks) {
-    const int64_t rb = sc.row_begin, nr = sc.row_end - sc.row_begin;
-    const int32_t width = CeilDiv(sc.max_visible, layout.page_entries);
-    if (heads * nr * width > ws_.logits_floats || heads * nr > int64_t{ws_.max_rows} * 64) {
-      return absl::ResourceExhaustedError(absl::StrCat(
-          "block scores: ", heads, " heads x ", nr, " rows x ", width,
-          " blocks exceed the gpu workspace"));
-    }
-    RETURN_IF_ERROR(Upload(q_values_, q.q + rb * heads * dim, nr * heads * dim * 4));
-    BlockScoreParams bp{};
-    bp.layout = layout;
-    bp.pool = pool;
-    bp.step = step->dev();
-    bp.row_base = static_cast<int32_t>(rb);
-    bp.num_rows = static_cast<int32_t>(nr);
-    bp.num_heads = q.num_heads;
-    bp.q = reinterpret_cast<const float*>(q_values_);
-    bp.scale = spec.scale;
-    bp.init_blocks = spec.init_blocks;
-    bp.local_blocks = spec.local_blocks;
-    bp.scores = logits_;
-    bp.width = width;
-    bp.causal = aux_;
-    RETURN_IF_ERROR(BeginSpan());
-    RETURN_IF_ERROR(LaunchBlockScores(bp, stream_));
-    RETURN_IF_ERROR(EndSpan(&timings.logits_us));
-    // One head's rows at a time: out is [Hi, num_rows, k].
-    for (int64_t h = 0; h < heads; ++h) {
-      RETURN_IF_ERROR(TopkPieces(logits_ + h * nr * width, width, aux_ + h * nr, nr, width,
-                                 spec.topk_blocks, &timings.topk_us, [&](int64_t a, int64_t m) {
-                                   return Download(out + (h * rows.num_rows + rb + a) * k, out_,
-                                                   m * k * 4);
-                                 }));
-    }
-  }
-  RETURN_IF_ERROR(EndCall());
-  drain.Dismiss();
-  return timings;
 }
 
 absl::Status GpuBackend::ReadEntries(const PageLayout& layout,

@@ -8,7 +8,7 @@
 #include "absl/strings/str_join.h"
 #include "kernels/common/status_macros.h"
 #include "server/core/layer_inputs.h"
-#include "server/core/step_rows.h"
+#include "kernels/geometry/step_geometry.h"
 
 namespace indexer {
 namespace {
@@ -396,6 +396,40 @@ absl::Status Step::WriteLayer(int32_t layer, const TensorView& k) {
   return absl::OkStatus();
 }
 
+namespace {
+
+// The host form of `t`: itself, or for a device tensor its bytes copied
+// through the backend into `buf` (same dtype and shape, so the usual checks
+// and messages apply).
+absl::StatusOr<TensorView> HostView(Backend& b, absl::string_view field, const TensorView& t,
+                                    std::string* buf) {
+  if (!t.on_device) return t;
+  if (t.device_bytes < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(field, ": expected a byte size >= 0, got ", t.device_bytes));
+  }
+  buf->resize(static_cast<size_t>(t.device_bytes));
+  absl::Status s = b.CopyDeviceToHost(buf->data(), t.device_ptr, t.device_bytes);
+  if (!s.ok()) return absl::Status(s.code(), absl::StrCat(field, ": ", s.message()));
+  TensorView h = t;
+  h.on_device = false;
+  h.device_ptr = nullptr;
+  h.device_bytes = 0;
+  h.data = *buf;
+  return h;
+}
+
+LayerKind KindOf(LayerRoleKind k) {
+  switch (k) {
+    case LayerRoleKind::kCandidateSource: return LayerKind::kCandidateSource;
+    case LayerRoleKind::kCandidateConsumer: return LayerKind::kCandidateConsumer;
+    case LayerRoleKind::kBlock: return LayerKind::kBlock;
+    default: return LayerKind::kDense;
+  }
+}
+
+}  // namespace
+
 absl::StatusOr<LayerOutput> Step::RunLayer(const LayerInput& in) {
   const auto t0 = std::chrono::steady_clock::now();
   RETURN_IF_ERROR(CheckLayer(in.layer));
@@ -404,8 +438,7 @@ absl::StatusOr<LayerOutput> Step::RunLayer(const LayerInput& in) {
   const GroupSpec& g = m.groups[group];
   const LayerRole role = m.layer_role[in.layer];
   const StepRows& rows = rows_[group];
-  const CandidateSpec* cand =
-      role.set >= 0 ? &m.candidate_sets[role.set].spec : nullptr;
+  Backend& b = *engine_->backend_;
 
   // Validate everything before the first byte is written.
   if (role.kind == LayerRoleKind::kCandidateConsumer && !source_done_[role.set]) {
@@ -415,54 +448,69 @@ absl::StatusOr<LayerOutput> Step::RunLayer(const LayerInput& in) {
         " to run first in the step; expected the source before its consumers"));
   }
   ASSIGN_OR_RETURN(KInput kin, ValidateK(g, rows.NewEntries(), in.k));
+  LayerWork work;
+  work.kind = KindOf(role.kind);
+  work.k = rows.NewEntries() > 0 ? &kin : nullptr;
   QScratch scratch{std::move(q_values_), std::move(q_scales_), std::move(weights_)};
-  absl::StatusOr<QInput> q = QInput{};
-  absl::StatusOr<BlockQInput> block_q = BlockQInput{};
+  // Q that the backend takes from the device as it is stays there; any
+  // other device input (FP32/BF16 Q the daemon quantizes, block-layer Q,
+  // a mix of host and device tensors) is copied to the host first.
+  const bool q_on_device = role.kind != LayerRoleKind::kBlock &&
+                           DeviceQReady(g, in.q, in.q_scale, in.weights);
+  TensorView q = in.q, q_scale = in.q_scale, weights = in.weights;
+  if (!q_on_device) {
+    ASSIGN_OR_RETURN(q, HostView(b, "q", in.q, &staged_q_));
+    ASSIGN_OR_RETURN(q_scale, HostView(b, "q_scale", in.q_scale, &staged_q_scale_));
+    ASSIGN_OR_RETURN(weights, HostView(b, "weights", in.weights, &staged_weights_));
+  }
   if (role.kind == LayerRoleKind::kBlock) {
-    block_q = PrepareBlockQ(g, rows.num_rows, in.q, in.q_scale, in.weights, &block_q_);
-    if (!block_q.ok()) return block_q.status();
+    ASSIGN_OR_RETURN(work.block_q, PrepareBlockQ(g, rows.num_rows, q, q_scale, weights, &block_q_));
+    work.block = g.block;
   } else {
-    q = PrepareQ(g, rows.num_rows, in.q, in.q_scale, in.weights, &scratch);
-    if (!q.ok()) return q.status();
+    ASSIGN_OR_RETURN(work.q, PrepareQ(g, rows.num_rows, q, q_scale, weights, &scratch));
+    work.topk = g.topk;
+    if (role.set >= 0) work.candidate = m.candidate_sets[role.set].spec;
   }
 
   LayerOutput out;
-  out.validate_us = MicrosSince(t0);
-  ASSIGN_OR_RETURN(out.timings.write_us, WriteK(group, in.layer, kin));
-  Backend& b = *engine_->backend_;
-  uint8_t* pool = engine_->pools_[in.layer];
-  StepContext* ctx = ctx_[group].get();
-  absl::StatusOr<LayerTimings> t;
-  // The output: the caller's bytes when given (no second copy), else ours.
-  auto dest = [&](size_t n) -> int32_t* {
-    if (in.out_bytes == nullptr) {
-      out.indices.resize(n);
-      return out.indices.data();
+  out.shape = role.kind == LayerRoleKind::kBlock
+                  ? std::vector<int64_t>{g.num_heads, rows.num_rows, g.block.topk_blocks}
+                  : std::vector<int64_t>{rows.num_rows, g.topk};
+  size_t n_out = 1;
+  for (int64_t d : out.shape) n_out *= static_cast<size_t>(d);
+  // The output: device memory when given, else the caller's bytes (no
+  // second copy), else ours.
+  if (in.out_device != nullptr) {
+    if (in.out_device_bytes != static_cast<int64_t>(n_out * sizeof(int32_t))) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "topk_out: expected ", n_out * sizeof(int32_t), " bytes ([",
+          absl::StrJoin(out.shape, ", "), "] INT32), got ", in.out_device_bytes));
     }
-    in.out_bytes->resize(n * sizeof(int32_t));
-    return reinterpret_cast<int32_t*>(in.out_bytes->data());
-  };
-  if (role.kind == LayerRoleKind::kBlock) {
-    out.shape = {g.num_heads, rows.num_rows, g.block.topk_blocks};
-    int32_t* o = dest(static_cast<size_t>(g.num_heads) * rows.num_rows * g.block.topk_blocks);
-    t = b.BlockTopk(g.layout, pool, rows, ctx, *block_q, g.block, o);
+    work.out = static_cast<int32_t*>(in.out_device);
+    work.out_on_device = true;
+  } else if (in.out_bytes != nullptr) {
+    in.out_bytes->resize(n_out * sizeof(int32_t));
+    work.out = reinterpret_cast<int32_t*>(in.out_bytes->data());
   } else {
-    out.shape = {rows.num_rows, g.topk};
-    int32_t* o = dest(static_cast<size_t>(rows.num_rows) * g.topk);
-    switch (role.kind) {
-      case LayerRoleKind::kCandidateSource:
-        t = b.CandidateSource(g.layout, pool, rows, ctx, *q, g.topk, *cand, o);
-        break;
-      case LayerRoleKind::kCandidateConsumer:
-        t = b.CandidateConsumer(g.layout, pool, rows, ctx, *q, g.topk, *cand, ConsumerMode::kAuto, o);
-        break;
-      default:
-        t = b.DenseTopk(g.layout, pool, rows, ctx, *q, g.topk, o);
-    }
+    out.indices.resize(n_out);
+    work.out = out.indices.data();
   }
+  out.validate_us = MicrosSince(t0);
+
+  // One backend call: write the new entries, score, select (on the gpu one
+  // enqueue and one synchronization). Rollback: the call writes only entries
+  // [seq_old_entries, seq_new_entries) of each sequence, i.e. past its
+  // committed length, into the tail of its last committed page or into pages
+  // taken for this step. If it fails after the write (a device K found
+  // non-finite on the device, a kernel error), layer_done_ stays false and
+  // no committed length moves, so no reader sees those bytes: the transport
+  // aborts the step, Abort frees the step's pages and every sequence keeps
+  // its committed entries exactly; a retry of the layer would overwrite the
+  // same positions.
+  absl::StatusOr<LayerTimings> t =
+      b.RunLayer(g.layout, engine_->pools_[in.layer], rows, ctx_[group].get(), work);
   if (!t.ok()) return t.status();
-  out.timings.logits_us = t->logits_us;
-  out.timings.topk_us = t->topk_us;
+  out.timings = *t;
   layer_done_[in.layer] = true;
   if (role.kind == LayerRoleKind::kCandidateSource) source_done_[role.set] = true;
   q_values_ = std::move(scratch.values);

@@ -55,6 +55,11 @@ struct LayerInput {
   // byte order = the wire's little-endian) instead of LayerOutput::indices,
   // e.g. straight into the reply's tensor bytes. Unspecified on failure.
   std::string* out_bytes = nullptr;
+  // Optional: device memory (a device region) of out_device_bytes bytes that
+  // receives the indices instead (gpu backend; no download). Must hold
+  // exactly the output shape x 4 bytes. Unspecified on failure.
+  void* out_device = nullptr;
+  int64_t out_device_bytes = 0;
 };
 
 struct LayerOutput {
@@ -112,6 +117,8 @@ class Step {
   std::vector<uint8_t> q_values_, q_scales_;
   std::vector<float> weights_;
   std::vector<float> block_q_;
+  // Host copies of device inputs that need host work.
+  std::string staged_q_, staged_q_scale_, staged_weights_;
 };
 
 struct GroupUsage {

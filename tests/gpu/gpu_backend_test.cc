@@ -123,31 +123,18 @@ StepRows MakeStep(const std::vector<int32_t>& old_e,
                   const std::vector<int32_t>& q_lens, int32_t page_entries,
                   const std::vector<std::vector<int32_t>>& pages,
                   int32_t chunk_rows) {
-  StepRows r;
-  r.num_seqs = static_cast<int32_t>(new_e.size());
-  r.seq_row_begin = {0};
-  r.seq_k_begin = {0};
-  r.seq_old_entries = old_e;
-  r.seq_new_entries = new_e;
-  r.max_pages = 0;
-  for (const auto& p : pages) r.max_pages = std::max<int32_t>(r.max_pages, p.size());
-  r.block_table.assign(static_cast<size_t>(r.num_seqs) * r.max_pages, -1);
-  for (int32_t s = 0; s < r.num_seqs; ++s) {
-    r.seq_k_begin.push_back(r.seq_k_begin.back() + new_e[s] - old_e[s]);
-    for (size_t i = 0; i < pages[s].size(); ++i) r.block_table[s * r.max_pages + i] = pages[s][i];
-    for (int32_t j = 0; j < q_lens[s]; ++j) {
-      r.row_visible.push_back(new_e[s] - q_lens[s] + j + 1);
-      r.row_seq.push_back(s);
-      r.max_visible = std::max(r.max_visible, r.row_visible.back());
-    }
-    r.seq_row_begin.push_back(static_cast<int32_t>(r.row_visible.size()));
+  // Entries at ratio 1: the sequence holds new_e tokens after the step, its
+  // rows are its last q_len positions and it writes entries after old_e.
+  std::vector<int64_t> old_t, q, cached;
+  for (size_t s = 0; s < new_e.size(); ++s) {
+    old_t.push_back(new_e[s] - q_lens[s]);
+    q.push_back(q_lens[s]);
+    cached.push_back(old_e[s]);
   }
-  r.num_rows = static_cast<int32_t>(r.row_visible.size());
-  if (chunk_rows > 0) {
-    for (int32_t b = 0; b < r.num_rows; b += chunk_rows) {
-      r.chunks.push_back({b, std::min(r.num_rows, b + chunk_rows)});
-    }
-  }
+  StepRows r = BuildStepRowsFromPages(old_t, q, pages, 1, INT64_MAX, cached);
+  r.chunks = chunk_rows > 0 ? EvenChunks(r.num_rows, chunk_rows)
+                            : std::vector<std::pair<int32_t, int32_t>>{};
+
   return r;
 }
 
@@ -322,7 +309,7 @@ TEST_P(GpuDenseTest, WritesBitExactAndTopkMatchesCpu) {
     q_lens.push_back(ql(rng));
     old_e.push_back(hist(rng));
     new_e.push_back(old_e.back() + q_lens.back());
-    total_pages += (new_e.back() + sh.page_entries - 1) / sh.page_entries;
+    total_pages += PagesFor(new_e.back(), sh.page_entries);
   }
   const int64_t pool_pages = total_pages + 5;
   std::vector<int32_t> perm(pool_pages);
@@ -330,7 +317,7 @@ TEST_P(GpuDenseTest, WritesBitExactAndTopkMatchesCpu) {
   std::shuffle(perm.begin(), perm.end(), rng);
   int64_t next = 0;
   for (int32_t s = 0; s < sh.seqs; ++s) {
-    for (int32_t i = 0; i < (new_e[s] + sh.page_entries - 1) / sh.page_entries; ++i) pages[s].push_back(perm[next++]);
+    for (int32_t i = 0; i < PagesFor(new_e[s], sh.page_entries); ++i) pages[s].push_back(perm[next++]);
   }
   Pair p = MakePair(layout, pool_pages);
   ASSERT_NE(p.gpu_pool, nullptr);
@@ -484,11 +471,11 @@ TEST_P(GpuMxfp4AdversarialTest, TopkMatchesReference) {
     q_lens.push_back(ql(rng));
     old_e.push_back(hist(rng));
     new_e.push_back(old_e.back() + q_lens.back());
-    total_pages += (new_e.back() + sh.page_entries - 1) / sh.page_entries;
+    total_pages += PagesFor(new_e.back(), sh.page_entries);
   }
   int64_t next = 0;
   for (int32_t s = 0; s < seqs; ++s) {
-    for (int32_t i = 0; i < (new_e[s] + sh.page_entries - 1) / sh.page_entries; ++i) pages[s].push_back(next++);
+    for (int32_t i = 0; i < PagesFor(new_e[s], sh.page_entries); ++i) pages[s].push_back(next++);
   }
   Pair p = MakePair(layout, total_pages);
   ASSERT_NE(p.gpu_pool, nullptr);
@@ -823,14 +810,14 @@ Scenario MakeScenario(std::mt19937& rng, const PageLayout& layout,
   int64_t total = 0;
   for (int32_t s = 0; s < seqs; ++s) {
     new_e.push_back(hist[s] + q_lens[s]);
-    total += (new_e[s] + pe - 1) / pe;
+    total += PagesFor(new_e[s], pe);
   }
   std::vector<int32_t> perm(total + 3);
   for (size_t i = 0; i < perm.size(); ++i) perm[i] = static_cast<int32_t>(i);
   std::shuffle(perm.begin(), perm.end(), rng);
   int64_t next = 0;
   for (int32_t s = 0; s < seqs; ++s) {
-    for (int32_t i = 0; i < (new_e[s] + pe - 1) / pe; ++i) pages[s].push_back(perm[next++]);
+    for (int32_t i = 0; i < PagesFor(new_e[s], pe); ++i) pages[s].push_back(perm[next++]);
   }
   sc.p = MakePair(layout, static_cast<int64_t>(perm.size()));
   const StepRows h = MakeStep(zeros, hist, zeros, pe, pages, 0);

@@ -114,7 +114,7 @@ class EngineTest : public ::testing::Test {
       for (const TestLayer& t : layers_) {
         const int32_t g = engine_->model().layer_group[t.layer];
         auto pages = engine_->SequencePages(SeqName::Named(s), g);
-        const int64_t n = *len / t.compress_ratio;
+        const int64_t n = EntriesFor(*len, t.compress_ratio);
         std::vector<uint8_t> buf(t.layout.entry_bytes());
         for (int64_t e = 0; e < n; ++e) {
           const int32_t page = (*pages)[e / t.layout.page_entries];
@@ -399,7 +399,7 @@ TEST_F(EngineTest, RandomOperationsKeepInvariant) {
         int64_t n_new = 0;
         for (size_t i = 0; i < seqs.size(); ++i) {
           const int64_t old = lens.count(names[i]) ? lens[names[i]] : 0;
-          n_new += (old + seqs[i].q_len) / t.compress_ratio - old / t.compress_ratio;
+          n_new += NewEntriesFor(old, seqs[i].q_len, t.compress_ratio);
         }
         std::vector<float> k(n_new * t.layout.head_dim, 0.5f);
         ASSERT_TRUE((*step)->WriteLayer(t.layer, View(DType::kFp32, {n_new, t.layout.head_dim},

@@ -10,6 +10,7 @@
 #include "absl/strings/str_cat.h"
 #include "kernels/common/status_macros.h"
 #include "kernels/gpu/gpu_backend_impl.h"
+#include "kernels/gpu/gpu_step.h"
 
 namespace indexer {
 namespace gpu {
@@ -29,7 +30,7 @@ absl::StatusOr<LayerTimings> GpuBackend::RunLayer(const PageLayout& layout, uint
           "ctx: expected the step's context from PrepareStep (candidate pools live in it)");
     }
     ASSIGN_OR_RETURN(owned, MakeStep(layout, rows));
-    ctx = owned.get();
+    ctx = static_cast<StepContext*>(owned.get());
   }
   LayerTimings timings;
   CallScope call(this, /*nested=*/false);

@@ -28,6 +28,20 @@
 
 namespace indexer {
 
+// A K pool as AllocatePool hands it out: a handle to memory the backend
+// owns (host memory for cpu, device memory for gpu) until it is destroyed.
+// Calls find the pool from the handle in O(1) (no search, no re-proof); a
+// handle of another backend or a stale one is INVALID_ARGUMENT. `base` is
+// the pool's first byte and `layout` its page layout, for tests, the bench
+// and ReadEntries-style checks; the server passes the handle around only.
+struct PoolHandle {
+  const void* owner = nullptr;  // the backend that allocated it
+  int32_t index = -1;           // its number among the owner's pools
+  uint8_t* base = nullptr;
+  int64_t num_pages = 0;
+  PageLayout layout;
+};
+
 // A backend's own per-step state (device copies of StepRows, the decode work
 // schedule). Created by PrepareStep, destroyed when the step ends.
 class StepContext {
@@ -134,8 +148,8 @@ class Backend {
   virtual Paths SupportedPaths() const { return {}; }
 
   // Reserves a zeroed pool of `num_pages` pages of `layout`. Start-up only.
-  virtual absl::StatusOr<uint8_t*> AllocatePool(const PageLayout& layout,
-                                                int64_t num_pages) = 0;
+  virtual absl::StatusOr<PoolHandle> AllocatePool(const PageLayout& layout,
+                                                  int64_t num_pages) = 0;
 
   // Per-step state shared by all layers of a group in this step.
   virtual absl::StatusOr<std::unique_ptr<StepContext>> PrepareStep(
@@ -144,7 +158,7 @@ class Backend {
   // Writes the step's new entries of one layer into `pool` through the block
   // table. REQUIRES: inputs validated (shape, finiteness) by the caller.
   virtual absl::StatusOr<double> WriteEntries(const PageLayout& layout,
-                                              uint8_t* pool,
+                                              PoolHandle pool,
                                               const StepRows& rows,
                                               StepContext* ctx,
                                               const KInput& k) = 0;
@@ -153,7 +167,7 @@ class Backend {
   // logits of row r over [0, row_visible[r]), -1 past them.
   // out: [num_rows, topk] int32, host memory.
   virtual absl::StatusOr<LayerTimings> DenseTopk(const PageLayout& layout,
-                                                 const uint8_t* pool,
+                                                 PoolHandle pool,
                                                  const StepRows& rows,
                                                  StepContext* ctx,
                                                  const QInput& q, int32_t topk,
@@ -164,7 +178,7 @@ class Backend {
   // visible entries, the newest block pinned; all blocks when fewer), kept
   // in `ctx` under spec.set until the step ends.
   virtual absl::StatusOr<LayerTimings> CandidateSource(
-      const PageLayout& layout, const uint8_t* pool, const StepRows& rows,
+      const PageLayout& layout, PoolHandle pool, const StepRows& rows,
       StepContext* ctx, const QInput& q, int32_t topk,
       const CandidateSpec& spec, int32_t* out) {
     return Unimplemented("candidate source layers");
@@ -175,7 +189,7 @@ class Backend {
   // logits masked to -inf outside the pool. FAILED_PRECONDITION when the
   // set's source has not run in this step.
   virtual absl::StatusOr<LayerTimings> CandidateConsumer(
-      const PageLayout& layout, const uint8_t* pool, const StepRows& rows,
+      const PageLayout& layout, PoolHandle pool, const StepRows& rows,
       StepContext* ctx, const QInput& q, int32_t topk,
       const CandidateSpec& spec, ConsumerMode mode, int32_t* out) {
     return Unimplemented("candidate consumer layers");
@@ -186,7 +200,7 @@ class Backend {
   // init / local blocks forced by sentinels, -1 past the row's causal blocks.
   // out: [Hi, num_rows, topk_blocks] int32.
   virtual absl::StatusOr<LayerTimings> BlockTopk(
-      const PageLayout& layout, const uint8_t* pool, const StepRows& rows,
+      const PageLayout& layout, PoolHandle pool, const StepRows& rows,
       StepContext* ctx, const BlockQInput& q, const BlockSpec& spec,
       int32_t* out) {
     return Unimplemented("block layers");
@@ -199,7 +213,7 @@ class Backend {
   // and synchronizes once; this default composes the calls above (the cpu
   // backend's form) and refuses device tensors. On error after the write the
   // entries may be in the pool: callers keep them past committed lengths.
-  virtual absl::StatusOr<LayerTimings> RunLayer(const PageLayout& layout, uint8_t* pool,
+  virtual absl::StatusOr<LayerTimings> RunLayer(const PageLayout& layout, PoolHandle pool,
                                                 const StepRows& rows, StepContext* ctx,
                                                 const LayerWork& work);
 
@@ -214,7 +228,7 @@ class Backend {
   // Copies `count` entries starting at entry `first` of physical page `page`
   // into `out` ([count, VB + SB] linear form). For export and tests.
   virtual absl::Status ReadEntries(const PageLayout& layout,
-                                   const uint8_t* pool, int32_t page,
+                                   PoolHandle pool, int32_t page,
                                    int32_t first, int32_t count,
                                    uint8_t* out) = 0;
 

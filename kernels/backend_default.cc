@@ -6,7 +6,7 @@
 
 namespace indexer {
 
-absl::StatusOr<LayerTimings> Backend::RunLayer(const PageLayout& layout, uint8_t* pool,
+absl::StatusOr<LayerTimings> Backend::RunLayer(const PageLayout& layout, PoolHandle pool_h,
                                                const StepRows& rows, StepContext* ctx,
                                                const LayerWork& work) {
   if ((work.k != nullptr && work.k->on_device) || work.q.on_device || work.out_on_device) {
@@ -15,22 +15,22 @@ absl::StatusOr<LayerTimings> Backend::RunLayer(const PageLayout& layout, uint8_t
   }
   LayerTimings t;
   if (work.k != nullptr && rows.NewEntries() > 0) {
-    ASSIGN_OR_RETURN(t.write_us, WriteEntries(layout, pool, rows, ctx, *work.k));
+    ASSIGN_OR_RETURN(t.write_us, WriteEntries(layout, pool_h, rows, ctx, *work.k));
   }
   absl::StatusOr<LayerTimings> r;
   switch (work.kind) {
     case LayerKind::kDense:
-      r = DenseTopk(layout, pool, rows, ctx, work.q, work.topk, work.out);
+      r = DenseTopk(layout, pool_h, rows, ctx, work.q, work.topk, work.out);
       break;
     case LayerKind::kCandidateSource:
-      r = CandidateSource(layout, pool, rows, ctx, work.q, work.topk, work.candidate, work.out);
+      r = CandidateSource(layout, pool_h, rows, ctx, work.q, work.topk, work.candidate, work.out);
       break;
     case LayerKind::kCandidateConsumer:
-      r = CandidateConsumer(layout, pool, rows, ctx, work.q, work.topk, work.candidate, work.mode,
+      r = CandidateConsumer(layout, pool_h, rows, ctx, work.q, work.topk, work.candidate, work.mode,
                             work.out);
       break;
     case LayerKind::kBlock:
-      r = BlockTopk(layout, pool, rows, ctx, work.block_q, work.block, work.out);
+      r = BlockTopk(layout, pool_h, rows, ctx, work.block_q, work.block, work.out);
       break;
   }
   if (!r.ok()) return r.status();

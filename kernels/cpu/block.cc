@@ -183,10 +183,11 @@ void PinForcedBlocks(float* score, int32_t causal, const BlockSpec& spec) {
 }  // namespace
 
 absl::StatusOr<LayerTimings> CpuBackend::BlockTopk(
-    const PageLayout& layout, const uint8_t* pool, const StepRows& rows,
+    const PageLayout& layout, PoolHandle pool_h, const StepRows& rows,
     StepContext* ctx, const BlockQInput& q, const BlockSpec& spec,
     int32_t* out) {
-  ASSIGN_OR_RETURN(const Pool p, FindPool(pool, layout));
+  ASSIGN_OR_RETURN(const Pool p, FindPool(pool_h, layout));
+  uint8_t* const pool = p.data;
   if (layout.format != KvFormat::kMxfp4) {
     return absl::InvalidArgumentError(
         absl::StrCat("layout: the block path expected MXFP4 K pages, got ",

@@ -102,7 +102,7 @@ std::string CpuBackend::Describe() const {
   return absl::StrCat("cpu (", threads_, " threads)");
 }
 
-absl::StatusOr<uint8_t*> CpuBackend::AllocatePool(const PageLayout& layout,
+absl::StatusOr<PoolHandle> CpuBackend::AllocatePool(const PageLayout& layout,
                                                   int64_t num_pages) {
   const int64_t page_bytes = layout.page_bytes();
   if (num_pages < 1) return Bad("num_pages", ">= 1", num_pages);
@@ -118,23 +118,26 @@ absl::StatusOr<uint8_t*> CpuBackend::AllocatePool(const PageLayout& layout,
   }
   absl::MutexLock lock(&mu_);
   pools_.push_back({static_cast<uint8_t*>(data), num_pages, page_bytes});
-  return static_cast<uint8_t*>(data);
+  return PoolHandle{this, static_cast<int32_t>(pools_.size() - 1), static_cast<uint8_t*>(data),
+                    num_pages, layout};
 }
 
 absl::StatusOr<CpuBackend::Pool> CpuBackend::FindPool(
-    const uint8_t* data, const PageLayout& layout) const {
+    PoolHandle handle, const PageLayout& layout) const {
   absl::MutexLock lock(&mu_);
-  for (const Pool& p : pools_) {
-    if (p.data != data) continue;
-    if (p.page_bytes != layout.page_bytes()) {
-      return Bad("pool page bytes", absl::StrCat(layout.page_bytes(), " (",
-                                                 layout.DebugString(), ")"),
-                 p.page_bytes);
-    }
-    return p;
+  // O(1): the handle names the pool; no search and no re-proof.
+  if (handle.owner != this || handle.index < 0 ||
+      handle.index >= static_cast<int32_t>(pools_.size()) ||
+      pools_[handle.index].data != handle.base) {
+    return absl::InvalidArgumentError("pool: expected a pool handle from this backend");
   }
-  return absl::InvalidArgumentError(
-      "pool: expected a pool allocated by this backend");
+  const Pool& p = pools_[handle.index];
+  if (p.page_bytes != layout.page_bytes()) {
+    return Bad("pool page bytes", absl::StrCat(layout.page_bytes(), " (",
+                                               layout.DebugString(), ")"),
+               p.page_bytes);
+  }
+  return p;
 }
 
 absl::StatusOr<std::unique_ptr<StepContext>> CpuBackend::PrepareStep(
@@ -145,12 +148,13 @@ absl::StatusOr<std::unique_ptr<StepContext>> CpuBackend::PrepareStep(
 }
 
 absl::StatusOr<double> CpuBackend::WriteEntries(const PageLayout& layout,
-                                                uint8_t* pool,
+                                                PoolHandle pool_h,
                                                 const StepRows& rows,
                                                 StepContext* ctx,
                                                 const KInput& k) {
   const Clock::time_point t0 = Clock::now();
-  ASSIGN_OR_RETURN(const Pool p, FindPool(pool, layout));
+  ASSIGN_OR_RETURN(const Pool p, FindPool(pool_h, layout));
+  uint8_t* const pool = p.data;
   RETURN_IF_ERROR(cpu_internal::ValidateOnce(layout, rows, ctx, p.num_pages));
   const int64_t n = rows.NewEntries();
   if (n == 0) return MicrosSince(t0);
@@ -207,9 +211,10 @@ absl::StatusOr<double> CpuBackend::WriteEntries(const PageLayout& layout,
 }
 
 absl::StatusOr<LayerTimings> CpuBackend::DenseTopk(
-    const PageLayout& layout, const uint8_t* pool, const StepRows& rows,
+    const PageLayout& layout, PoolHandle pool_h, const StepRows& rows,
     StepContext* ctx, const QInput& q, int32_t topk, int32_t* out) {
-  ASSIGN_OR_RETURN(const Pool p, FindPool(pool, layout));
+  ASSIGN_OR_RETURN(const Pool p, FindPool(pool_h, layout));
+  uint8_t* const pool = p.data;
   RETURN_IF_ERROR(cpu_internal::ValidateOnce(layout, rows, ctx, p.num_pages));
   if (topk < 0) return Bad("topk", ">= 0", topk);
   if (q.num_heads < 1) return Bad("q.num_heads", ">= 1", q.num_heads);
@@ -271,10 +276,11 @@ LayerTimings CpuBackend::DenseWalk(const PageLayout& layout,
 }
 
 absl::Status CpuBackend::ReadEntries(const PageLayout& layout,
-                                     const uint8_t* pool, int32_t page,
+                                     PoolHandle pool_h, int32_t page,
                                      int32_t first, int32_t count,
                                      uint8_t* out) {
-  ASSIGN_OR_RETURN(const Pool p, FindPool(pool, layout));
+  ASSIGN_OR_RETURN(const Pool p, FindPool(pool_h, layout));
+  uint8_t* const pool = p.data;
   RETURN_IF_ERROR(CheckReadEntriesArgs(layout, p.num_pages, page, first, count, out));
   const uint8_t* src = pool + layout.PageOffset(page);
   for (int32_t i = 0; i < count; ++i) {

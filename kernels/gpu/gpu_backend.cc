@@ -185,7 +185,7 @@ void GpuBackend::set_max_logits_path(int v) {
   max_path_ = v;
 }
 
-absl::StatusOr<uint8_t*> GpuBackend::AllocatePool(const PageLayout& layout,
+absl::StatusOr<PoolHandle> GpuBackend::AllocatePool(const PageLayout& layout,
                                                   int64_t num_pages) {
   const int64_t page_bytes = layout.page_bytes();
   if (num_pages < 1) return Bad("num_pages", ">= 1", num_pages);
@@ -213,28 +213,33 @@ absl::StatusOr<uint8_t*> GpuBackend::AllocatePool(const PageLayout& layout,
     const uint32_t box[3] = {static_cast<uint32_t>(layout.value_bytes()), 64, 1};
     pool.has_tmap = EncodeTensorMapU8Sw128(&pool.tmap, v, dims, strides, box).ok();
   }
+  int32_t index;
   {
     absl::MutexLock pools_lock(&pools_mu_);
     pools_.push_back(pool);
+    index = static_cast<int32_t>(pools_.size() - 1);
   }
   GPU_RETURN_IF_ERROR(MemsetAsync(v, 0, bytes, stream_));
   GPU_RETURN_IF_ERROR(StreamSynchronize(stream_));
-  return static_cast<uint8_t*>(v);
+  return PoolHandle{this, index, static_cast<uint8_t*>(v), num_pages, layout};
 }
 
 absl::StatusOr<GpuBackend::Pool> GpuBackend::FindPool(
-    const uint8_t* data, const PageLayout& layout) const {
+    PoolHandle handle, const PageLayout& layout) const {
   absl::ReaderMutexLock lock(&pools_mu_);
-  for (const Pool& p : pools_) {
-    if (p.data != data) continue;
-    if (p.page_bytes != layout.page_bytes()) {
-      return Bad("pool page bytes",
-                 absl::StrCat(layout.page_bytes(), " (", layout.DebugString(), ")"),
-                 p.page_bytes);
-    }
-    return p;
+  // O(1): the handle names the pool; no search and no re-proof.
+  if (handle.owner != this || handle.index < 0 ||
+      handle.index >= static_cast<int32_t>(pools_.size()) ||
+      pools_[handle.index].data != handle.base) {
+    return absl::InvalidArgumentError("pool: expected a pool handle from this backend");
   }
-  return absl::InvalidArgumentError("pool: expected a pool allocated by this backend");
+  const Pool& p = pools_[handle.index];
+  if (p.page_bytes != layout.page_bytes()) {
+    return Bad("pool page bytes",
+               absl::StrCat(layout.page_bytes(), " (", layout.DebugString(), ")"),
+               p.page_bytes);
+  }
+  return p;
 }
 
 absl::StatusOr<std::unique_ptr<GpuBackend::Step>> GpuBackend::MakeStep(
@@ -420,19 +425,20 @@ absl::Status GpuBackend::EndCall() {
 }
 
 absl::StatusOr<double> GpuBackend::WriteEntries(const PageLayout& layout,
-                                                uint8_t* pool,
+                                                PoolHandle pool_h,
                                                 const StepRows& rows,
                                                 StepContext* ctx,
                                                 const KInput& k) {
   double us = 0;
-  RETURN_IF_ERROR(WriteImpl(layout, pool, rows, ctx, k, &us, /*nested=*/false));
+  RETURN_IF_ERROR(WriteImpl(layout, pool_h, rows, ctx, k, &us, /*nested=*/false));
   return us;
 }
 
-absl::Status GpuBackend::WriteImpl(const PageLayout& layout, uint8_t* pool,
+absl::Status GpuBackend::WriteImpl(const PageLayout& layout, PoolHandle pool_h,
                                    const StepRows& rows, StepContext* ctx,
                                    const KInput& k, double* us, bool nested) {
-  ASSIGN_OR_RETURN(const Pool p, FindPool(pool, layout));
+  ASSIGN_OR_RETURN(const Pool p, FindPool(pool_h, layout));
+  uint8_t* const pool = p.data;
   ASSIGN_OR_RETURN(Step * step, CheckedStep(layout, rows, ctx, p));
   const int64_t n = rows.NewEntries();
   if (n == 0) return absl::OkStatus();
@@ -604,18 +610,19 @@ absl::Status GpuBackend::CheckQTensors(const PageLayout& layout, const QInput& q
 }
 
 absl::StatusOr<LayerTimings> GpuBackend::DenseTopk(
-    const PageLayout& layout, const uint8_t* pool, const StepRows& rows,
+    const PageLayout& layout, PoolHandle pool_h, const StepRows& rows,
     StepContext* ctx, const QInput& q, int32_t topk, int32_t* out) {
   LayerTimings t;
-  RETURN_IF_ERROR(DenseImpl(layout, pool, rows, ctx, q, topk, out, &t, /*nested=*/false));
+  RETURN_IF_ERROR(DenseImpl(layout, pool_h, rows, ctx, q, topk, out, &t, /*nested=*/false));
   return t;
 }
 
-absl::Status GpuBackend::DenseImpl(const PageLayout& layout, const uint8_t* pool,
+absl::Status GpuBackend::DenseImpl(const PageLayout& layout, PoolHandle pool_h,
                                    const StepRows& rows, StepContext* ctx, const QInput& q,
                                    int32_t topk, int32_t* out, LayerTimings* timings,
                                    bool nested) {
-  ASSIGN_OR_RETURN(const Pool p, FindPool(pool, layout));
+  ASSIGN_OR_RETURN(const Pool p, FindPool(pool_h, layout));
+  uint8_t* const pool = p.data;
   ASSIGN_OR_RETURN(Step * step, CheckedStep(layout, rows, ctx, p));
   RETURN_IF_ERROR(CheckDenseArgs(layout, q, topk, rows.num_rows, out));
   if (rows.num_rows == 0 || topk == 0) return absl::OkStatus();
@@ -638,10 +645,11 @@ absl::Status GpuBackend::DenseImpl(const PageLayout& layout, const uint8_t* pool
 }
 
 absl::Status GpuBackend::ReadEntries(const PageLayout& layout,
-                                     const uint8_t* pool, int32_t page,
+                                     PoolHandle pool_h, int32_t page,
                                      int32_t first, int32_t count,
                                      uint8_t* out) {
-  ASSIGN_OR_RETURN(const Pool p, FindPool(pool, layout));
+  ASSIGN_OR_RETURN(const Pool p, FindPool(pool_h, layout));
+  uint8_t* const pool = p.data;
   RETURN_IF_ERROR(CheckReadEntriesArgs(layout, p.num_pages, page, first, count, out));
   if (count == 0) return absl::OkStatus();
   std::vector<uint8_t> host(static_cast<size_t>(p.page_bytes));

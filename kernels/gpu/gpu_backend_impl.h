@@ -91,15 +91,15 @@ class GpuBackend : public Backend {
   std::string Describe() const override;
   std::string Kind() const override { return "gpu"; }
 
-  absl::StatusOr<uint8_t*> AllocatePool(const PageLayout& layout,
+  absl::StatusOr<PoolHandle> AllocatePool(const PageLayout& layout,
                                         int64_t num_pages) override;
   absl::StatusOr<std::unique_ptr<StepContext>> PrepareStep(
       const PageLayout& layout, const StepRows& rows) override;
-  absl::StatusOr<double> WriteEntries(const PageLayout& layout, uint8_t* pool,
+  absl::StatusOr<double> WriteEntries(const PageLayout& layout, PoolHandle pool,
                                       const StepRows& rows, StepContext* ctx,
                                       const KInput& k) override;
   absl::StatusOr<LayerTimings> DenseTopk(const PageLayout& layout,
-                                         const uint8_t* pool,
+                                         PoolHandle pool,
                                          const StepRows& rows,
                                          StepContext* ctx, const QInput& q,
                                          int32_t topk, int32_t* out) override;
@@ -109,24 +109,24 @@ class GpuBackend : public Backend {
   // before the top-k); `mode` only selects among identical results.
   Paths SupportedPaths() const override { return {true, true}; }
   absl::StatusOr<LayerTimings> CandidateSource(
-      const PageLayout& layout, const uint8_t* pool, const StepRows& rows,
+      const PageLayout& layout, PoolHandle pool, const StepRows& rows,
       StepContext* ctx, const QInput& q, int32_t topk,
       const CandidateSpec& spec, int32_t* out) override;
   absl::StatusOr<LayerTimings> CandidateConsumer(
-      const PageLayout& layout, const uint8_t* pool, const StepRows& rows,
+      const PageLayout& layout, PoolHandle pool, const StepRows& rows,
       StepContext* ctx, const QInput& q, int32_t topk,
       const CandidateSpec& spec, ConsumerMode mode, int32_t* out) override;
   absl::StatusOr<LayerTimings> BlockTopk(const PageLayout& layout,
-                                         const uint8_t* pool,
+                                         PoolHandle pool,
                                          const StepRows& rows,
                                          StepContext* ctx, const BlockQInput& q,
                                          const BlockSpec& spec,
                                          int32_t* out) override;
-  absl::StatusOr<LayerTimings> RunLayer(const PageLayout& layout, uint8_t* pool,
+  absl::StatusOr<LayerTimings> RunLayer(const PageLayout& layout, PoolHandle pool,
                                         const StepRows& rows, StepContext* ctx,
                                         const LayerWork& work) override;
   absl::Status CopyDeviceToHost(void* dst, const void* device_src, int64_t bytes) override;
-  absl::Status ReadEntries(const PageLayout& layout, const uint8_t* pool,
+  absl::Status ReadEntries(const PageLayout& layout, PoolHandle pool,
                            int32_t page, int32_t first, int32_t count,
                            uint8_t* out) override;
 
@@ -201,21 +201,21 @@ class GpuBackend : public Backend {
   // The bodies of the public calls; `nested`: inside RunLayer's call (mu_
   // held, call begun, the end and its wait are RunLayer's). Timings are
   // added to *us / *timings at the call's wait.
-  absl::Status WriteImpl(const PageLayout& layout, uint8_t* pool, const StepRows& rows,
+  absl::Status WriteImpl(const PageLayout& layout, PoolHandle pool, const StepRows& rows,
                          StepContext* ctx, const KInput& k, double* us, bool nested)
       ABSL_NO_THREAD_SAFETY_ANALYSIS;
-  absl::Status DenseImpl(const PageLayout& layout, const uint8_t* pool, const StepRows& rows,
+  absl::Status DenseImpl(const PageLayout& layout, PoolHandle pool, const StepRows& rows,
                          StepContext* ctx, const QInput& q, int32_t topk, int32_t* out,
                          LayerTimings* timings, bool nested) ABSL_NO_THREAD_SAFETY_ANALYSIS;
-  absl::Status SourceImpl(const PageLayout& layout, const uint8_t* pool, const StepRows& rows,
+  absl::Status SourceImpl(const PageLayout& layout, PoolHandle pool, const StepRows& rows,
                           StepContext* ctx, const QInput& q, int32_t topk,
                           const CandidateSpec& spec, int32_t* out, LayerTimings* timings,
                           bool nested) ABSL_NO_THREAD_SAFETY_ANALYSIS;
-  absl::Status ConsumerImpl(const PageLayout& layout, const uint8_t* pool,
+  absl::Status ConsumerImpl(const PageLayout& layout, PoolHandle pool,
                             const StepRows& rows, StepContext* ctx, const QInput& q,
                             int32_t topk, const CandidateSpec& spec, int32_t* out,
                             LayerTimings* timings, bool nested) ABSL_NO_THREAD_SAFETY_ANALYSIS;
-  absl::Status BlockImpl(const PageLayout& layout, const uint8_t* pool, const StepRows& rows,
+  absl::Status BlockImpl(const PageLayout& layout, PoolHandle pool, const StepRows& rows,
                          StepContext* ctx, const BlockQInput& q, const BlockSpec& spec,
                          int32_t* out, LayerTimings* timings, bool nested)
       ABSL_NO_THREAD_SAFETY_ANALYSIS;
@@ -228,7 +228,7 @@ class GpuBackend : public Backend {
 
   GpuBackend(int ordinal, const DeviceProp& props);
   absl::Status Init();
-  absl::StatusOr<Pool> FindPool(const uint8_t* data,
+  absl::StatusOr<Pool> FindPool(PoolHandle handle,
                                 const PageLayout& layout) const;
   absl::StatusOr<std::unique_ptr<Step>> MakeStep(const PageLayout& layout,
                                                  const StepRows& rows);

@@ -15,7 +15,7 @@
 namespace indexer {
 namespace gpu {
 
-absl::StatusOr<LayerTimings> GpuBackend::RunLayer(const PageLayout& layout, uint8_t* pool,
+absl::StatusOr<LayerTimings> GpuBackend::RunLayer(const PageLayout& layout, PoolHandle pool_h,
                                                   const StepRows& rows, StepContext* ctx,
                                                   const LayerWork& work) {
   const bool candidate = work.kind == LayerKind::kCandidateSource ||
@@ -37,24 +37,24 @@ absl::StatusOr<LayerTimings> GpuBackend::RunLayer(const PageLayout& layout, uint
   RETURN_IF_ERROR(call.Begin());
   out_device_ = work.out_on_device;
   if (work.k != nullptr && rows.NewEntries() > 0) {
-    RETURN_IF_ERROR(WriteImpl(layout, pool, rows, ctx, *work.k, &timings.write_us, true));
+    RETURN_IF_ERROR(WriteImpl(layout, pool_h, rows, ctx, *work.k, &timings.write_us, true));
   }
   switch (work.kind) {
     case LayerKind::kDense:
       RETURN_IF_ERROR(
-          DenseImpl(layout, pool, rows, ctx, work.q, work.topk, work.out, &timings, true));
+          DenseImpl(layout, pool_h, rows, ctx, work.q, work.topk, work.out, &timings, true));
       break;
     case LayerKind::kCandidateSource:
-      RETURN_IF_ERROR(SourceImpl(layout, pool, rows, ctx, work.q, work.topk, work.candidate,
+      RETURN_IF_ERROR(SourceImpl(layout, pool_h, rows, ctx, work.q, work.topk, work.candidate,
                                  work.out, &timings, true));
       break;
     case LayerKind::kCandidateConsumer:
-      RETURN_IF_ERROR(ConsumerImpl(layout, pool, rows, ctx, work.q, work.topk, work.candidate,
+      RETURN_IF_ERROR(ConsumerImpl(layout, pool_h, rows, ctx, work.q, work.topk, work.candidate,
                                    work.out, &timings, true));
       break;
     case LayerKind::kBlock:
       RETURN_IF_ERROR(
-          BlockImpl(layout, pool, rows, ctx, work.block_q, work.block, work.out, &timings, true));
+          BlockImpl(layout, pool_h, rows, ctx, work.block_q, work.block, work.out, &timings, true));
       break;
   }
   // The layer's one wait; the spans' times land in `timings` here.
@@ -102,19 +102,20 @@ absl::StatusOr<GpuBackend::Step*> GpuBackend::CandidateStep(
 }
 
 absl::StatusOr<LayerTimings> GpuBackend::CandidateSource(
-    const PageLayout& layout, const uint8_t* pool, const StepRows& rows,
+    const PageLayout& layout, PoolHandle pool_h, const StepRows& rows,
     StepContext* ctx, const QInput& q, int32_t topk, const CandidateSpec& spec,
     int32_t* out) {
   LayerTimings t;
-  RETURN_IF_ERROR(SourceImpl(layout, pool, rows, ctx, q, topk, spec, out, &t, /*nested=*/false));
+  RETURN_IF_ERROR(SourceImpl(layout, pool_h, rows, ctx, q, topk, spec, out, &t, /*nested=*/false));
   return t;
 }
 
-absl::Status GpuBackend::SourceImpl(const PageLayout& layout, const uint8_t* pool,
+absl::Status GpuBackend::SourceImpl(const PageLayout& layout, PoolHandle pool_h,
                                     const StepRows& rows, StepContext* ctx, const QInput& q,
                                     int32_t topk, const CandidateSpec& spec, int32_t* out,
                                     LayerTimings* timings, bool nested) {
-  ASSIGN_OR_RETURN(const Pool p, FindPool(pool, layout));
+  ASSIGN_OR_RETURN(const Pool p, FindPool(pool_h, layout));
+  uint8_t* const pool = p.data;
   ASSIGN_OR_RETURN(Step * step, CandidateStep(layout, rows, ctx, p));
   RETURN_IF_ERROR(CheckCandidateSpec(spec));
   RETURN_IF_ERROR(CheckDenseArgs(layout, q, topk, rows.num_rows, out));
@@ -178,19 +179,20 @@ absl::Status GpuBackend::SourceImpl(const PageLayout& layout, const uint8_t* poo
 }
 
 absl::StatusOr<LayerTimings> GpuBackend::CandidateConsumer(
-    const PageLayout& layout, const uint8_t* pool, const StepRows& rows,
+    const PageLayout& layout, PoolHandle pool_h, const StepRows& rows,
     StepContext* ctx, const QInput& q, int32_t topk, const CandidateSpec& spec,
     ConsumerMode /*mode*/, int32_t* out) {
   LayerTimings t;
-  RETURN_IF_ERROR(ConsumerImpl(layout, pool, rows, ctx, q, topk, spec, out, &t, /*nested=*/false));
+  RETURN_IF_ERROR(ConsumerImpl(layout, pool_h, rows, ctx, q, topk, spec, out, &t, /*nested=*/false));
   return t;
 }
 
-absl::Status GpuBackend::ConsumerImpl(const PageLayout& layout, const uint8_t* pool,
+absl::Status GpuBackend::ConsumerImpl(const PageLayout& layout, PoolHandle pool_h,
                                       const StepRows& rows, StepContext* ctx, const QInput& q,
                                       int32_t topk, const CandidateSpec& spec, int32_t* out,
                                       LayerTimings* timings, bool nested) {
-  ASSIGN_OR_RETURN(const Pool p, FindPool(pool, layout));
+  ASSIGN_OR_RETURN(const Pool p, FindPool(pool_h, layout));
+  uint8_t* const pool = p.data;
   ASSIGN_OR_RETURN(Step * step, CandidateStep(layout, rows, ctx, p));
   RETURN_IF_ERROR(CheckCandidateSpec(spec));
   if (topk < 0) return Bad("topk", ">= 0", topk);
@@ -253,18 +255,19 @@ absl::Status GpuBackend::ConsumerImpl(const PageLayout& layout, const uint8_t* p
 }
 
 absl::StatusOr<LayerTimings> GpuBackend::BlockTopk(
-    const PageLayout& layout, const uint8_t* pool, const StepRows& rows,
+    const PageLayout& layout, PoolHandle pool_h, const StepRows& rows,
     StepContext* ctx, const BlockQInput& q, const BlockSpec& spec, int32_t* out) {
   LayerTimings t;
-  RETURN_IF_ERROR(BlockImpl(layout, pool, rows, ctx, q, spec, out, &t, /*nested=*/false));
+  RETURN_IF_ERROR(BlockImpl(layout, pool_h, rows, ctx, q, spec, out, &t, /*nested=*/false));
   return t;
 }
 
-absl::Status GpuBackend::BlockImpl(const PageLayout& layout, const uint8_t* pool,
+absl::Status GpuBackend::BlockImpl(const PageLayout& layout, PoolHandle pool_h,
                                    const StepRows& rows, StepContext* ctx, const BlockQInput& q,
                                    const BlockSpec& spec, int32_t* out, LayerTimings* timings,
                                    bool nested) {
-  ASSIGN_OR_RETURN(const Pool p, FindPool(pool, layout));
+  ASSIGN_OR_RETURN(const Pool p, FindPool(pool_h, layout));
+  uint8_t* const pool = p.data;
   if (layout.format != KvFormat::kMxfp4) {
     return absl::InvalidArgumentError(absl::StrCat(
         "layout: the block path expected MXFP4 K pages, got ", KvFormatName(layout.format)));

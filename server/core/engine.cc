@@ -48,7 +48,7 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(
     }
   }
   std::unique_ptr<Engine> e(new Engine(std::move(model), std::move(backend)));
-  e->pools_.assign(e->model_.num_layers(), nullptr);
+  e->pools_.assign(e->model_.num_layers(), PoolHandle{});
   absl::MutexLock lock(&e->mu_);
   for (const GroupSpec& g : e->model_.groups) {
     e->allocators_.emplace_back(g.pages);

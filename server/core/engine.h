@@ -156,7 +156,7 @@ class Engine {
   // used pages; every sequence holds exactly ceil(entries / E) pages.
   absl::Status CheckInvariants() const;
   // Pool base of a layer (tests read entries back through the backend).
-  const uint8_t* pool(int32_t layer) const { return pools_[layer]; }
+  PoolHandle pool(int32_t layer) const { return pools_[layer]; }
   // Physical pages of a committed sequence in a group, for tests.
   absl::StatusOr<std::vector<int32_t>> SequencePages(const SeqName& name,
                                                      int32_t group) const;
@@ -173,7 +173,7 @@ class Engine {
 
   const Model model_;
   const std::unique_ptr<Backend> backend_;
-  std::vector<uint8_t*> pools_;  // [layer]
+  std::vector<PoolHandle> pools_;  // [layer]
   std::atomic<int32_t> open_steps_{0};
   std::atomic<uint64_t> step_counter_{0};
 

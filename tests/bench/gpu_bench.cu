@@ -257,8 +257,8 @@ Result RunShape(const BenchShape& bs, const Ceilings& ceil, int iters,
   const int64_t pages = static_cast<int64_t>(bs.batch) * per_seq;
   auto pool_or = be->AllocatePool(layout, pages);
   CHECK_OK(pool_or);
-  uint8_t* pool = *pool_or;
-  FillPoolKernel<<<1024, 256>>>(pool, pages * layout.page_bytes(), layout, 12345u);
+  const PoolHandle pool = *pool_or;
+  FillPoolKernel<<<1024, 256>>>(pool.base, pages * layout.page_bytes(), layout, 12345u);
   CHECK_GPU(gpu::GetLastError());
   CHECK_GPU(gpu::StreamSynchronize(nullptr));
 

@@ -74,8 +74,8 @@ PageLayout MakeLayout(const Shape& s) {
 struct Pair {
   std::unique_ptr<CpuBackend> cpu;
   std::unique_ptr<Backend> gpu;
-  uint8_t* cpu_pool = nullptr;
-  uint8_t* gpu_pool = nullptr;
+  PoolHandle cpu_pool;
+  PoolHandle gpu_pool;
   int64_t pages = 0;
 };
 
@@ -96,7 +96,7 @@ Pair MakePair(const PageLayout& layout, int64_t pages) {
 // Raw pool bytes of the gpu pool.
 std::vector<uint8_t> GpuPoolBytes(const Pair& p, const PageLayout& layout) {
   std::vector<uint8_t> host(static_cast<size_t>(p.pages * layout.page_bytes()));
-  EXPECT_EQ(gpu::CopyD2H(host.data(), p.gpu_pool, host.size(), nullptr), gpu::kSuccess);
+  EXPECT_EQ(gpu::CopyD2H(host.data(), p.gpu_pool.base, host.size(), nullptr), gpu::kSuccess);
   EXPECT_EQ(gpu::StreamSynchronize(nullptr), gpu::kSuccess);
   return host;
 }
@@ -105,7 +105,7 @@ void ExpectPoolsEqual(const Pair& p, const PageLayout& layout) {
   const std::vector<uint8_t> g = GpuPoolBytes(p, layout);
   int64_t diffs = 0, first = -1;
   for (size_t i = 0; i < g.size(); ++i) {
-    if (g[i] != p.cpu_pool[i]) {
+    if (g[i] != p.cpu_pool.base[i]) {
       if (first < 0) first = static_cast<int64_t>(i);
       ++diffs;
     }
@@ -113,7 +113,7 @@ void ExpectPoolsEqual(const Pair& p, const PageLayout& layout) {
   EXPECT_EQ(diffs, 0) << "pool bytes differ, first at byte " << first
                       << " (page " << first / std::max<int64_t>(1, layout.page_bytes())
                       << "): gpu " << (first >= 0 ? int(g[first]) : 0)
-                      << " cpu " << (first >= 0 ? int(p.cpu_pool[first]) : 0);
+                      << " cpu " << (first >= 0 ? int(p.cpu_pool.base[first]) : 0);
 }
 
 // A step over `lens` (entries after the step) with `q_lens` rows each;
@@ -320,7 +320,7 @@ TEST_P(GpuDenseTest, WritesBitExactAndTopkMatchesCpu) {
     for (int32_t i = 0; i < PagesFor(new_e[s], sh.page_entries); ++i) pages[s].push_back(perm[next++]);
   }
   Pair p = MakePair(layout, pool_pages);
-  ASSERT_NE(p.gpu_pool, nullptr);
+  ASSERT_NE(p.gpu_pool.base, nullptr);
   static_cast<gpu::GpuBackend*>(p.gpu.get())->set_max_logits_path(sh.max_path);
 
   // ---- history: entries [0, old) of every sequence, no rows ---------------
@@ -478,7 +478,7 @@ TEST_P(GpuMxfp4AdversarialTest, TopkMatchesReference) {
     for (int32_t i = 0; i < PagesFor(new_e[s], sh.page_entries); ++i) pages[s].push_back(next++);
   }
   Pair p = MakePair(layout, total_pages);
-  ASSERT_NE(p.gpu_pool, nullptr);
+  ASSERT_NE(p.gpu_pool.base, nullptr);
   static_cast<gpu::GpuBackend*>(p.gpu.get())->set_max_logits_path(sh.max_path);
   const StepRows rows = MakeStep(zeros, new_e, q_lens, sh.page_entries, pages, 0);
 
@@ -585,7 +585,7 @@ TEST(GpuBackendTest, SmallWorkspaceSplitsChunks) {
   std::vector<std::vector<int32_t>> pages(seqs);
   const int32_t per = (hist + q_len + 63) / 64;
   for (int32_t s = 0; s < seqs; ++s) for (int32_t i = 0; i < per; ++i) pages[s].push_back(s * per + i);
-  uint8_t* cpool = *cpu.AllocatePool(layout, seqs * per);
+  const PoolHandle cpool = *cpu.AllocatePool(layout, seqs * per);
   auto gp = (*gpu)->AllocatePool(layout, seqs * per);
   ASSERT_TRUE(gp.ok());
   const StepRows rows = MakeStep({0, 0}, {hist + q_len, hist + q_len}, {q_len, q_len}, 64, pages, 0);
@@ -756,7 +756,7 @@ TEST(GpuBackendTest, RejectsForeignPoolAndContext) {
   auto layout = *PageLayout::Make(KvFormat::kFp8, 128, 64);
   auto gpu = MakeGpuBackend(0, 0);
   ASSERT_TRUE(gpu.ok()) << gpu.status();
-  uint8_t* pool = *(*gpu)->AllocatePool(layout, 4);
+  const PoolHandle pool = *(*gpu)->AllocatePool(layout, 4);
   const StepRows rows = MakeStep({0}, {10}, {2}, 64, {{1}}, 0);
   const StepRows other = MakeStep({0, 0}, {10, 10}, {1, 1}, 64, {{1}, {2}}, 0);
   auto ctx = (*gpu)->PrepareStep(layout, other);
@@ -764,7 +764,9 @@ TEST(GpuBackendTest, RejectsForeignPoolAndContext) {
   std::vector<float> k(10 * 128, 1.f);
   KInput in;
   in.data = k.data();
-  auto bad_pool = (*gpu)->WriteEntries(layout, pool + 64, rows, nullptr, in);
+  PoolHandle foreign = pool;
+  foreign.index += 1;  // no such pool
+  auto bad_pool = (*gpu)->WriteEntries(layout, foreign, rows, nullptr, in);
   EXPECT_EQ(bad_pool.status().code(), absl::StatusCode::kInvalidArgument);
   auto bad_ctx = (*gpu)->WriteEntries(layout, pool, rows, ctx->get(), in);
   EXPECT_EQ(bad_ctx.status().code(), absl::StatusCode::kInvalidArgument);

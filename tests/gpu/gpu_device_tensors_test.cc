@@ -210,8 +210,8 @@ TEST(GpuDeviceTensors, SameLayerHostAndDeviceBitForBit) {
     EXPECT_NE(out_a[0], -7);
     // Pools: the same entries written.
     std::vector<uint8_t> pa(static_cast<size_t>(next * L.page_bytes())), pb(pa.size());
-    ASSERT_EQ(gpu::CopyD2H(pa.data(), *pool_a, pa.size(), nullptr), gpu::kSuccess);
-    ASSERT_EQ(gpu::CopyD2H(pb.data(), *pool_b, pb.size(), nullptr), gpu::kSuccess);
+    ASSERT_EQ(gpu::CopyD2H(pa.data(), pool_a->base, pa.size(), nullptr), gpu::kSuccess);
+    ASSERT_EQ(gpu::CopyD2H(pb.data(), pool_b->base, pb.size(), nullptr), gpu::kSuccess);
     ASSERT_EQ(gpu::StreamSynchronize(nullptr), gpu::kSuccess);
     EXPECT_EQ(pa, pb) << "device K wrote different pool bytes";
   }

@@ -171,7 +171,7 @@ TEST_P(CpuBackendStepTest, WriteReadAndDenseTopk) {
   std::shuffle(pages.begin(), pages.end(), rng_);
   auto pool_or = backend_->AllocatePool(layout_, num_pages);
   ASSERT_TRUE(pool_or.ok()) << pool_or.status();
-  uint8_t* pool = *pool_or;
+  const PoolHandle pool = *pool_or;
 
   // Expected linear entries of every sequence, by position.
   std::vector<std::vector<std::vector<uint8_t>>> want(batch);
@@ -436,7 +436,7 @@ class CpuBackendErrorTest : public testing::Test {
   }
   CpuBackend backend_{1};
   PageLayout layout_;
-  uint8_t* pool_ = nullptr;
+  PoolHandle pool_;
   StepRows rows_;
 };
 
@@ -483,8 +483,18 @@ TEST_F(CpuBackendErrorTest, ReadOutsideThePageIsRejected) {
   std::vector<uint8_t> got(8 * layout_.entry_bytes());
   EXPECT_FALSE(backend_.ReadEntries(layout_, pool_, 3, 0, 1, got.data()).ok());
   EXPECT_FALSE(backend_.ReadEntries(layout_, pool_, 0, 2, 3, got.data()).ok());
-  uint8_t other[8];
-  EXPECT_FALSE(backend_.ReadEntries(layout_, other, 0, 0, 1, got.data()).ok());
+  // Handles that name no pool of this backend: another backend's, a stale
+  // index, a forged base.
+  CpuBackend another(1);
+  const PoolHandle theirs = *another.AllocatePool(layout_, 3);
+  EXPECT_FALSE(backend_.ReadEntries(layout_, theirs, 0, 0, 1, got.data()).ok());
+  PoolHandle stale = pool_;
+  stale.index = 5;
+  EXPECT_FALSE(backend_.ReadEntries(layout_, stale, 0, 0, 1, got.data()).ok());
+  PoolHandle forged = pool_;
+  forged.base += 64;
+  EXPECT_FALSE(backend_.ReadEntries(layout_, forged, 0, 0, 1, got.data()).ok());
+  EXPECT_TRUE(backend_.ReadEntries(layout_, pool_, 0, 0, 1, got.data()).ok());
 }
 
 TEST_F(CpuBackendErrorTest, ZeroVisibleRowsGetMinusOne) {

@@ -46,7 +46,14 @@ struct PoolHandle {
 // schedule). Created by PrepareStep, destroyed when the step ends.
 class StepContext {
  public:
+  explicit StepContext(StepRows rows) : rows_(std::move(rows)) {}
   virtual ~StepContext() = default;
+  // The step's rows, built once per step and group, validated and (gpu)
+  // uploaded by PrepareStep; RunLayer reads them from here.
+  const StepRows& rows() const { return rows_; }
+
+ private:
+  const StepRows rows_;
 };
 
 // New K entries of one layer for one step: row i is entry
@@ -153,7 +160,7 @@ class Backend {
 
   // Per-step state shared by all layers of a group in this step.
   virtual absl::StatusOr<std::unique_ptr<StepContext>> PrepareStep(
-      const PageLayout& layout, const StepRows& rows) = 0;
+      const PageLayout& layout, StepRows rows) = 0;
 
   // Writes the step's new entries of one layer into `pool` through the block
   // table. REQUIRES: inputs validated (shape, finiteness) by the caller.
@@ -213,8 +220,9 @@ class Backend {
   // and synchronizes once; this default composes the calls above (the cpu
   // backend's form) and refuses device tensors. On error after the write the
   // entries may be in the pool: callers keep them past committed lengths.
-  virtual absl::StatusOr<LayerTimings> RunLayer(const PageLayout& layout, PoolHandle pool,
-                                                const StepRows& rows, StepContext* ctx,
+  // The layout is the pool's, the rows the context's (REQUIRES: ctx from
+  // this backend's PrepareStep with that layout).
+  virtual absl::StatusOr<LayerTimings> RunLayer(PoolHandle pool, StepContext* ctx,
                                                 const LayerWork& work);
 
   // Copies `bytes` bytes of device memory to the host (device inputs that

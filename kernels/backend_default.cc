@@ -6,9 +6,13 @@
 
 namespace indexer {
 
-absl::StatusOr<LayerTimings> Backend::RunLayer(const PageLayout& layout, PoolHandle pool_h,
-                                               const StepRows& rows, StepContext* ctx,
+absl::StatusOr<LayerTimings> Backend::RunLayer(PoolHandle pool_h, StepContext* ctx,
                                                const LayerWork& work) {
+  if (ctx == nullptr) {
+    return absl::InvalidArgumentError("ctx: expected the step's context from PrepareStep");
+  }
+  const PageLayout& layout = pool_h.layout;
+  const StepRows& rows = ctx->rows();
   if ((work.k != nullptr && work.k->on_device) || work.q.on_device || work.out_on_device) {
     return absl::FailedPreconditionError(absl::StrCat(
         "device tensors need the gpu backend; this daemon runs the ", Kind(), " backend"));

@@ -141,10 +141,10 @@ absl::StatusOr<CpuBackend::Pool> CpuBackend::FindPool(
 }
 
 absl::StatusOr<std::unique_ptr<StepContext>> CpuBackend::PrepareStep(
-    const PageLayout& layout, const StepRows& rows) {
-  // Pages are checked against the pool by each call; the shape here.
+    const PageLayout& layout, StepRows rows) {
+  // Pages are checked against the pool by the first call; the shape here.
   RETURN_IF_ERROR(ValidateStepRows(layout, rows, INT64_MAX));
-  return std::make_unique<cpu_internal::CpuStepContext>(&rows);
+  return std::make_unique<cpu_internal::CpuStepContext>(std::move(rows));
 }
 
 absl::StatusOr<double> CpuBackend::WriteEntries(const PageLayout& layout,

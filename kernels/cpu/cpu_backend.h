@@ -58,7 +58,7 @@ class CpuBackend : public Backend {
   absl::StatusOr<PoolHandle> AllocatePool(const PageLayout& layout,
                                         int64_t num_pages) override;
   absl::StatusOr<std::unique_ptr<StepContext>> PrepareStep(
-      const PageLayout& layout, const StepRows& rows) override;
+      const PageLayout& layout, StepRows rows) override;
   absl::StatusOr<double> WriteEntries(const PageLayout& layout, PoolHandle pool,
                                       const StepRows& rows, StepContext* ctx,
                                       const KInput& k) override;

@@ -306,7 +306,7 @@ absl::StatusOr<std::unique_ptr<GpuBackend::Step>> GpuBackend::MakeStep(
 }
 
 absl::StatusOr<std::unique_ptr<StepContext>> GpuBackend::PrepareStep(
-    const PageLayout& layout, const StepRows& rows) {
+    const PageLayout& layout, StepRows rows) {
   ASSIGN_OR_RETURN(std::unique_ptr<Step> s, MakeStep(layout, rows));
   return std::unique_ptr<StepContext>(std::move(s));
 }

@@ -10,12 +10,13 @@
 // Workspace size: env INDEXER_GPU_LOGITS_MB (default 1024) bounds one
 // sub-chunk's logits; steps whose chunks exceed it are cut into sub-chunks.
 //
-// Steps: PrepareStep validates the rows in full and copies them to the
-// device; a call given its context checks only that the context is this
+// Steps: PrepareStep validates the rows in full, copies them to the device
+// and keeps them in the context; RunLayer takes them from there. A
+// single-path call given a context checks only that the context is this
 // backend's for rows of that shape and that the step's pages lie in the
-// pool (O(1)). REQUIRES: such a call passes the StepRows PrepareStep was
-// given, unchanged (the kernels read the copy made there). A call with a
-// null context validates and copies the rows itself.
+// pool (O(1)). REQUIRES: such a call passes rows equal to the context's
+// (the kernels read the copy made by PrepareStep). A single-path call with
+// a null context validates and copies the rows itself.
 //
 // Synchronization: each call waits for the stream once, at its end, also
 // when it fails (its kernel times and outputs are then ready and the
@@ -94,7 +95,7 @@ class GpuBackend : public Backend {
   absl::StatusOr<PoolHandle> AllocatePool(const PageLayout& layout,
                                         int64_t num_pages) override;
   absl::StatusOr<std::unique_ptr<StepContext>> PrepareStep(
-      const PageLayout& layout, const StepRows& rows) override;
+      const PageLayout& layout, StepRows rows) override;
   absl::StatusOr<double> WriteEntries(const PageLayout& layout, PoolHandle pool,
                                       const StepRows& rows, StepContext* ctx,
                                       const KInput& k) override;
@@ -122,8 +123,7 @@ class GpuBackend : public Backend {
                                          StepContext* ctx, const BlockQInput& q,
                                          const BlockSpec& spec,
                                          int32_t* out) override;
-  absl::StatusOr<LayerTimings> RunLayer(const PageLayout& layout, PoolHandle pool,
-                                        const StepRows& rows, StepContext* ctx,
+  absl::StatusOr<LayerTimings> RunLayer(PoolHandle pool, StepContext* ctx,
                                         const LayerWork& work) override;
   absl::Status CopyDeviceToHost(void* dst, const void* device_src, int64_t bytes) override;
   absl::Status ReadEntries(const PageLayout& layout, PoolHandle pool,

@@ -15,23 +15,15 @@
 namespace indexer {
 namespace gpu {
 
-absl::StatusOr<LayerTimings> GpuBackend::RunLayer(const PageLayout& layout, PoolHandle pool_h,
-                                                  const StepRows& rows, StepContext* ctx,
+absl::StatusOr<LayerTimings> GpuBackend::RunLayer(PoolHandle pool_h, StepContext* ctx,
                                                   const LayerWork& work) {
-  const bool candidate = work.kind == LayerKind::kCandidateSource ||
-                         work.kind == LayerKind::kCandidateConsumer;
-  // The step's device rows: the caller's context, else made here (outside
-  // the call: MakeStep takes mu_ itself). Candidate pools live in the
-  // caller's context, so those layers need one.
-  std::unique_ptr<Step> owned;
+  // The step's rows and their device copy live in the context (made once
+  // by PrepareStep); the layout is the pool's.
   if (ctx == nullptr) {
-    if (candidate) {
-      return absl::InvalidArgumentError(
-          "ctx: expected the step's context from PrepareStep (candidate pools live in it)");
-    }
-    ASSIGN_OR_RETURN(owned, MakeStep(layout, rows));
-    ctx = static_cast<StepContext*>(owned.get());
+    return absl::InvalidArgumentError("ctx: expected the step's context from PrepareStep");
   }
+  const PageLayout& layout = pool_h.layout;
+  const StepRows& rows = ctx->rows();
   LayerTimings timings;
   CallScope call(this, /*nested=*/false);
   RETURN_IF_ERROR(call.Begin());

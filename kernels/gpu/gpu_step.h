@@ -23,7 +23,7 @@ class GpuBackend::Step : public StepContext {
  public:
   Step(DeviceArena* arena, uint8_t* meta, StepPlan plan, DeviceStepRows dev,
        const StepRows& rows, int64_t max_page)
-      : arena_(arena), meta_(meta), plan_(std::move(plan)), dev_(dev),
+      : StepContext(rows), arena_(arena), meta_(meta), plan_(std::move(plan)), dev_(dev),
         num_rows_(rows.num_rows), num_seqs_(rows.num_seqs),
         max_pages_(rows.max_pages), new_entries_(rows.NewEntries()),
         max_page_(max_page) {}

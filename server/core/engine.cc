@@ -188,16 +188,16 @@ absl::StatusOr<std::unique_ptr<Step>> Engine::BeginStep(const StepSpec& spec) {
     open_steps_.fetch_add(1);
   }
 
-  // Backends may keep the address of a group's StepRows for the whole step.
-  step->rows_.reserve(G);
+  // Each group's rows are built once and handed to the backend's context,
+  // which owns them (and on the gpu uploads them) for the whole step.
   for (size_t g = 0; g < G; ++g) {
     const GroupSpec& gs = model_.groups[g];
-    step->rows_.push_back(
-        BuildStepRows(per_group[g], gs.compress_ratio, model_.logits_budget_bytes()));
-    auto ctx = backend_->PrepareStep(gs.layout, step->rows_.back());
+    auto ctx = backend_->PrepareStep(
+        gs.layout, BuildStepRows(per_group[g], gs.compress_ratio, model_.logits_budget_bytes()));
     if (!ctx.ok()) return ctx.status();  // ~Step rolls back
     step->ctx_.push_back(std::move(ctx).value());
   }
+  step->num_rows_ = G > 0 ? step->ctx_[0]->rows().num_rows : 0;
   step->layer_done_.assign(model_.num_layers(), false);
   step->source_done_.assign(model_.candidate_sets.size(), false);
   return step;
@@ -353,7 +353,7 @@ Step::Step(Engine* engine) : engine_(engine) {}
 
 Step::~Step() { Abort(); }
 
-int32_t Step::num_rows() const { return rows_.empty() ? 0 : rows_[0].num_rows; }
+int32_t Step::num_rows() const { return num_rows_; }
 
 void Step::Abort() {
   if (finished_ || keys_.empty()) {
@@ -380,7 +380,7 @@ absl::Status Step::CheckLayer(int32_t layer) const {
 }
 
 absl::StatusOr<double> Step::WriteK(int32_t group, int32_t layer, const KInput& k) {
-  const StepRows& rows = rows_[group];
+  const StepRows& rows = ctx_[group]->rows();
   if (rows.NewEntries() == 0) return 0.0;
   return engine_->backend_->WriteEntries(engine_->model_.groups[group].layout,
                                          engine_->pools_[layer], rows, ctx_[group].get(), k);
@@ -390,7 +390,7 @@ absl::Status Step::WriteLayer(int32_t layer, const TensorView& k) {
   RETURN_IF_ERROR(CheckLayer(layer));
   const int32_t group = engine_->model_.layer_group[layer];
   ASSIGN_OR_RETURN(KInput kin,
-                   ValidateK(engine_->model_.groups[group], rows_[group].NewEntries(), k));
+                   ValidateK(engine_->model_.groups[group], ctx_[group]->rows().NewEntries(), k));
   RETURN_IF_ERROR(WriteK(group, layer, kin).status());
   layer_done_[layer] = true;
   return absl::OkStatus();
@@ -437,7 +437,7 @@ absl::StatusOr<LayerOutput> Step::RunLayer(const LayerInput& in) {
   const int32_t group = m.layer_group[in.layer];
   const GroupSpec& g = m.groups[group];
   const LayerRole role = m.layer_role[in.layer];
-  const StepRows& rows = rows_[group];
+  const StepRows& rows = ctx_[group]->rows();
   Backend& b = *engine_->backend_;
 
   // Validate everything before the first byte is written.
@@ -508,7 +508,7 @@ absl::StatusOr<LayerOutput> Step::RunLayer(const LayerInput& in) {
   // its committed entries exactly; a retry of the layer would overwrite the
   // same positions.
   absl::StatusOr<LayerTimings> t =
-      b.RunLayer(g.layout, engine_->pools_[in.layer], rows, ctx_[group].get(), work);
+      b.RunLayer(engine_->pools_[in.layer], ctx_[group].get(), work);
   if (!t.ok()) return t.status();
   out.timings = *t;
   layer_done_[in.layer] = true;

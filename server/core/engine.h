@@ -109,8 +109,9 @@ class Step {
   std::vector<int64_t> new_len_;
   // [seq][group] pages allocated by this step.
   std::vector<std::vector<std::vector<int32_t>>> new_pages_;
-  std::vector<StepRows> rows_;                       // [group]
-  std::vector<std::unique_ptr<StepContext>> ctx_;    // [group]
+  // [group] the backend's step state, which owns the group's StepRows.
+  std::vector<std::unique_ptr<StepContext>> ctx_;
+  int32_t num_rows_ = 0;
   std::vector<bool> layer_done_;                     // [layer]
   std::vector<bool> source_done_;                    // [candidate set]
   // Reused per layer: quantized Q, scales and scaled weights.

@@ -179,7 +179,7 @@ TEST(GpuDeviceTensors, SameLayerHostAndDeviceBitForBit) {
                              : size_t{1} * rows.num_rows * topk;
     std::vector<int32_t> out_a(n_out, -7);
     a.out = out_a.data();
-    auto ta = be.RunLayer(L, *pool_a, rows, ctx_a->get(), a);
+    auto ta = be.RunLayer(*pool_a, ctx_a->get(), a);
     ASSERT_TRUE(ta.ok()) << ta.status();
     EXPECT_GT(ta->logits_us, 0.0);
     EXPECT_GT(ta->write_us, 0.0);
@@ -199,7 +199,7 @@ TEST(GpuDeviceTensors, SameLayerHostAndDeviceBitForBit) {
     DeviceCopy out_dev(sentinel.data(), n_out * 4);
     b.out = static_cast<int32_t*>(out_dev.get());
     b.out_on_device = true;
-    auto tb = be.RunLayer(L, *pool_b, rows, ctx_b->get(), b);
+    auto tb = be.RunLayer(*pool_b, ctx_b->get(), b);
     ASSERT_TRUE(tb.ok()) << tb.status();
 
     const std::vector<uint8_t> got = out_dev.ToHost();
@@ -255,7 +255,7 @@ TEST(GpuDeviceTensors, NonFiniteDeviceInputsFailNamingTheField) {
     work.topk = 8;
     std::vector<int32_t> out(static_cast<size_t>(rows.num_rows) * 8);
     work.out = out.data();
-    auto t = be.RunLayer(L, *pool, rows, ctx->get(), work);
+    auto t = be.RunLayer(*pool, ctx->get(), work);
     ASSERT_FALSE(t.ok());
     EXPECT_EQ(t.status().code(), absl::StatusCode::kInvalidArgument) << t.status();
     const std::string want = field == "weights" ? "weights: element 7" : quant ? "k: element 0" : "k: element 130";
@@ -274,7 +274,7 @@ TEST(GpuDeviceTensors, NonFiniteDeviceInputsFailNamingTheField) {
   work.topk = 8;
   std::vector<int32_t> out(static_cast<size_t>(rows.num_rows) * 8);
   work.out = out.data();
-  auto t = be.RunLayer(L, *pool, rows, ctx->get(), work);
+  auto t = be.RunLayer(*pool, ctx->get(), work);
   EXPECT_TRUE(t.ok()) << t.status();
 }
 

@@ -527,7 +527,7 @@ void ApplyBlockSentinels(int32_t init_blocks, int32_t local_blocks,
 }
 
 int64_t CausalBlocks(int64_t visible, int32_t page_entries) {
-  return (visible + page_entries - 1) / page_entries;
+  return PagesFor(visible, page_entries);  // blocks are pages
 }
 
 // --------------------------------------------------------------- checker --

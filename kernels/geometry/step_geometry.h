@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "kernels/format/hd.h"
 #include "kernels/format/page_layout.h"
 
 namespace indexer {
@@ -27,6 +28,14 @@ inline int64_t VisibleEntries(int64_t position, int32_t r) { return (position + 
 // Pages holding `entries` entries.
 inline int64_t PagesFor(int64_t entries, int32_t page_entries) {
   return (entries + page_entries - 1) / page_entries;
+}
+// Logical page (index into a sequence's block-table row) of entry `pos`,
+// and the entry's slot inside that page. Host and device code.
+INDEXER_HD int32_t LogicalPage(int32_t pos, int32_t page_entries) {
+  return pos / page_entries;
+}
+INDEXER_HD int32_t SlotInPage(int32_t pos, int32_t page_entries) {
+  return pos - LogicalPage(pos, page_entries) * page_entries;
 }
 // Pages a sequence of `tokens` tokens needs at ratio `r`.
 inline int64_t PagesForTokens(int64_t tokens, int32_t r, int32_t page_entries) {

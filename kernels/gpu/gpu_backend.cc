@@ -61,7 +61,7 @@ int64_t Append(std::vector<int32_t>& img, const T* v, size_t n) {
 int64_t MaxPage(const PageLayout& layout, const StepRows& rows) {
   int64_t max_page = -1;
   for (int32_t s = 0; s < rows.num_seqs; ++s) {
-    const int64_t pages = (int64_t{rows.seq_new_entries[s]} + layout.page_entries - 1) / layout.page_entries;
+    const int64_t pages = PagesFor(rows.seq_new_entries[s], layout.page_entries);
     for (int64_t lp = 0; lp < pages; ++lp) {
       max_page = std::max<int64_t>(max_page, rows.Page(s, static_cast<int32_t>(lp)));
     }
@@ -258,7 +258,7 @@ absl::StatusOr<std::unique_ptr<GpuBackend::Step>> GpuBackend::MakeStep(
   ASSIGN_OR_RETURN(StepPlan plan, PlanStep(rows, limits));
   // Each unit's first physical page: the ws producer's first copy of a unit
   // then waits on the unit's load alone, not on a block-table load after it.
-  for (LogitsUnit& u : plan.units) u.page0 = rows.Page(u.seq, u.e_begin / layout.page_entries);
+  for (LogitsUnit& u : plan.units) u.page0 = rows.Page(u.seq, LogicalPage(u.e_begin, layout.page_entries));
 
   std::vector<int32_t> img;
   const int64_t o_bt = Append(img, rows.block_table.data(), rows.block_table.size());

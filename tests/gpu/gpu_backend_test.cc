@@ -1016,7 +1016,7 @@ TEST(GpuBlockTest, BlockTopkMatchesReference) {
     std::vector<uint8_t> entry(layout.entry_bytes());
     for (int32_t r = 0; r < rows.num_rows; ++r) {
       const int32_t n = rows.row_visible[r], s = rows.row_seq[r], pe = c.page_entries;
-      const int32_t causal = (n + pe - 1) / pe;
+      const int32_t causal = static_cast<int32_t>(PagesFor(n, pe));
       std::vector<std::vector<double>> kd(n, std::vector<double>(128));
       for (int32_t e = 0; e < n; ++e) {
         ASSERT_TRUE(sc.p.cpu->ReadEntries(layout, sc.p.cpu_pool, rows.Page(s, e / pe), e % pe, 1,

@@ -31,6 +31,11 @@ TEST(TokenArithmetic, EntriesVisibleAndPages) {
   EXPECT_EQ(PagesFor(17, 16), 2);
   EXPECT_EQ(PagesFor(5, 1), 5);
   EXPECT_EQ(PagesForTokens(67, 4, 3), 6);  // 16 entries in pages of 3
+  EXPECT_EQ(LogicalPage(0, 3), 0);
+  EXPECT_EQ(LogicalPage(5, 3), 1);
+  EXPECT_EQ(SlotInPage(5, 3), 2);
+  EXPECT_EQ(LogicalPage(64, 64), 1);
+  EXPECT_EQ(SlotInPage(64, 64), 0);
 }
 
 // Brute force: the same quantities from first principles, token by token.

@@ -210,7 +210,7 @@ absl::Status Bench::ImportWithWriteEntries(int32_t s) {
       v1::LayerEntries* layer = request.add_layers();
       layer->set_layer(spec.layer);
       *layer->mutable_k() = pools_[KeyOf(spec)].Take(
-          spec, NewEntries(tokens_[s], n, spec.compress_ratio), true);
+          spec, NewEntriesFor(tokens_[s], n, spec.compress_ratio), true);
     }
     absl::StatusOr<uint64_t> len = client_->WriteEntries(request);
     if (!len.ok()) {
@@ -296,7 +296,7 @@ absl::Status Bench::Step(int32_t q_len, bool create, bool measure,
         dummy_q ? QueryTemplate(spec, flags_.batch * q_len, true)
                 : decode_q_[spec.layer];
     int64_t n_new = 0;
-    for (int64_t t : tokens_) n_new += NewEntries(t, q_len, spec.compress_ratio);
+    for (int64_t t : tokens_) n_new += NewEntriesFor(t, q_len, spec.compress_ratio);
     *request.mutable_k() =
         pools_[KeyOf(spec)].Take(spec, n_new, flags_.prequantized);
     // Region transports write the tensors into the region here, as a
@@ -453,7 +453,7 @@ absl::Status RunBench(const GlobalFlags& global, const BenchFlags& flags) {
     const std::string line = absl::StrCat(spec.group, ": ", spec.DebugString());
     if (shown.insert(line).second) {
       std::printf("  group %s (visible entries %" PRId64 ")\n", line.c_str(),
-                  EntriesForTokens(flags.context, spec.compress_ratio));
+                  EntriesFor(flags.context, spec.compress_ratio));
     }
   }
   // Role lines of the timed non-dense layers, with what a consumer's pool
@@ -464,7 +464,7 @@ absl::Status RunBench(const GlobalFlags& global, const BenchFlags& flags) {
     std::string extra;
     if (spec.is_consumer() || spec.is_source()) {
       const int64_t visible =
-          EntriesForTokens(flags.context, spec.compress_ratio);
+          EntriesFor(flags.context, spec.compress_ratio);
       const int64_t pool = std::min<int64_t>(
           visible,
           int64_t{spec.candidate_topk_blocks} * spec.candidate_block_size);

@@ -176,7 +176,7 @@ absl::Status Demo::Import(int64_t tokens, int64_t budget) {
       request.set_num_tokens(n);
       for (const LayerSpec& spec : specs_) {
         std::vector<float> raw(static_cast<size_t>(
-            NewEntries(tokens_[s], n, spec.compress_ratio) * spec.head_dim));
+            NewEntriesFor(tokens_[s], n, spec.compress_ratio) * spec.head_dim));
         rng_.FillNormal(absl::MakeSpan(raw));
         const std::vector<uint8_t> linear = QuantizeKEntries(spec, raw);
         RETURN_IF_ERROR(
@@ -270,7 +270,7 @@ absl::Status Demo::RunLayer(StepSession& session, const LayerSpec& spec,
   std::vector<int64_t> k_begin(num_seqs + 1, 0);
   for (int32_t s = 0; s < num_seqs; ++s) {
     k_begin[s + 1] =
-        k_begin[s] + NewEntries(tokens_[s], q_len, spec.compress_ratio);
+        k_begin[s] + NewEntriesFor(tokens_[s], q_len, spec.compress_ratio);
   }
   std::vector<float> raw_k(static_cast<size_t>(k_begin.back() * d));
   rng_.FillNormal(absl::MakeSpan(raw_k));
@@ -546,7 +546,7 @@ void PrintChoiceNotes(const std::vector<LayerSpec>& specs,
   for (const LayerSpec& spec : specs) {
     const int64_t fill = ChoosingTokens(spec);
     if (fill == 0) continue;
-    const int64_t entries = EntriesForTokens(final_tokens, spec.compress_ratio);
+    const int64_t entries = EntriesFor(final_tokens, spec.compress_ratio);
     std::string line;
     if (spec.is_source()) {
       int32_t consumers = 0;

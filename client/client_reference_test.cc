@@ -14,10 +14,10 @@ namespace {
 // ------------------------------------------------------- token arithmetic --
 
 TEST(TokenArithmetic, CompressRatioFour) {
-  EXPECT_EQ(EntriesForTokens(10, 4), 2);
-  EXPECT_EQ(NewEntries(10, 3, 4), 1);   // 13/4 - 10/4 = 3 - 2
-  EXPECT_EQ(NewEntries(10, 1, 4), 0);
-  EXPECT_EQ(NewEntries(0, 1000, 1), 1000);
+  EXPECT_EQ(EntriesFor(10, 4), 2);
+  EXPECT_EQ(NewEntriesFor(10, 3, 4), 1);   // 13/4 - 10/4 = 3 - 2
+  EXPECT_EQ(NewEntriesFor(10, 1, 4), 0);
+  EXPECT_EQ(NewEntriesFor(0, 1000, 1), 1000);
   EXPECT_EQ(VisibleEntries(0, 4), 0);
   EXPECT_EQ(VisibleEntries(3, 4), 1);
   EXPECT_EQ(VisibleEntries(999, 1), 1000);

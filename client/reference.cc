@@ -186,20 +186,6 @@ absl::StatusOr<std::vector<LayerSpec>> LayerSpecsFromInfo(
   return specs;
 }
 
-// ------------------------------------------------------ token arithmetic --
-
-int64_t EntriesForTokens(int64_t tokens, int32_t compress_ratio) {
-  return tokens / compress_ratio;
-}
-
-int64_t NewEntries(int64_t old_tokens, int64_t q_len, int32_t compress_ratio) {
-  return (old_tokens + q_len) / compress_ratio - old_tokens / compress_ratio;
-}
-
-int64_t VisibleEntries(int64_t position, int32_t compress_ratio) {
-  return (position + 1) / compress_ratio;
-}
-
 // ---------------------------------------------------------- quantization --
 
 std::vector<uint8_t> QuantizeKEntries(const LayerSpec& spec,
@@ -541,7 +527,7 @@ void ApplyBlockSentinels(int32_t init_blocks, int32_t local_blocks,
 }
 
 int64_t CausalBlocks(int64_t visible, int32_t page_entries) {
-  return (visible + page_entries - 1) / page_entries;
+  return PagesFor(visible, page_entries);  // blocks are pages
 }
 
 // --------------------------------------------------------------- checker --

@@ -23,6 +23,7 @@
 #include "absl/types/span.h"
 #include "indexer/v1/indexer.pb.h"
 #include "kernels/format/page_layout.h"
+#include "kernels/geometry/step_geometry.h"
 
 namespace indexer::client {
 
@@ -92,15 +93,9 @@ struct LayerSpec {
 absl::StatusOr<std::vector<LayerSpec>> LayerSpecsFromInfo(
     const v1::ServerInfo& info);
 
-// ------------------------------------------------------ token arithmetic --
-
-// Entries held by a sequence of `tokens` tokens: tokens // r.
-int64_t EntriesForTokens(int64_t tokens, int32_t compress_ratio);
-// New entries of a step taking a sequence from `old_tokens` to
-// `old_tokens + q_len`: (L0 + q_len) // r - L0 // r.
-int64_t NewEntries(int64_t old_tokens, int64_t q_len, int32_t compress_ratio);
-// Entries visible to the row at token position p: (p + 1) // r.
-int64_t VisibleEntries(int64_t position, int32_t compress_ratio);
+// Token arithmetic (entries for tokens, new entries of a step, visible
+// entries of a row) is kernels/geometry/step_geometry.h: EntriesFor,
+// NewEntriesFor, VisibleEntries.
 
 // ---------------------------------------------------------- quantization --
 

@@ -4,8 +4,10 @@
 //
 // Memory: a backend owns every K pool it hands out (host memory for cpu,
 // device memory for gpu); pools live until the backend is destroyed. All
-// other pointers in this file are host pointers owned by the caller and only
-// read during the call.
+// other pointers in this file are owned by the caller and only used during
+// the call; they are host pointers unless an `on_device` flag says the bytes
+// live in the gpu backend's device memory (device regions). The cpu backend
+// refuses device pointers with FAILED_PRECONDITION.
 //
 // Thread safety: AllocatePool is called at start only. The other calls may
 // run concurrently from different steps; a step touches only pages of its
@@ -22,51 +24,36 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
 #include "kernels/format/page_layout.h"
+#include "kernels/geometry/step_geometry.h"
 
 namespace indexer {
 
-// The batch of one step as one layer group sees it (SPEC §2). Built once per
-// step by the server core and shared, read-only, by every layer of the group.
-// Rows are the sequences' new tokens in batch order: sequence s owns rows
-// [seq_row_begin[s], seq_row_begin[s+1]).
-struct StepRows {
-  int32_t num_seqs = 0;
-  int32_t num_rows = 0;
-  int32_t compress_ratio = 1;
-  // [num_seqs + 1] prefix sum of q_len.
-  std::vector<int32_t> seq_row_begin;
-  // [num_seqs] entries held before the step and after it. A sequence's new
-  // entries are [seq_old_entries[s], seq_new_entries[s]).
-  std::vector<int32_t> seq_old_entries;
-  std::vector<int32_t> seq_new_entries;
-  // [num_seqs + 1] first row of each sequence's new entries in a layer's K
-  // tensor (prefix sum of new - old).
-  std::vector<int32_t> seq_k_begin;
-  // [num_rows] visible entries n_r of each row; [num_rows] its sequence.
-  std::vector<int32_t> row_visible;
-  std::vector<int32_t> row_seq;
-  int32_t max_visible = 0;
-  // [num_seqs, max_pages] physical page of each logical page after the step
-  // (old pages, then the pages allocated for it); -1 past the sequence's end.
-  int32_t max_pages = 0;
-  std::vector<int32_t> block_table;
-  // Row chunks [begin, end) in order, covering all rows, each with
-  // rows x max(row_visible) x 4 bytes of logits under the logits budget
-  // (a single row may exceed it).
-  std::vector<std::pair<int32_t, int32_t>> chunks;
-
-  int32_t NewEntries() const { return seq_k_begin.empty() ? 0 : seq_k_begin.back(); }
-  // Physical page of logical page `lp` of sequence `s`.
-  int32_t Page(int32_t s, int32_t lp) const {
-    return block_table[static_cast<size_t>(s) * max_pages + lp];
-  }
+// A K pool as AllocatePool hands it out: a handle to memory the backend
+// owns (host memory for cpu, device memory for gpu) until it is destroyed.
+// Calls find the pool from the handle in O(1) (no search, no re-proof); a
+// handle of another backend or a stale one is INVALID_ARGUMENT. `base` is
+// the pool's first byte and `layout` its page layout, for tests, the bench
+// and ReadEntries-style checks; the server passes the handle around only.
+struct PoolHandle {
+  const void* owner = nullptr;  // the backend that allocated it
+  int32_t index = -1;           // its number among the owner's pools
+  uint8_t* base = nullptr;
+  int64_t num_pages = 0;
+  PageLayout layout;
 };
 
 // A backend's own per-step state (device copies of StepRows, the decode work
 // schedule). Created by PrepareStep, destroyed when the step ends.
 class StepContext {
  public:
+  explicit StepContext(StepRows rows) : rows_(std::move(rows)) {}
   virtual ~StepContext() = default;
+  // The step's rows, built once per step and group, validated and (gpu)
+  // uploaded by PrepareStep; RunLayer reads them from here.
+  const StepRows& rows() const { return rows_; }
+
+ private:
+  const StepRows rows_;
 };
 
 // New K entries of one layer for one step: row i is entry
@@ -78,6 +65,11 @@ struct KInput {
   // kQuantized: [n, VB + SB] entries in linear form (values then scales).
   const void* data = nullptr;
   bool ue8m0 = true;  // FP8 scale rule for kFloat32 / kBf16 (SPEC §3)
+  // `data` is device memory. Its finiteness (and, for kQuantized, its e4m3
+  // NaN codes and scales) is then checked on the device, not by the caller:
+  // a bad tensor fails the call with INVALID_ARGUMENT naming "k" after the
+  // entries were written (past the step's committed lengths).
+  bool on_device = false;
 };
 
 // Index queries and head weights of one layer, quantized to the K format.
@@ -86,6 +78,9 @@ struct QInput {
   const uint8_t* values = nullptr;  // [rows, H, VB] e4m3 codes or packed e2m1
   const uint8_t* scales = nullptr;  // [rows, H, D/32] e8m0 (MXFP4), else null
   const float* weights = nullptr;   // [rows, H] fp32, Q scales folded in
+  // values, scales and weights are device memory; weights are then checked
+  // finite on the device (INVALID_ARGUMENT naming "weights").
+  bool on_device = false;
 };
 
 // The two-level candidate path (SPEC §5). One source layer per set and step
@@ -123,6 +118,25 @@ struct LayerTimings {
   double topk_us = 0;
 };
 
+// What one layer of a step does, for Backend::RunLayer: write the step's new
+// entries (k; absent when the step has none), then score and select by role.
+enum class LayerKind { kDense, kCandidateSource, kCandidateConsumer, kBlock };
+
+struct LayerWork {
+  LayerKind kind = LayerKind::kDense;
+  // New entries; null when the step writes none (rows.NewEntries() == 0).
+  const KInput* k = nullptr;
+  QInput q;              // dense and candidate kinds
+  BlockQInput block_q;   // kBlock (host memory)
+  int32_t topk = 0;      // dense and candidate kinds
+  CandidateSpec candidate;
+  ConsumerMode mode = ConsumerMode::kAuto;
+  BlockSpec block;
+  // [num_rows, topk] or, for kBlock, [Hi, num_rows, topk_blocks] int32.
+  int32_t* out = nullptr;
+  bool out_on_device = false;  // `out` is device memory (no download)
+};
+
 class Backend {
  public:
   virtual ~Backend() = default;
@@ -147,17 +161,17 @@ class Backend {
   virtual Paths SupportedPaths() const { return {}; }
 
   // Reserves a zeroed pool of `num_pages` pages of `layout`. Start-up only.
-  virtual absl::StatusOr<uint8_t*> AllocatePool(const PageLayout& layout,
-                                                int64_t num_pages) = 0;
+  virtual absl::StatusOr<PoolHandle> AllocatePool(const PageLayout& layout,
+                                                  int64_t num_pages) = 0;
 
   // Per-step state shared by all layers of a group in this step.
   virtual absl::StatusOr<std::unique_ptr<StepContext>> PrepareStep(
-      const PageLayout& layout, const StepRows& rows) = 0;
+      const PageLayout& layout, StepRows rows) = 0;
 
   // Writes the step's new entries of one layer into `pool` through the block
   // table. REQUIRES: inputs validated (shape, finiteness) by the caller.
   virtual absl::StatusOr<double> WriteEntries(const PageLayout& layout,
-                                              uint8_t* pool,
+                                              PoolHandle pool,
                                               const StepRows& rows,
                                               StepContext* ctx,
                                               const KInput& k) = 0;
@@ -166,7 +180,7 @@ class Backend {
   // logits of row r over [0, row_visible[r]), -1 past them.
   // out: [num_rows, topk] int32, host memory.
   virtual absl::StatusOr<LayerTimings> DenseTopk(const PageLayout& layout,
-                                                 const uint8_t* pool,
+                                                 PoolHandle pool,
                                                  const StepRows& rows,
                                                  StepContext* ctx,
                                                  const QInput& q, int32_t topk,
@@ -177,7 +191,7 @@ class Backend {
   // visible entries, the newest block pinned; all blocks when fewer), kept
   // in `ctx` under spec.set until the step ends.
   virtual absl::StatusOr<LayerTimings> CandidateSource(
-      const PageLayout& layout, const uint8_t* pool, const StepRows& rows,
+      const PageLayout& layout, PoolHandle pool, const StepRows& rows,
       StepContext* ctx, const QInput& q, int32_t topk,
       const CandidateSpec& spec, int32_t* out) {
     return Unimplemented("candidate source layers");
@@ -188,7 +202,7 @@ class Backend {
   // logits masked to -inf outside the pool. FAILED_PRECONDITION when the
   // set's source has not run in this step.
   virtual absl::StatusOr<LayerTimings> CandidateConsumer(
-      const PageLayout& layout, const uint8_t* pool, const StepRows& rows,
+      const PageLayout& layout, PoolHandle pool, const StepRows& rows,
       StepContext* ctx, const QInput& q, int32_t topk,
       const CandidateSpec& spec, ConsumerMode mode, int32_t* out) {
     return Unimplemented("candidate consumer layers");
@@ -199,16 +213,36 @@ class Backend {
   // init / local blocks forced by sentinels, -1 past the row's causal blocks.
   // out: [Hi, num_rows, topk_blocks] int32.
   virtual absl::StatusOr<LayerTimings> BlockTopk(
-      const PageLayout& layout, const uint8_t* pool, const StepRows& rows,
+      const PageLayout& layout, PoolHandle pool, const StepRows& rows,
       StepContext* ctx, const BlockQInput& q, const BlockSpec& spec,
       int32_t* out) {
     return Unimplemented("block layers");
   }
 
+  // One layer: writes work.k's entries through the block table, then runs
+  // the role's path (DenseTopk, CandidateSource, CandidateConsumer or
+  // BlockTopk semantics) into work.out. The gpu backend enqueues the uploads,
+  // the write kernel, the logits, the top-k and the download on its stream
+  // and synchronizes once; this default composes the calls above (the cpu
+  // backend's form) and refuses device tensors. On error after the write the
+  // entries may be in the pool: callers keep them past committed lengths.
+  // The layout is the pool's, the rows the context's (REQUIRES: ctx from
+  // this backend's PrepareStep with that layout).
+  virtual absl::StatusOr<LayerTimings> RunLayer(PoolHandle pool, StepContext* ctx,
+                                                const LayerWork& work);
+
+  // Copies `bytes` bytes of device memory to the host (device inputs that
+  // need host work, e.g. FP32 Q the daemon quantizes). FAILED_PRECONDITION
+  // on a backend without device memory.
+  virtual absl::Status CopyDeviceToHost(void* dst, const void* device_src, int64_t bytes) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "device tensors need the gpu backend; this daemon runs the ", Kind(), " backend"));
+  }
+
   // Copies `count` entries starting at entry `first` of physical page `page`
   // into `out` ([count, VB + SB] linear form). For export and tests.
   virtual absl::Status ReadEntries(const PageLayout& layout,
-                                   const uint8_t* pool, int32_t page,
+                                   PoolHandle pool, int32_t page,
                                    int32_t first, int32_t count,
                                    uint8_t* out) = 0;
 

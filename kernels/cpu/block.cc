@@ -183,10 +183,11 @@ void PinForcedBlocks(float* score, int32_t causal, const BlockSpec& spec) {
 }  // namespace
 
 absl::StatusOr<LayerTimings> CpuBackend::BlockTopk(
-    const PageLayout& layout, const uint8_t* pool, const StepRows& rows,
+    const PageLayout& layout, PoolHandle pool_h, const StepRows& rows,
     StepContext* ctx, const BlockQInput& q, const BlockSpec& spec,
     int32_t* out) {
-  ASSIGN_OR_RETURN(const Pool p, FindPool(pool, layout));
+  ASSIGN_OR_RETURN(const Pool p, FindPool(pool_h, layout));
+  uint8_t* const pool = p.data;
   if (layout.format != KvFormat::kMxfp4) {
     return absl::InvalidArgumentError(
         absl::StrCat("layout: the block path expected MXFP4 K pages, got ",
@@ -216,7 +217,7 @@ absl::StatusOr<LayerTimings> CpuBackend::BlockTopk(
   const int32_t heads = q.num_heads, per_page = layout.page_entries;
   const int32_t k = spec.topk_blocks;
   std::vector<float> scores;
-  for (const auto& [rb, re] : cpu_internal::Chunks(rows)) {
+  for (const auto& [rb, re] : rows.Chunks()) {
     int32_t width = 0;
     for (int32_t r = rb; r < re; ++r) {
       width = std::max(width, CeilDiv(rows.row_visible[r], per_page));

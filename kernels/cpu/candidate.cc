@@ -162,10 +162,11 @@ void MaskedRow(const CandidatePool& cands, int32_t r, float* logits, int32_t n,
 }  // namespace
 
 absl::StatusOr<LayerTimings> CpuBackend::CandidateSource(
-    const PageLayout& layout, const uint8_t* pool, const StepRows& rows,
+    const PageLayout& layout, PoolHandle pool_h, const StepRows& rows,
     StepContext* ctx, const QInput& q, int32_t topk, const CandidateSpec& spec,
     int32_t* out) {
-  ASSIGN_OR_RETURN(const Pool p, FindPool(pool, layout));
+  ASSIGN_OR_RETURN(const Pool p, FindPool(pool_h, layout));
+  uint8_t* const pool = p.data;
   ASSIGN_OR_RETURN(CpuStepContext * cpu_ctx, OwnContext(ctx));
   RETURN_IF_ERROR(cpu_internal::ValidateOnce(layout, rows, ctx, p.num_pages));
   RETURN_IF_ERROR(CheckSpec(spec));
@@ -191,10 +192,11 @@ absl::StatusOr<LayerTimings> CpuBackend::CandidateSource(
 }
 
 absl::StatusOr<LayerTimings> CpuBackend::CandidateConsumer(
-    const PageLayout& layout, const uint8_t* pool, const StepRows& rows,
+    const PageLayout& layout, PoolHandle pool_h, const StepRows& rows,
     StepContext* ctx, const QInput& q, int32_t topk, const CandidateSpec& spec,
     ConsumerMode mode, int32_t* out) {
-  ASSIGN_OR_RETURN(const Pool p, FindPool(pool, layout));
+  ASSIGN_OR_RETURN(const Pool p, FindPool(pool_h, layout));
+  uint8_t* const pool = p.data;
   ASSIGN_OR_RETURN(CpuStepContext * cpu_ctx, OwnContext(ctx));
   RETURN_IF_ERROR(cpu_internal::ValidateOnce(layout, rows, ctx, p.num_pages));
   RETURN_IF_ERROR(CheckSpec(spec));
@@ -258,7 +260,7 @@ LayerTimings CpuBackend::GatherConsumer(const PageLayout& layout,
   LayerTimings timings;
   std::vector<int64_t> offsets;
   std::vector<float> slots;
-  for (const auto& [rb, re] : cpu_internal::Chunks(rows)) {
+  for (const auto& [rb, re] : rows.Chunks()) {
     // Compact logits of the chunk's rows, one slot per pool entry; rows whose
     // whole pool fits in topk need none.
     offsets.assign(static_cast<size_t>(re - rb) + 1, 0);

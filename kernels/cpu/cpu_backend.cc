@@ -25,34 +25,6 @@ using cpu_internal::Bad;
 using cpu_internal::Clock;
 using cpu_internal::MicrosSince;
 
-absl::Status CheckSize(absl::string_view field, size_t size, int64_t want) {
-  if (static_cast<int64_t>(size) == want) return absl::OkStatus();
-  return Bad(absl::StrCat(field, " size"), absl::StrCat(want),
-             static_cast<int64_t>(size));
-}
-
-// Checks that the pages holding entries [0, entries) of sequence `s` exist.
-absl::Status CheckPages(const PageLayout& layout, const StepRows& rows,
-                        int32_t s, int64_t first_entry, int64_t entries,
-                        int64_t num_pages) {
-  if (entries <= first_entry) return absl::OkStatus();
-  const int64_t first = first_entry / layout.page_entries;
-  const int64_t last = (entries - 1) / layout.page_entries;
-  if (last >= rows.max_pages) {
-    return Bad(absl::StrCat("max_pages (sequence ", s, " needs ", entries,
-                            " entries)"),
-               absl::StrCat("at least ", last + 1), rows.max_pages);
-  }
-  for (int64_t lp = first; lp <= last; ++lp) {
-    const int32_t page = rows.Page(s, static_cast<int32_t>(lp));
-    if (page < 0 || page >= num_pages) {
-      return Bad(absl::StrCat("block_table[", s, "][", lp, "]"),
-                 absl::StrCat("a page in [0, ", num_pages, ")"), page);
-    }
-  }
-  return absl::OkStatus();
-}
-
 }  // namespace
 
 namespace cpu_internal {
@@ -67,12 +39,10 @@ absl::Status Bad(absl::string_view field, absl::string_view expected,
       absl::StrCat(field, ": expected ", expected, ", got ", got));
 }
 
-std::vector<std::pair<int32_t, int32_t>> Chunks(const StepRows& rows) {
-  if (!rows.chunks.empty() || rows.num_rows == 0) return rows.chunks;
-  return {{0, rows.num_rows}};
-}
-
 absl::Status CheckQ(const PageLayout& layout, const QInput& q) {
+  if (q.on_device) {
+    return absl::FailedPreconditionError("q: device tensors need the gpu backend");
+  }
   if (q.num_heads < 1) return Bad("q.num_heads", ">= 1", q.num_heads);
   if (q.values == nullptr || q.weights == nullptr ||
       (layout.format == KvFormat::kMxfp4 && q.scales == nullptr)) {
@@ -118,85 +88,6 @@ absl::Status ValidateOnce(const PageLayout& layout, const StepRows& rows,
 
 }  // namespace cpu_internal
 
-absl::Status ValidateStepRows(const PageLayout& layout, const StepRows& rows,
-                              int64_t num_pages) {
-  const int32_t ns = rows.num_seqs, nr = rows.num_rows;
-  if (ns < 0) return Bad("num_seqs", ">= 0", ns);
-  if (nr < 0) return Bad("num_rows", ">= 0", nr);
-  if (rows.compress_ratio < 1) {
-    return Bad("compress_ratio", ">= 1", rows.compress_ratio);
-  }
-  if (rows.max_pages < 0) return Bad("max_pages", ">= 0", rows.max_pages);
-  RETURN_IF_ERROR(CheckSize("seq_row_begin", rows.seq_row_begin.size(), ns + 1));
-  RETURN_IF_ERROR(CheckSize("seq_k_begin", rows.seq_k_begin.size(), ns + 1));
-  RETURN_IF_ERROR(CheckSize("seq_old_entries", rows.seq_old_entries.size(), ns));
-  RETURN_IF_ERROR(CheckSize("seq_new_entries", rows.seq_new_entries.size(), ns));
-  RETURN_IF_ERROR(CheckSize("row_visible", rows.row_visible.size(), nr));
-  RETURN_IF_ERROR(CheckSize("row_seq", rows.row_seq.size(), nr));
-  RETURN_IF_ERROR(CheckSize("block_table", rows.block_table.size(),
-                            static_cast<int64_t>(ns) * rows.max_pages));
-  if (rows.seq_row_begin[0] != 0) {
-    return Bad("seq_row_begin[0]", "0", rows.seq_row_begin[0]);
-  }
-  if (rows.seq_k_begin[0] != 0) {
-    return Bad("seq_k_begin[0]", "0", rows.seq_k_begin[0]);
-  }
-  if (rows.seq_row_begin[ns] != nr) {
-    return Bad(absl::StrCat("seq_row_begin[", ns, "]"),
-               absl::StrCat(nr, " (num_rows)"), rows.seq_row_begin[ns]);
-  }
-  for (int32_t s = 0; s < ns; ++s) {
-    const int32_t old_e = rows.seq_old_entries[s];
-    const int32_t new_e = rows.seq_new_entries[s];
-    if (old_e < 0 || new_e < old_e) {
-      return Bad(absl::StrCat("seq_new_entries[", s, "]"),
-                 absl::StrCat(">= seq_old_entries (", old_e, ") >= 0"), new_e);
-    }
-    if (rows.seq_row_begin[s + 1] < rows.seq_row_begin[s]) {
-      return Bad(absl::StrCat("seq_row_begin[", s + 1, "]"),
-                 absl::StrCat(">= ", rows.seq_row_begin[s]),
-                 rows.seq_row_begin[s + 1]);
-    }
-    const int64_t k_count = static_cast<int64_t>(rows.seq_k_begin[s + 1]) -
-                            rows.seq_k_begin[s];
-    if (k_count != new_e - old_e) {
-      return Bad(absl::StrCat("seq_k_begin[", s + 1, "] - seq_k_begin[", s,
-                              "]"),
-                 absl::StrCat(new_e - old_e, " (new - old entries)"), k_count);
-    }
-    RETURN_IF_ERROR(CheckPages(layout, rows, s, 0, new_e, num_pages));
-    for (int32_t r = rows.seq_row_begin[s]; r < rows.seq_row_begin[s + 1];
-         ++r) {
-      if (rows.row_seq[r] != s) {
-        return Bad(absl::StrCat("row_seq[", r, "]"), absl::StrCat(s),
-                   rows.row_seq[r]);
-      }
-      if (rows.row_visible[r] < 0 || rows.row_visible[r] > new_e) {
-        return Bad(absl::StrCat("row_visible[", r, "]"),
-                   absl::StrCat("a count in [0, ", new_e,
-                                "] (entries of sequence ", s, ")"),
-                   rows.row_visible[r]);
-      }
-    }
-  }
-  int32_t next = 0;
-  for (size_t c = 0; c < rows.chunks.size(); ++c) {
-    const auto [b, e] = rows.chunks[c];
-    if (b != next || e <= b || e > nr) {
-      return Bad(absl::StrCat("chunks[", c, "]"),
-                 absl::StrCat("rows [", next, ", end) with ", next,
-                              " < end <= ", nr, "; begin is"),
-                 b);
-    }
-    next = e;
-  }
-  if (!rows.chunks.empty() && next != nr) {
-    return Bad("chunks", absl::StrCat("to cover all ", nr, " rows, covered"),
-               next);
-  }
-  return absl::OkStatus();
-}
-
 CpuBackend::CpuBackend(int threads)
     : threads_(threads > 0 ? threads
                            : tbb::this_task_arena::max_concurrency()),
@@ -211,7 +102,7 @@ std::string CpuBackend::Describe() const {
   return absl::StrCat("cpu (", threads_, " threads)");
 }
 
-absl::StatusOr<uint8_t*> CpuBackend::AllocatePool(const PageLayout& layout,
+absl::StatusOr<PoolHandle> CpuBackend::AllocatePool(const PageLayout& layout,
                                                   int64_t num_pages) {
   const int64_t page_bytes = layout.page_bytes();
   if (num_pages < 1) return Bad("num_pages", ">= 1", num_pages);
@@ -227,42 +118,49 @@ absl::StatusOr<uint8_t*> CpuBackend::AllocatePool(const PageLayout& layout,
   }
   absl::MutexLock lock(&mu_);
   pools_.push_back({static_cast<uint8_t*>(data), num_pages, page_bytes});
-  return static_cast<uint8_t*>(data);
+  return PoolHandle{this, static_cast<int32_t>(pools_.size() - 1), static_cast<uint8_t*>(data),
+                    num_pages, layout};
 }
 
 absl::StatusOr<CpuBackend::Pool> CpuBackend::FindPool(
-    const uint8_t* data, const PageLayout& layout) const {
+    PoolHandle handle, const PageLayout& layout) const {
   absl::MutexLock lock(&mu_);
-  for (const Pool& p : pools_) {
-    if (p.data != data) continue;
-    if (p.page_bytes != layout.page_bytes()) {
-      return Bad("pool page bytes", absl::StrCat(layout.page_bytes(), " (",
-                                                 layout.DebugString(), ")"),
-                 p.page_bytes);
-    }
-    return p;
+  // O(1): the handle names the pool; no search and no re-proof.
+  if (handle.owner != this || handle.index < 0 ||
+      handle.index >= static_cast<int32_t>(pools_.size()) ||
+      pools_[handle.index].data != handle.base) {
+    return absl::InvalidArgumentError("pool: expected a pool handle from this backend");
   }
-  return absl::InvalidArgumentError(
-      "pool: expected a pool allocated by this backend");
+  const Pool& p = pools_[handle.index];
+  if (p.page_bytes != layout.page_bytes()) {
+    return Bad("pool page bytes", absl::StrCat(layout.page_bytes(), " (",
+                                               layout.DebugString(), ")"),
+               p.page_bytes);
+  }
+  return p;
 }
 
 absl::StatusOr<std::unique_ptr<StepContext>> CpuBackend::PrepareStep(
-    const PageLayout& layout, const StepRows& rows) {
-  // Pages are checked against the pool by each call; the shape here.
+    const PageLayout& layout, StepRows rows) {
+  // Pages are checked against the pool by the first call; the shape here.
   RETURN_IF_ERROR(ValidateStepRows(layout, rows, INT64_MAX));
-  return std::make_unique<cpu_internal::CpuStepContext>(&rows);
+  return std::make_unique<cpu_internal::CpuStepContext>(std::move(rows));
 }
 
 absl::StatusOr<double> CpuBackend::WriteEntries(const PageLayout& layout,
-                                                uint8_t* pool,
+                                                PoolHandle pool_h,
                                                 const StepRows& rows,
                                                 StepContext* ctx,
                                                 const KInput& k) {
   const Clock::time_point t0 = Clock::now();
-  ASSIGN_OR_RETURN(const Pool p, FindPool(pool, layout));
+  ASSIGN_OR_RETURN(const Pool p, FindPool(pool_h, layout));
+  uint8_t* const pool = p.data;
   RETURN_IF_ERROR(cpu_internal::ValidateOnce(layout, rows, ctx, p.num_pages));
   const int64_t n = rows.NewEntries();
   if (n == 0) return MicrosSince(t0);
+  if (k.on_device) {
+    return absl::FailedPreconditionError("k: device tensors need the gpu backend");
+  }
   if (k.data == nullptr) {
     return absl::InvalidArgumentError("k.data: expected a tensor, got null");
   }
@@ -313,9 +211,10 @@ absl::StatusOr<double> CpuBackend::WriteEntries(const PageLayout& layout,
 }
 
 absl::StatusOr<LayerTimings> CpuBackend::DenseTopk(
-    const PageLayout& layout, const uint8_t* pool, const StepRows& rows,
+    const PageLayout& layout, PoolHandle pool_h, const StepRows& rows,
     StepContext* ctx, const QInput& q, int32_t topk, int32_t* out) {
-  ASSIGN_OR_RETURN(const Pool p, FindPool(pool, layout));
+  ASSIGN_OR_RETURN(const Pool p, FindPool(pool_h, layout));
+  uint8_t* const pool = p.data;
   RETURN_IF_ERROR(cpu_internal::ValidateOnce(layout, rows, ctx, p.num_pages));
   if (topk < 0) return Bad("topk", ">= 0", topk);
   if (q.num_heads < 1) return Bad("q.num_heads", ">= 1", q.num_heads);
@@ -337,7 +236,7 @@ LayerTimings CpuBackend::DenseWalk(const PageLayout& layout,
   LayerTimings timings;
   std::vector<int64_t> offsets;
   std::vector<float> logits;
-  for (const auto& [rb, re] : cpu_internal::Chunks(rows)) {
+  for (const auto& [rb, re] : rows.Chunks()) {
     // Logits of the chunk's rows, packed row after row.
     offsets.assign(static_cast<size_t>(re - rb) + 1, 0);
     for (int32_t r = rb; r < re; ++r) {
@@ -377,10 +276,11 @@ LayerTimings CpuBackend::DenseWalk(const PageLayout& layout,
 }
 
 absl::Status CpuBackend::ReadEntries(const PageLayout& layout,
-                                     const uint8_t* pool, int32_t page,
+                                     PoolHandle pool_h, int32_t page,
                                      int32_t first, int32_t count,
                                      uint8_t* out) {
-  ASSIGN_OR_RETURN(const Pool p, FindPool(pool, layout));
+  ASSIGN_OR_RETURN(const Pool p, FindPool(pool_h, layout));
+  uint8_t* const pool = p.data;
   RETURN_IF_ERROR(CheckReadEntriesArgs(layout, p.num_pages, page, first, count, out));
   const uint8_t* src = pool + layout.PageOffset(page);
   for (int32_t i = 0; i < count; ++i) {

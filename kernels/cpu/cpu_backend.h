@@ -55,34 +55,34 @@ class CpuBackend : public Backend {
   Paths SupportedPaths() const override { return {true, true}; }
   int threads() const { return threads_; }
 
-  absl::StatusOr<uint8_t*> AllocatePool(const PageLayout& layout,
+  absl::StatusOr<PoolHandle> AllocatePool(const PageLayout& layout,
                                         int64_t num_pages) override;
   absl::StatusOr<std::unique_ptr<StepContext>> PrepareStep(
-      const PageLayout& layout, const StepRows& rows) override;
-  absl::StatusOr<double> WriteEntries(const PageLayout& layout, uint8_t* pool,
+      const PageLayout& layout, StepRows rows) override;
+  absl::StatusOr<double> WriteEntries(const PageLayout& layout, PoolHandle pool,
                                       const StepRows& rows, StepContext* ctx,
                                       const KInput& k) override;
   absl::StatusOr<LayerTimings> DenseTopk(const PageLayout& layout,
-                                         const uint8_t* pool,
+                                         PoolHandle pool,
                                          const StepRows& rows,
                                          StepContext* ctx, const QInput& q,
                                          int32_t topk, int32_t* out) override;
   absl::StatusOr<LayerTimings> CandidateSource(
-      const PageLayout& layout, const uint8_t* pool, const StepRows& rows,
+      const PageLayout& layout, PoolHandle pool, const StepRows& rows,
       StepContext* ctx, const QInput& q, int32_t topk,
       const CandidateSpec& spec, int32_t* out) override;
   absl::StatusOr<LayerTimings> CandidateConsumer(
-      const PageLayout& layout, const uint8_t* pool, const StepRows& rows,
+      const PageLayout& layout, PoolHandle pool, const StepRows& rows,
       StepContext* ctx, const QInput& q, int32_t topk,
       const CandidateSpec& spec, ConsumerMode mode, int32_t* out) override;
   absl::StatusOr<LayerTimings> BlockTopk(const PageLayout& layout,
-                                         const uint8_t* pool,
+                                         PoolHandle pool,
                                          const StepRows& rows,
                                          StepContext* ctx,
                                          const BlockQInput& q,
                                          const BlockSpec& spec,
                                          int32_t* out) override;
-  absl::Status ReadEntries(const PageLayout& layout, const uint8_t* pool,
+  absl::Status ReadEntries(const PageLayout& layout, PoolHandle pool,
                            int32_t page, int32_t first, int32_t count,
                            uint8_t* out) override;
 
@@ -92,8 +92,8 @@ class CpuBackend : public Backend {
     int64_t num_pages;
     int64_t page_bytes;
   };
-  // The pool at `data` with pages of `layout`'s size, or INVALID_ARGUMENT.
-  absl::StatusOr<Pool> FindPool(const uint8_t* data,
+  // The pool of `handle` with pages of `layout`'s size, or INVALID_ARGUMENT.
+  absl::StatusOr<Pool> FindPool(PoolHandle handle,
                                 const PageLayout& layout) const;
 
   // Called once per row r with its dense logits [row_visible[r]] fp32, which
@@ -117,12 +117,5 @@ class CpuBackend : public Backend {
   mutable absl::Mutex mu_;
   std::vector<Pool> pools_ ABSL_GUARDED_BY(mu_);
 };
-
-// Checks that `rows` is self-consistent for `layout` (sizes of every vector,
-// prefix sums, visible counts within the sequence, chunks covering the rows
-// in order) and that every page the step can touch is in [0, num_pages).
-// INVALID_ARGUMENT naming the field otherwise.
-absl::Status ValidateStepRows(const PageLayout& layout, const StepRows& rows,
-                              int64_t num_pages);
 
 }  // namespace indexer

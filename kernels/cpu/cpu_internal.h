@@ -29,9 +29,6 @@ double MicrosSince(Clock::time_point t0);
 absl::Status Bad(absl::string_view field, absl::string_view expected,
                  int64_t got);
 
-// The rows' chunks, or one chunk of all rows when the plan has none.
-std::vector<std::pair<int32_t, int32_t>> Chunks(const StepRows& rows);
-
 // INVALID_ARGUMENT unless q has heads and the tensors `layout` needs.
 absl::Status CheckQ(const PageLayout& layout, const QInput& q);
 
@@ -68,10 +65,10 @@ struct CandidatePool {
 // Thread safety: every method may be called concurrently.
 class CpuStepContext : public StepContext {
  public:
-  explicit CpuStepContext(const StepRows* rows) : rows_(rows) {}
+  explicit CpuStepContext(StepRows rows) : StepContext(std::move(rows)) {}
 
-  // True when `rows` is the StepRows object the step was prepared from.
-  bool Owns(const StepRows& rows) const { return &rows == rows_; }
+  // True when `rows` is the context's own StepRows object.
+  bool Owns(const StepRows& rows) const { return &rows == &this->rows(); }
   bool Checked(const StepRows& rows, int64_t num_pages) const;
   void MarkChecked(const StepRows& rows, int64_t num_pages);
 
@@ -84,7 +81,6 @@ class CpuStepContext : public StepContext {
       ABSL_LOCKS_EXCLUDED(mu_);
 
  private:
-  const StepRows* const rows_;
   std::atomic<int64_t> checked_pages_{-1};
   mutable absl::Mutex mu_;
   std::map<int32_t, std::shared_ptr<const CandidatePool>> pools_

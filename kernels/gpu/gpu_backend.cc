@@ -10,8 +10,9 @@
 #include "absl/cleanup/cleanup.h"
 #include "absl/strings/str_cat.h"
 #include "kernels/common/status_macros.h"
-#include "kernels/cpu/cpu_backend.h"  // ValidateStepRows: one set of rules
+#include "kernels/geometry/step_geometry.h"  // ValidateStepRows: one set of rules
 #include "kernels/gpu/gpu_backend_impl.h"
+#include "kernels/gpu/gpu_step.h"
 
 namespace indexer {
 namespace gpu {
@@ -60,7 +61,7 @@ int64_t Append(std::vector<int32_t>& img, const T* v, size_t n) {
 int64_t MaxPage(const PageLayout& layout, const StepRows& rows) {
   int64_t max_page = -1;
   for (int32_t s = 0; s < rows.num_seqs; ++s) {
-    const int64_t pages = (int64_t{rows.seq_new_entries[s]} + layout.page_entries - 1) / layout.page_entries;
+    const int64_t pages = PagesFor(rows.seq_new_entries[s], layout.page_entries);
     for (int64_t lp = 0; lp < pages; ++lp) {
       max_page = std::max<int64_t>(max_page, rows.Page(s, static_cast<int32_t>(lp)));
     }
@@ -83,77 +84,6 @@ class DrainOnError {
 };
 
 }  // namespace
-
-// Device state of one step: the metadata image in the arena and the plan,
-// made from rows validated once (MakeStep).
-class GpuBackend::Step : public StepContext {
- public:
-  Step(DeviceArena* arena, uint8_t* meta, StepPlan plan, DeviceStepRows dev,
-       const StepRows& rows, int64_t max_page)
-      : arena_(arena), meta_(meta), plan_(std::move(plan)), dev_(dev),
-        num_rows_(rows.num_rows), num_seqs_(rows.num_seqs),
-        max_pages_(rows.max_pages), new_entries_(rows.NewEntries()),
-        max_page_(max_page) {}
-  ~Step() override {
-    arena_->Release(meta_);
-    for (auto& [set, pool] : pools_) arena_->Release(pool.mem);
-  }
-
-  // Candidate pools of the step's sets, in device memory from the arena
-  // (SPEC §5): [rows, topk_blocks] ascending block ids and [rows] entries.
-  struct CandPool {
-    int32_t block_size = 0;
-    int32_t topk_blocks = 0;
-    uint8_t* mem = nullptr;       // arena allocation holding both arrays
-    int32_t* blocks = nullptr;
-    int32_t* entries = nullptr;
-    std::vector<int32_t> row_visible;  // the rows the source ran on
-  };
-  // Publishes `pool` under `set` (replacing and releasing an earlier one).
-  void PutPool(int32_t set, CandPool pool) {
-    absl::MutexLock lock(&pools_mu_);
-    auto it = pools_.find(set);
-    if (it != pools_.end()) {
-      arena_->Release(it->second.mem);
-      it->second = std::move(pool);
-    } else {
-      pools_.emplace(set, std::move(pool));
-    }
-  }
-  // A copy of the pool of `set`, or null when its source has not run.
-  // REQUIRES: the step's layers run one at a time (the engine's order).
-  const CandPool* GetPool(int32_t set) const {
-    absl::MutexLock lock(&pools_mu_);
-    auto it = pools_.find(set);
-    return it == pools_.end() ? nullptr : &it->second;
-  }
-  DeviceArena* arena() const { return arena_; }
-
-  const StepPlan& plan() const { return plan_; }
-  const DeviceStepRows& dev() const { return dev_; }
-  bool Matches(const StepRows& rows) const {
-    return rows.num_rows == num_rows_ && rows.num_seqs == num_seqs_ &&
-           rows.max_pages == max_pages_ && rows.NewEntries() == new_entries_;
-  }
-  // The step's pages against a pool of `num_pages`: O(1); the full walk
-  // only to name the offending page.
-  absl::Status CheckPages(const PageLayout& layout, const StepRows& rows,
-                          int64_t num_pages) const {
-    if (max_page_ < num_pages) return absl::OkStatus();
-    RETURN_IF_ERROR(ValidateStepRows(layout, rows, num_pages));
-    return Bad("block_table", absl::StrCat("pages in [0, ", num_pages, ")"), max_page_);
-  }
-
- private:
-  DeviceArena* const arena_;
-  uint8_t* const meta_;
-  const StepPlan plan_;
-  const DeviceStepRows dev_;
-  const int32_t num_rows_, num_seqs_, max_pages_;
-  const int64_t new_entries_, max_page_;
-  mutable absl::Mutex pools_mu_;
-  std::map<int32_t, CandPool> pools_ ABSL_GUARDED_BY(pools_mu_);
-};
 
 GpuBackend::GpuBackend(int ordinal, const DeviceProp& props)
     : ordinal_(ordinal), props_(props) {}
@@ -215,6 +145,7 @@ absl::Status GpuBackend::Init() {
   GPU_RETURN_IF_ERROR(MemsetAsync(topk_state_, 0, int64_t{ws_.max_rows} * kTopkStateWords * 4, stream_));
   GPU_RETURN_IF_ERROR(StreamSynchronize(stream_));
   RETURN_IF_ERROR(take(int64_t{ws_.max_rows} * 64 * 4, &aux_));
+  RETURN_IF_ERROR(take(2 * sizeof(uint32_t), &bad_));
   RETURN_IF_ERROR(take(ws_.arena_bytes, &arena_base_));
   arena_ = std::make_unique<DeviceArena>(arena_base_, ws_.arena_bytes);
   return absl::OkStatus();
@@ -262,7 +193,7 @@ absl::StatusOr<int64_t> GpuBackend::FreeDeviceMemory() const {
   return static_cast<int64_t>(free);
 }
 
-absl::StatusOr<uint8_t*> GpuBackend::AllocatePool(const PageLayout& layout,
+absl::StatusOr<PoolHandle> GpuBackend::AllocatePool(const PageLayout& layout,
                                                   int64_t num_pages) {
   const int64_t page_bytes = layout.page_bytes();
   if (num_pages < 1) return Bad("num_pages", ">= 1", num_pages);
@@ -290,28 +221,33 @@ absl::StatusOr<uint8_t*> GpuBackend::AllocatePool(const PageLayout& layout,
     const uint32_t box[3] = {static_cast<uint32_t>(layout.value_bytes()), 64, 1};
     pool.has_tmap = EncodeTensorMapU8Sw128(&pool.tmap, v, dims, strides, box).ok();
   }
+  int32_t index;
   {
     absl::MutexLock pools_lock(&pools_mu_);
     pools_.push_back(pool);
+    index = static_cast<int32_t>(pools_.size() - 1);
   }
   GPU_RETURN_IF_ERROR(MemsetAsync(v, 0, bytes, stream_));
   GPU_RETURN_IF_ERROR(StreamSynchronize(stream_));
-  return static_cast<uint8_t*>(v);
+  return PoolHandle{this, index, static_cast<uint8_t*>(v), num_pages, layout};
 }
 
 absl::StatusOr<GpuBackend::Pool> GpuBackend::FindPool(
-    const uint8_t* data, const PageLayout& layout) const {
+    PoolHandle handle, const PageLayout& layout) const {
   absl::ReaderMutexLock lock(&pools_mu_);
-  for (const Pool& p : pools_) {
-    if (p.data != data) continue;
-    if (p.page_bytes != layout.page_bytes()) {
-      return Bad("pool page bytes",
-                 absl::StrCat(layout.page_bytes(), " (", layout.DebugString(), ")"),
-                 p.page_bytes);
-    }
-    return p;
+  // O(1): the handle names the pool; no search and no re-proof.
+  if (handle.owner != this || handle.index < 0 ||
+      handle.index >= static_cast<int32_t>(pools_.size()) ||
+      pools_[handle.index].data != handle.base) {
+    return absl::InvalidArgumentError("pool: expected a pool handle from this backend");
   }
-  return absl::InvalidArgumentError("pool: expected a pool allocated by this backend");
+  const Pool& p = pools_[handle.index];
+  if (p.page_bytes != layout.page_bytes()) {
+    return Bad("pool page bytes",
+               absl::StrCat(layout.page_bytes(), " (", layout.DebugString(), ")"),
+               p.page_bytes);
+  }
+  return p;
 }
 
 absl::StatusOr<std::unique_ptr<GpuBackend::Step>> GpuBackend::MakeStep(
@@ -330,7 +266,7 @@ absl::StatusOr<std::unique_ptr<GpuBackend::Step>> GpuBackend::MakeStep(
   ASSIGN_OR_RETURN(StepPlan plan, PlanStep(rows, limits));
   // Each unit's first physical page: the ws producer's first copy of a unit
   // then waits on the unit's load alone, not on a block-table load after it.
-  for (LogitsUnit& u : plan.units) u.page0 = rows.Page(u.seq, u.e_begin / layout.page_entries);
+  for (LogitsUnit& u : plan.units) u.page0 = rows.Page(u.seq, LogicalPage(u.e_begin, layout.page_entries));
 
   std::vector<int32_t> img;
   const int64_t o_bt = Append(img, rows.block_table.data(), rows.block_table.size());
@@ -378,7 +314,7 @@ absl::StatusOr<std::unique_ptr<GpuBackend::Step>> GpuBackend::MakeStep(
 }
 
 absl::StatusOr<std::unique_ptr<StepContext>> GpuBackend::PrepareStep(
-    const PageLayout& layout, const StepRows& rows) {
+    const PageLayout& layout, StepRows rows) {
   ASSIGN_OR_RETURN(std::unique_ptr<Step> s, MakeStep(layout, rows));
   return std::unique_ptr<StepContext>(std::move(s));
 }
@@ -411,6 +347,22 @@ absl::Status GpuBackend::BeginCall() {
   downloads_.clear();
   spans_.clear();
   ev_used_ = 0;
+  checks_armed_ = false;
+  out_device_ = false;
+  return absl::OkStatus();
+}
+
+absl::Status GpuBackend::ArmChecks() {
+  if (checks_armed_) return absl::OkStatus();
+  // 0xffffffff: no bad element; the check kernels lower it.
+  GPU_RETURN_IF_ERROR(MemsetAsync(bad_, 0xff, 2 * sizeof(uint32_t), stream_));
+  checks_armed_ = true;
+  return absl::OkStatus();
+}
+
+absl::Status GpuBackend::Emit(int32_t* dst, const int32_t* src, int64_t bytes) {
+  if (!out_device_) return Download(dst, src, bytes);
+  GPU_RETURN_IF_ERROR(CopyD2D(dst, src, static_cast<size_t>(bytes), stream_));
   return absl::OkStatus();
 }
 
@@ -460,21 +412,44 @@ absl::Status GpuBackend::Sync() {
 }
 
 absl::Status GpuBackend::EndCall() {
+  if (checks_armed_) RETURN_IF_ERROR(Download(bad_host_, bad_, sizeof(bad_host_)));
   RETURN_IF_ERROR(Sync());
   for (const PendingCopy& c : downloads_) std::memcpy(c.dst, c.src, c.bytes);
   downloads_.clear();
+  if (!checks_armed_) return absl::OkStatus();
+  checks_armed_ = false;
+  if (bad_host_[0] != UINT32_MAX) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "k: element ", bad_host_[0],
+        " of the device tensor is not finite (NaN or Inf, an e4m3 NaN code, a scale not "
+        "finite > 0 or an e8m0 0xff); expected finite values"));
+  }
+  if (bad_host_[1] != UINT32_MAX) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "weights: element ", bad_host_[1],
+        " of the device tensor is NaN or Inf; expected finite values"));
+  }
   return absl::OkStatus();
 }
 
 absl::StatusOr<double> GpuBackend::WriteEntries(const PageLayout& layout,
-                                                uint8_t* pool,
+                                                PoolHandle pool_h,
                                                 const StepRows& rows,
                                                 StepContext* ctx,
                                                 const KInput& k) {
-  ASSIGN_OR_RETURN(const Pool p, FindPool(pool, layout));
+  double us = 0;
+  RETURN_IF_ERROR(WriteImpl(layout, pool_h, rows, ctx, k, &us, /*nested=*/false));
+  return us;
+}
+
+absl::Status GpuBackend::WriteImpl(const PageLayout& layout, PoolHandle pool_h,
+                                   const StepRows& rows, StepContext* ctx,
+                                   const KInput& k, double* us, bool nested) {
+  ASSIGN_OR_RETURN(const Pool p, FindPool(pool_h, layout));
+  uint8_t* const pool = p.data;
   ASSIGN_OR_RETURN(Step * step, CheckedStep(layout, rows, ctx, p));
   const int64_t n = rows.NewEntries();
-  if (n == 0) return 0.0;
+  if (n == 0) return absl::OkStatus();
   if (k.data == nullptr) return absl::InvalidArgumentError("k.data: expected a tensor, got null");
   std::unique_ptr<Step> owned;
   if (step == nullptr) {
@@ -494,25 +469,40 @@ absl::StatusOr<double> GpuBackend::WriteEntries(const PageLayout& layout,
     case KInput::Kind::kQuantized: wp.source = KSource::kQuantized; row_bytes = layout.entry_bytes(); break;
   }
   const int64_t piece = std::max<int64_t>(1, ws_.k_bytes / row_bytes);
-  absl::MutexLock lock(&mu_);
-  RETURN_IF_ERROR(BeginCall());
-  DrainOnError drain(stream_);
-  double us = 0;
+  CallScope call(this, nested);
+  RETURN_IF_ERROR(call.Begin());
+  if (k.on_device) {
+    // The host never sees device K: its values are checked here, on the
+    // stream, and the verdict read after the call's one synchronization.
+    RETURN_IF_ERROR(ArmChecks());
+    CheckParams cp{};
+    cp.src = k.data;
+    cp.kind = k.kind == KInput::Kind::kFloat32 ? CheckKind::kFloat32
+              : k.kind == KInput::Kind::kBf16  ? CheckKind::kBf16
+                                               : CheckKind::kQuantized;
+    cp.count = cp.kind == CheckKind::kQuantized ? n : n * layout.head_dim;
+    cp.layout = layout;
+    cp.first_bad = bad_;
+    RETURN_IF_ERROR(LaunchCheckInput(cp, stream_));
+  }
   for (int64_t b = 0; b < n; b += piece) {
     // Pieces share k_stage_: stream order keeps each copy after the last
     // piece's kernel.
     const int64_t m = std::min(piece, n - b);
-    RETURN_IF_ERROR(Upload(k_stage_, static_cast<const uint8_t*>(k.data) + b * row_bytes, m * row_bytes));
-    wp.src = k_stage_;
+    const uint8_t* src = static_cast<const uint8_t*>(k.data) + b * row_bytes;
+    if (k.on_device) {
+      wp.src = src;  // read in place
+    } else {
+      RETURN_IF_ERROR(Upload(k_stage_, src, m * row_bytes));
+      wp.src = k_stage_;
+    }
     wp.entry_base = static_cast<int32_t>(b);
     wp.num_entries = static_cast<int32_t>(m);
     RETURN_IF_ERROR(BeginSpan());
     RETURN_IF_ERROR(LaunchWriteEntries(wp, stream_));
-    RETURN_IF_ERROR(EndSpan(&us));
+    RETURN_IF_ERROR(EndSpan(us));
   }
-  RETURN_IF_ERROR(EndCall());
-  drain.Dismiss();
-  return us;
+  return call.End();
 }
 
 absl::Status GpuBackend::DenseWalk(
@@ -522,14 +512,33 @@ absl::Status GpuBackend::DenseWalk(
   const bool mx = layout.format == KvFormat::kMxfp4;
   const int64_t h = q.num_heads;
   const int64_t vb = layout.value_bytes(), nb = layout.head_dim / kMxBlock;
+  if (q.on_device) {
+    RETURN_IF_ERROR(ArmChecks());
+    CheckParams cp{};
+    cp.src = q.weights;
+    cp.count = int64_t{step->plan().chunks.empty() ? 0 : step->plan().chunks.back().row_end} * h;
+    cp.kind = CheckKind::kFloat32;
+    cp.layout = layout;
+    cp.first_bad = bad_ + 1;
+    RETURN_IF_ERROR(LaunchCheckInput(cp, stream_));
+  }
   // Sub-chunks share the Q, logits and output buffers on the device: stream
   // order keeps each writer after the last reader, so only the end waits.
   for (const SubChunk& sc : step->plan().chunks) {
     const int64_t rb = sc.row_begin, nr = sc.row_end - sc.row_begin;
     // ---- Q of the sub-chunk ---------------------------------------------
-    RETURN_IF_ERROR(Upload(q_values_, q.values + rb * h * vb, nr * h * vb));
-    if (mx) RETURN_IF_ERROR(Upload(q_scales_, q.scales + rb * h * nb, nr * h * nb));
-    RETURN_IF_ERROR(Upload(q_weights_, q.weights + rb * h, nr * h * 4));
+    // Device Q is read in place; host Q goes through the staging.
+    const uint8_t* qv = q.values + rb * h * vb;
+    const uint8_t* qs = mx ? q.scales + rb * h * nb : nullptr;
+    const float* qw = q.weights + rb * h;
+    if (!q.on_device) {
+      RETURN_IF_ERROR(Upload(q_values_, qv, nr * h * vb));
+      if (mx) RETURN_IF_ERROR(Upload(q_scales_, qs, nr * h * nb));
+      RETURN_IF_ERROR(Upload(q_weights_, qw, nr * h * 4));
+      qv = q_values_;
+      qs = mx ? q_scales_ : nullptr;
+      qw = q_weights_;
+    }
 
     // ---- logits ------------------------------------------------------------
     LogitsParams lp{};
@@ -544,9 +553,9 @@ absl::Status GpuBackend::DenseWalk(
     lp.num_heads = q.num_heads;
     lp.max_group_rows = sc.max_group_rows;
     lp.num_sms = props_.multiProcessorCount;
-    lp.q_values = q_values_;
-    lp.q_scales = mx ? q_scales_ : nullptr;
-    lp.weights = q_weights_;
+    lp.q_values = qv;
+    lp.q_scales = qs;
+    lp.weights = qw;
     lp.logits = logits_;
     lp.stride = sc.stride;
     const char* which = "portable";
@@ -609,274 +618,46 @@ absl::Status GpuBackend::CheckQTensors(const PageLayout& layout, const QInput& q
 }
 
 absl::StatusOr<LayerTimings> GpuBackend::DenseTopk(
-    const PageLayout& layout, const uint8_t* pool, const StepRows& rows,
+    const PageLayout& layout, PoolHandle pool_h, const StepRows& rows,
     StepContext* ctx, const QInput& q, int32_t topk, int32_t* out) {
-  ASSIGN_OR_RETURN(const Pool p, FindPool(pool, layout));
+  LayerTimings t;
+  RETURN_IF_ERROR(DenseImpl(layout, pool_h, rows, ctx, q, topk, out, &t, /*nested=*/false));
+  return t;
+}
+
+absl::Status GpuBackend::DenseImpl(const PageLayout& layout, PoolHandle pool_h,
+                                   const StepRows& rows, StepContext* ctx, const QInput& q,
+                                   int32_t topk, int32_t* out, LayerTimings* timings,
+                                   bool nested) {
+  ASSIGN_OR_RETURN(const Pool p, FindPool(pool_h, layout));
+  uint8_t* const pool = p.data;
   ASSIGN_OR_RETURN(Step * step, CheckedStep(layout, rows, ctx, p));
   RETURN_IF_ERROR(CheckDenseArgs(layout, q, topk, rows.num_rows, out));
-  LayerTimings timings;
-  if (rows.num_rows == 0 || topk == 0) return timings;
+  if (rows.num_rows == 0 || topk == 0) return absl::OkStatus();
   std::unique_ptr<Step> owned;
   if (step == nullptr) {
     ASSIGN_OR_RETURN(owned, MakeStep(layout, rows));
     step = owned.get();
   }
-  absl::MutexLock lock(&mu_);
-  RETURN_IF_ERROR(BeginCall());
-  DrainOnError drain(stream_);
-  RETURN_IF_ERROR(DenseWalk(p, layout, pool, step, q, &timings, [&](const SubChunk& sc) {
+  CallScope call(this, nested);
+  RETURN_IF_ERROR(call.Begin());
+  RETURN_IF_ERROR(DenseWalk(p, layout, pool, step, q, timings, [&](const SubChunk& sc) {
     const int64_t rb = sc.row_begin;
     return TopkPieces(logits_, sc.stride, step->dev().row_visible + rb, sc.row_end - rb,
-                      sc.max_visible, topk, &timings.topk_us, [&](int64_t a, int64_t m) {
-                        return Download(out + (rb + a) * topk, out_, m * topk * 4);
+                      sc.max_visible, topk, &timings->topk_us, [&](int64_t a, int64_t m) {
+                        return Emit(out + (rb + a) * topk, out_, m * topk * 4);
                       });
   }));
-  RETURN_IF_ERROR(EndCall());
-  drain.Dismiss();
-  return timings;
-}
-
-namespace {
-
-absl::Status CheckCandidateSpec(const CandidateSpec& spec) {
-  if (spec.set < 0) return Bad("candidate set", ">= 0", spec.set);
-  if (spec.block_size < 1) return Bad("candidate_block_size", ">= 1", spec.block_size);
-  if (spec.topk_blocks < 1) return Bad("candidate_topk_blocks", ">= 1", spec.topk_blocks);
+  RETURN_IF_ERROR(call.End());
   return absl::OkStatus();
 }
 
-int32_t CeilDiv(int32_t a, int32_t b) { return (a + b - 1) / b; }
-
-}  // namespace
-
-absl::StatusOr<GpuBackend::Step*> GpuBackend::CandidateStep(
-    const PageLayout& layout, const StepRows& rows, StepContext* ctx,
-    const Pool& p) {
-  if (ctx == nullptr) {
-    return absl::InvalidArgumentError(
-        "ctx: expected the step's context from PrepareStep (candidate pools live in it)");
-  }
-  return CheckedStep(layout, rows, ctx, p);
-}
-
-absl::StatusOr<LayerTimings> GpuBackend::CandidateSource(
-    const PageLayout& layout, const uint8_t* pool, const StepRows& rows,
-    StepContext* ctx, const QInput& q, int32_t topk, const CandidateSpec& spec,
-    int32_t* out) {
-  ASSIGN_OR_RETURN(const Pool p, FindPool(pool, layout));
-  ASSIGN_OR_RETURN(Step * step, CandidateStep(layout, rows, ctx, p));
-  RETURN_IF_ERROR(CheckCandidateSpec(spec));
-  RETURN_IF_ERROR(CheckDenseArgs(layout, q, topk, rows.num_rows, out));
-  // The pools need the logits even when the source's own top-k is empty.
-  if (rows.num_rows > 0) RETURN_IF_ERROR(CheckQTensors(layout, q));
-  const int64_t n = rows.num_rows, k = spec.topk_blocks;
-  Step::CandPool cands;
-  cands.block_size = spec.block_size;
-  cands.topk_blocks = spec.topk_blocks;
-  cands.row_visible = rows.row_visible;
-  ASSIGN_OR_RETURN(cands.mem, step->arena()->Allocate(std::max<int64_t>(1, n * (k + 1)) * 4,
-                                                      "candidate pools"));
-  cands.blocks = reinterpret_cast<int32_t*>(cands.mem);
-  cands.entries = cands.blocks + n * k;
-  // Gives the pools back unless they are published.
-  auto release = absl::MakeCleanup([&] {
-    if (cands.mem != nullptr) step->arena()->Release(cands.mem);
-  });
-  LayerTimings timings;
-  if (n > 0) {
-    absl::MutexLock lock(&mu_);
-    RETURN_IF_ERROR(BeginCall());
-    DrainOnError drain(stream_);
-    RETURN_IF_ERROR(DenseWalk(p, layout, pool, step, q, &timings, [&](const SubChunk& sc) {
-      const int64_t rb = sc.row_begin, nr = sc.row_end - sc.row_begin;
-      const int32_t* visible = step->dev().row_visible + rb;
-      if (topk > 0) {
-        RETURN_IF_ERROR(TopkPieces(logits_, sc.stride, visible, nr, sc.max_visible, topk,
-                                   &timings.topk_us, [&](int64_t a, int64_t m) {
-                                     return Download(out + (rb + a) * topk, out_, m * topk * 4);
-                                   }));
-      }
-      // The pools, from the same logits: block maxima in place, their top
-      // k blocks, then the pin and the ascending order.
-      const int32_t max_blocks = CeilDiv(sc.max_visible, spec.block_size);
-      RETURN_IF_ERROR(BeginSpan());
-      RETURN_IF_ERROR(LaunchBlockMaxima(
-          BlockMaxParams{logits_, sc.stride, visible, static_cast<int32_t>(nr), spec.block_size, aux_},
-          stream_));
-      RETURN_IF_ERROR(EndSpan(&timings.topk_us));
-      return TopkPieces(logits_, sc.stride, aux_, nr, max_blocks, spec.topk_blocks,
-                        &timings.topk_us, [&](int64_t a, int64_t m) {
-                          PoolParams pp{};
-                          pp.sel = out_;
-                          pp.sel_stride = k;
-                          pp.maxima = logits_ + a * sc.stride;
-                          pp.stride = sc.stride;
-                          pp.row_visible = visible + a;
-                          pp.num_rows = static_cast<int32_t>(m);
-                          pp.topk_blocks = spec.topk_blocks;
-                          pp.block_size = spec.block_size;
-                          pp.pin_newest = spec.pin_newest;
-                          pp.blocks = cands.blocks + (rb + a) * k;
-                          pp.entries = cands.entries + rb + a;
-                          return LaunchFinishPool(pp, max_blocks, stream_);
-                        });
-    }));
-    RETURN_IF_ERROR(EndCall());
-    drain.Dismiss();
-  }
-  step->PutPool(spec.set, std::move(cands));
-  cands.mem = nullptr;
-  return timings;
-}
-
-absl::StatusOr<LayerTimings> GpuBackend::CandidateConsumer(
-    const PageLayout& layout, const uint8_t* pool, const StepRows& rows,
-    StepContext* ctx, const QInput& q, int32_t topk, const CandidateSpec& spec,
-    ConsumerMode /*mode*/, int32_t* out) {
-  ASSIGN_OR_RETURN(const Pool p, FindPool(pool, layout));
-  ASSIGN_OR_RETURN(Step * step, CandidateStep(layout, rows, ctx, p));
-  RETURN_IF_ERROR(CheckCandidateSpec(spec));
-  if (topk < 0) return Bad("topk", ">= 0", topk);
-  const Step::CandPool* cands = step->GetPool(spec.set);
-  if (cands == nullptr) {
-    return absl::FailedPreconditionError(
-        absl::StrCat("candidate set ", spec.set, ": the source layer has not run in this step"));
-  }
-  if (cands->block_size != spec.block_size || cands->topk_blocks != spec.topk_blocks) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "candidate set ", spec.set, ": expected the source's block_size ", cands->block_size,
-        " and topk_blocks ", cands->topk_blocks, ", got ", spec.block_size, " and ",
-        spec.topk_blocks));
-  }
-  if (cands->row_visible != rows.row_visible) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "rows: expected the rows candidate set ", spec.set, "'s source ran on (",
-        cands->row_visible.size(), " rows with the same visible entries), got ", rows.num_rows,
-        " rows"));
-  }
-  RETURN_IF_ERROR(CheckDenseArgs(layout, q, topk, rows.num_rows, out));
-  LayerTimings timings;
-  if (rows.num_rows == 0 || topk == 0) return timings;
-  const int64_t k = spec.topk_blocks;
-  const int64_t pool_entries = k * spec.block_size;
-  absl::MutexLock lock(&mu_);
-  RETURN_IF_ERROR(BeginCall());
-  DrainOnError drain(stream_);
-  RETURN_IF_ERROR(DenseWalk(p, layout, pool, step, q, &timings, [&](const SubChunk& sc) {
-    const int64_t rb = sc.row_begin, nr = sc.row_end - sc.row_begin;
-    PoolGatherParams gp{};
-    gp.logits = logits_;
-    gp.stride = sc.stride;
-    gp.blocks = cands->blocks + rb * k;
-    gp.entries = cands->entries + rb;
-    gp.num_rows = static_cast<int32_t>(nr);
-    gp.topk_blocks = spec.topk_blocks;
-    gp.block_size = spec.block_size;
-    gp.topk = topk;
-    gp.slot_count = aux_;
-    RETURN_IF_ERROR(BeginSpan());
-    RETURN_IF_ERROR(LaunchGatherPool(gp, stream_));
-    RETURN_IF_ERROR(EndSpan(&timings.topk_us));
-    const int32_t max_slots =
-        static_cast<int32_t>(std::min<int64_t>(sc.max_visible, pool_entries));
-    return TopkPieces(logits_, sc.stride, aux_, nr, max_slots, topk, &timings.topk_us,
-                      [&](int64_t a, int64_t m) {
-                        PoolRemapParams rp{};
-                        rp.out = out_;
-                        rp.blocks = cands->blocks + (rb + a) * k;
-                        rp.entries = cands->entries + rb + a;
-                        rp.num_rows = static_cast<int32_t>(m);
-                        rp.topk_blocks = spec.topk_blocks;
-                        rp.block_size = spec.block_size;
-                        rp.topk = topk;
-                        RETURN_IF_ERROR(LaunchRemapPool(rp, stream_));
-                        return Download(out + (rb + a) * topk, out_, m * topk * 4);
-                      });
-  }));
-  RETURN_IF_ERROR(EndCall());
-  drain.Dismiss();
-  return timings;
-}
-
-absl::StatusOr<LayerTimings> GpuBackend::BlockTopk(
-    const PageLayout& layout, const uint8_t* pool, const StepRows& rows,
-    StepContext* ctx, const BlockQInput& q, const BlockSpec& spec, int32_t* out) {
-  ASSIGN_OR_RETURN(const Pool p, FindPool(pool, layout));
-  if (layout.format != KvFormat::kMxfp4) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "layout: the block path expected MXFP4 K pages, got ", KvFormatName(layout.format)));
-  }
-  ASSIGN_OR_RETURN(Step * step, CheckedStep(layout, rows, ctx, p));
-  if (spec.topk_blocks < 0) return Bad("topk_blocks", ">= 0", spec.topk_blocks);
-  if (spec.init_blocks < 0) return Bad("init_blocks", ">= 0", spec.init_blocks);
-  if (spec.local_blocks < 0) return Bad("local_blocks", ">= 0", spec.local_blocks);
-  if (!std::isfinite(spec.scale) || spec.scale <= 0) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "scale: expected a finite value > 0 (D^-0.5), got ", spec.scale));
-  }
-  // Q [rows, Hi, D] fp32 travels in the Q staging sized for H 128 x 128 B.
-  const int32_t max_block_heads = ws_.max_heads * 128 / (4 * layout.head_dim);
-  if (q.num_heads < 1 || q.num_heads > max_block_heads) {
-    return Bad("q.num_heads", absl::StrCat("in [1, ", max_block_heads, "]"), q.num_heads);
-  }
-  LayerTimings timings;
-  if (rows.num_rows == 0 || spec.topk_blocks == 0) return timings;
-  if (q.q == nullptr) return absl::InvalidArgumentError("q: expected a [rows, Hi, D] tensor, got null");
-  if (out == nullptr) return absl::InvalidArgumentError("out: expected a buffer, got null");
-  std::unique_ptr<Step> owned;
-  if (step == nullptr) {
-    ASSIGN_OR_RETURN(owned, MakeStep(layout, rows));
-    step = owned.get();
-  }
-  const int64_t heads = q.num_heads, dim = layout.head_dim, k = spec.topk_blocks;
-  absl::MutexLock lock(&mu_);
-  RETURN_IF_ERROR(BeginCall());
-  DrainOnError drain(stream_);
-  for (const SubChunk& sc : step->plan().chunks) {
-    const int64_t rb = sc.row_begin, nr = sc.row_end - sc.row_begin;
-    const int32_t width = CeilDiv(sc.max_visible, layout.page_entries);
-    if (heads * nr * width > ws_.logits_floats || heads * nr > int64_t{ws_.max_rows} * 64) {
-      return absl::ResourceExhaustedError(absl::StrCat(
-          "block scores: ", heads, " heads x ", nr, " rows x ", width,
-          " blocks exceed the gpu workspace"));
-    }
-    RETURN_IF_ERROR(Upload(q_values_, q.q + rb * heads * dim, nr * heads * dim * 4));
-    BlockScoreParams bp{};
-    bp.layout = layout;
-    bp.pool = pool;
-    bp.step = step->dev();
-    bp.row_base = static_cast<int32_t>(rb);
-    bp.num_rows = static_cast<int32_t>(nr);
-    bp.num_heads = q.num_heads;
-    bp.q = reinterpret_cast<const float*>(q_values_);
-    bp.scale = spec.scale;
-    bp.init_blocks = spec.init_blocks;
-    bp.local_blocks = spec.local_blocks;
-    bp.scores = logits_;
-    bp.width = width;
-    bp.causal = aux_;
-    RETURN_IF_ERROR(BeginSpan());
-    RETURN_IF_ERROR(LaunchBlockScores(bp, stream_));
-    RETURN_IF_ERROR(EndSpan(&timings.logits_us));
-    // One head's rows at a time: out is [Hi, num_rows, k].
-    for (int64_t h = 0; h < heads; ++h) {
-      RETURN_IF_ERROR(TopkPieces(logits_ + h * nr * width, width, aux_ + h * nr, nr, width,
-                                 spec.topk_blocks, &timings.topk_us, [&](int64_t a, int64_t m) {
-                                   return Download(out + (h * rows.num_rows + rb + a) * k, out_,
-                                                   m * k * 4);
-                                 }));
-    }
-  }
-  RETURN_IF_ERROR(EndCall());
-  drain.Dismiss();
-  return timings;
-}
-
 absl::Status GpuBackend::ReadEntries(const PageLayout& layout,
-                                     const uint8_t* pool, int32_t page,
+                                     PoolHandle pool_h, int32_t page,
                                      int32_t first, int32_t count,
                                      uint8_t* out) {
-  ASSIGN_OR_RETURN(const Pool p, FindPool(pool, layout));
+  ASSIGN_OR_RETURN(const Pool p, FindPool(pool_h, layout));
+  uint8_t* const pool = p.data;
   RETURN_IF_ERROR(CheckReadEntriesArgs(layout, p.num_pages, page, first, count, out));
   if (count == 0) return absl::OkStatus();
   std::vector<uint8_t> host(static_cast<size_t>(p.page_bytes));

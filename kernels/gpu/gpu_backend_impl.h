@@ -10,17 +10,26 @@
 // Workspace size: env INDEXER_GPU_LOGITS_MB (default 1024) bounds one
 // sub-chunk's logits; steps whose chunks exceed it are cut into sub-chunks.
 //
-// Steps: PrepareStep validates the rows in full and copies them to the
-// device; a call given its context checks only that the context is this
+// Steps: PrepareStep validates the rows in full, copies them to the device
+// and keeps them in the context; RunLayer takes them from there. A
+// single-path call given a context checks only that the context is this
 // backend's for rows of that shape and that the step's pages lie in the
-// pool (O(1)). REQUIRES: such a call passes the StepRows PrepareStep was
-// given, unchanged (the kernels read the copy made there). A call with a
-// null context validates and copies the rows itself.
+// pool (O(1)). REQUIRES: such a call passes rows equal to the context's
+// (the kernels read the copy made by PrepareStep). A single-path call with
+// a null context validates and copies the rows itself.
 //
-// Synchronization: each WriteEntries / DenseTopk call waits for the stream
-// once, at its end, also when it fails (its kernel times and outputs are
-// then ready and the caller's buffers no longer used); PrepareStep waits
-// only when its metadata does not fit the staging.
+// Synchronization: each call waits for the stream once, at its end, also
+// when it fails (its kernel times and outputs are then ready and the
+// caller's buffers no longer used). RunLayer enqueues a whole layer (K
+// upload, write kernel, Q upload, logits, top-k, download) and so waits once
+// per layer; its timings come from events between the stages, read after
+// that wait. (A call that runs out of its kEvents / 2 timed spans waits once
+// more to recycle them: only long prefill steps do.) PrepareStep waits only
+// when its metadata does not fit the staging.
+//
+// Device tensors (on_device inputs, out_on_device): read and written in
+// place on the stream; device K and weights are checked on the device into
+// bad_, read after the call's wait (INVALID_ARGUMENT naming the field).
 //
 // Thread safety: as Backend. Device work of concurrent calls is serialized
 // on the backend's one stream (one workspace, one pinned staging) under mu_;
@@ -84,15 +93,15 @@ class GpuBackend : public Backend {
   std::string Kind() const override { return "gpu"; }
   absl::StatusOr<int64_t> FreeDeviceMemory() const override;
 
-  absl::StatusOr<uint8_t*> AllocatePool(const PageLayout& layout,
+  absl::StatusOr<PoolHandle> AllocatePool(const PageLayout& layout,
                                         int64_t num_pages) override;
   absl::StatusOr<std::unique_ptr<StepContext>> PrepareStep(
-      const PageLayout& layout, const StepRows& rows) override;
-  absl::StatusOr<double> WriteEntries(const PageLayout& layout, uint8_t* pool,
+      const PageLayout& layout, StepRows rows) override;
+  absl::StatusOr<double> WriteEntries(const PageLayout& layout, PoolHandle pool,
                                       const StepRows& rows, StepContext* ctx,
                                       const KInput& k) override;
   absl::StatusOr<LayerTimings> DenseTopk(const PageLayout& layout,
-                                         const uint8_t* pool,
+                                         PoolHandle pool,
                                          const StepRows& rows,
                                          StepContext* ctx, const QInput& q,
                                          int32_t topk, int32_t* out) override;
@@ -102,20 +111,23 @@ class GpuBackend : public Backend {
   // before the top-k); `mode` only selects among identical results.
   Paths SupportedPaths() const override { return {true, true}; }
   absl::StatusOr<LayerTimings> CandidateSource(
-      const PageLayout& layout, const uint8_t* pool, const StepRows& rows,
+      const PageLayout& layout, PoolHandle pool, const StepRows& rows,
       StepContext* ctx, const QInput& q, int32_t topk,
       const CandidateSpec& spec, int32_t* out) override;
   absl::StatusOr<LayerTimings> CandidateConsumer(
-      const PageLayout& layout, const uint8_t* pool, const StepRows& rows,
+      const PageLayout& layout, PoolHandle pool, const StepRows& rows,
       StepContext* ctx, const QInput& q, int32_t topk,
       const CandidateSpec& spec, ConsumerMode mode, int32_t* out) override;
   absl::StatusOr<LayerTimings> BlockTopk(const PageLayout& layout,
-                                         const uint8_t* pool,
+                                         PoolHandle pool,
                                          const StepRows& rows,
                                          StepContext* ctx, const BlockQInput& q,
                                          const BlockSpec& spec,
                                          int32_t* out) override;
-  absl::Status ReadEntries(const PageLayout& layout, const uint8_t* pool,
+  absl::StatusOr<LayerTimings> RunLayer(PoolHandle pool, StepContext* ctx,
+                                        const LayerWork& work) override;
+  absl::Status CopyDeviceToHost(void* dst, const void* device_src, int64_t bytes) override;
+  absl::Status ReadEntries(const PageLayout& layout, PoolHandle pool,
                            int32_t page, int32_t first, int32_t count,
                            uint8_t* out) override;
   // Device regions (device_regions.cc).
@@ -160,11 +172,71 @@ class GpuBackend : public Backend {
     int first;
     double* sum;
   };
-  static constexpr int kEvents = 16;
+  static constexpr int kEvents = 64;
+
+  // A call's hold on the stream: mu_, BeginCall, and on an early return a
+  // wait for the stream (nothing may still use the staging or the caller's
+  // buffers); nothing at all when nested in RunLayer's call, which holds it.
+  class CallScope {
+   public:
+    CallScope(GpuBackend* b, bool nested) : b_(b), nested_(nested) {}
+    CallScope(const CallScope&) = delete;
+    CallScope& operator=(const CallScope&) = delete;
+    ~CallScope() ABSL_NO_THREAD_SAFETY_ANALYSIS {
+      if (begun_ && !ended_) (void)StreamSynchronize(b_->stream_);
+      if (locked_) b_->mu_.Unlock();
+    }
+    absl::Status Begin() ABSL_NO_THREAD_SAFETY_ANALYSIS {
+      if (nested_) return absl::OkStatus();
+      b_->mu_.Lock();
+      locked_ = true;
+      begun_ = true;
+      return b_->BeginCall();
+    }
+    absl::Status End() ABSL_NO_THREAD_SAFETY_ANALYSIS {
+      if (nested_) return absl::OkStatus();
+      absl::Status s = b_->EndCall();
+      ended_ = s.ok();
+      return s;
+    }
+
+   private:
+    GpuBackend* const b_;
+    const bool nested_;
+    bool locked_ = false, begun_ = false, ended_ = false;
+  };
+
+  // The bodies of the public calls; `nested`: inside RunLayer's call (mu_
+  // held, call begun, the end and its wait are RunLayer's). Timings are
+  // added to *us / *timings at the call's wait.
+  absl::Status WriteImpl(const PageLayout& layout, PoolHandle pool, const StepRows& rows,
+                         StepContext* ctx, const KInput& k, double* us, bool nested)
+      ABSL_NO_THREAD_SAFETY_ANALYSIS;
+  absl::Status DenseImpl(const PageLayout& layout, PoolHandle pool, const StepRows& rows,
+                         StepContext* ctx, const QInput& q, int32_t topk, int32_t* out,
+                         LayerTimings* timings, bool nested) ABSL_NO_THREAD_SAFETY_ANALYSIS;
+  absl::Status SourceImpl(const PageLayout& layout, PoolHandle pool, const StepRows& rows,
+                          StepContext* ctx, const QInput& q, int32_t topk,
+                          const CandidateSpec& spec, int32_t* out, LayerTimings* timings,
+                          bool nested) ABSL_NO_THREAD_SAFETY_ANALYSIS;
+  absl::Status ConsumerImpl(const PageLayout& layout, PoolHandle pool,
+                            const StepRows& rows, StepContext* ctx, const QInput& q,
+                            int32_t topk, const CandidateSpec& spec, int32_t* out,
+                            LayerTimings* timings, bool nested) ABSL_NO_THREAD_SAFETY_ANALYSIS;
+  absl::Status BlockImpl(const PageLayout& layout, PoolHandle pool, const StepRows& rows,
+                         StepContext* ctx, const BlockQInput& q, const BlockSpec& spec,
+                         int32_t* out, LayerTimings* timings, bool nested)
+      ABSL_NO_THREAD_SAFETY_ANALYSIS;
+  // Enqueues the reset of bad_ once per call (device inputs present).
+  absl::Status ArmChecks() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Output rows from out_ to the caller: a download, or a device copy when
+  // the call's output is device memory (out_device_).
+  absl::Status Emit(int32_t* dst, const int32_t* src, int64_t bytes)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   GpuBackend(int ordinal, const DeviceProp& props);
   absl::Status Init();
-  absl::StatusOr<Pool> FindPool(const uint8_t* data,
+  absl::StatusOr<Pool> FindPool(PoolHandle handle,
                                 const PageLayout& layout) const;
   absl::StatusOr<std::unique_ptr<Step>> MakeStep(const PageLayout& layout,
                                                  const StepRows& rows);
@@ -249,6 +321,11 @@ class GpuBackend : public Backend {
   // Per-call row scratch of the candidate and block paths: [max_rows x 64]
   // int32 (block counts, slot counts, causal pages per head and row).
   int32_t* aux_ = nullptr;
+  // [2] first bad element of device K, of device weights (0xffffffff: none).
+  uint32_t* bad_ = nullptr;
+  uint32_t bad_host_[2] ABSL_GUARDED_BY(mu_) = {};
+  bool checks_armed_ ABSL_GUARDED_BY(mu_) = false;
+  bool out_device_ ABSL_GUARDED_BY(mu_) = false;
   std::string last_path_ ABSL_GUARDED_BY(mu_);
   int max_path_ ABSL_GUARDED_BY(mu_) = 2;
 };

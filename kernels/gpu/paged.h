@@ -7,6 +7,7 @@
 
 #include "kernels/format/hd.h"
 #include "kernels/format/page_layout.h"
+#include "kernels/geometry/step_geometry.h"
 
 namespace indexer {
 namespace gpu {
@@ -20,8 +21,8 @@ struct EntryRef {
 // REQUIRES: pos within the sequence's entries (validated by the host).
 INDEXER_HD EntryRef LocateEntry(const PageLayout& layout, const uint8_t* pool,
                                 const int32_t* block_row, int32_t pos) {
-  const int32_t lp = pos / layout.page_entries;
-  return {pool + layout.PageOffset(block_row[lp]), pos - lp * layout.page_entries};
+  const int32_t lp = LogicalPage(pos, layout.page_entries);
+  return {pool + layout.PageOffset(block_row[lp]), SlotInPage(pos, layout.page_entries)};
 }
 
 // A position inside a sequence as (logical page, entry inside the page):
@@ -32,8 +33,7 @@ struct PagePos {
 };
 
 INDEXER_HD PagePos PagePosOf(const PageLayout& layout, int32_t pos) {
-  const int32_t lp = pos / layout.page_entries;
-  return {lp, pos - lp * layout.page_entries};
+  return {LogicalPage(pos, layout.page_entries), SlotInPage(pos, layout.page_entries)};
 }
 
 // `step` entries on. REQUIRES: page_entries % step == 0, p->e % step == 0.

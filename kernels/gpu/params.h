@@ -45,6 +45,24 @@ struct WriteParams {
 
 absl::Status LaunchWriteEntries(const WriteParams& p, Stream stream);
 
+// ---- device input checks -----------------------------------------------------
+// Finiteness of an input that lives in device memory (the host never sees
+// its bytes): *first_bad = min(*first_bad, index of each bad element).
+enum class CheckKind : int32_t {
+  kFloat32,      // fp32 elements: NaN / Inf
+  kBf16,         // bf16 elements: NaN / Inf
+  kQuantized,    // linear entries of `layout`: e4m3 NaN codes and fp32
+                 // scales not finite > 0 (FP8), e8m0 0xff scales (MXFP4)
+};
+struct CheckParams {
+  const void* src;
+  int64_t count;  // elements (kFloat32 / kBf16) or entries (kQuantized)
+  CheckKind kind;
+  PageLayout layout;
+  uint32_t* first_bad;  // device word, set to 0xffffffff before
+};
+absl::Status LaunchCheckInput(const CheckParams& p, Stream stream);
+
 // ---- dense logits ----------------------------------------------------------
 struct LogitsParams {
   // The pool as [pages, E, 128] for the bulk tensor copy engine (FP8,

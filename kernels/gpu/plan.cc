@@ -30,8 +30,7 @@ int32_t WsUnitEntries(int64_t total_entries, int32_t num_sms) {
 absl::StatusOr<StepPlan> PlanStep(const StepRows& rows,
                                   const PlanLimits& limits) {
   StepPlan plan;
-  std::vector<std::pair<int32_t, int32_t>> chunks = rows.chunks;
-  if (chunks.empty() && rows.num_rows > 0) chunks.push_back({0, rows.num_rows});
+  const std::vector<std::pair<int32_t, int32_t>> chunks = rows.Chunks();
 
   // Sub-chunks: greedy over each server chunk under the workspace limits.
   for (const auto& [cb, ce] : chunks) {

@@ -17,7 +17,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
-#include "kernels/backend.h"
+#include "kernels/geometry/step_geometry.h"
 
 namespace indexer {
 namespace gpu {

@@ -95,7 +95,41 @@ __global__ void __launch_bounds__(kWriteThreads)
   }
 }
 
+__global__ void CheckInputKernel(CheckParams p) {
+  const int64_t stride = int64_t{gridDim.x} * blockDim.x;
+  for (int64_t i = int64_t{blockIdx.x} * blockDim.x + threadIdx.x; i < p.count; i += stride) {
+    bool bad = false;
+    if (p.kind == CheckKind::kFloat32) {
+      bad = !isfinite(static_cast<const float*>(p.src)[i]);
+    } else if (p.kind == CheckKind::kBf16) {
+      // All-ones exponent: Inf or NaN.
+      bad = (static_cast<const uint16_t*>(p.src)[i] & 0x7f80u) == 0x7f80u;
+    } else {
+      const PageLayout& l = p.layout;
+      const uint8_t* e = static_cast<const uint8_t*>(p.src) + i * l.entry_bytes();
+      const int32_t vb = l.value_bytes();
+      if (l.format == KvFormat::kFp8) {
+        for (int32_t b = 0; b < vb && !bad; ++b) bad = (e[b] & 0x7f) == 0x7f;
+        float s;
+        memcpy(&s, e + vb, 4);
+        bad = bad || !isfinite(s) || !(s > 0.f);
+      } else {
+        for (int32_t b = 0; b < l.scale_bytes() && !bad; ++b) bad = e[vb + b] == 0xff;
+      }
+    }
+    if (bad) atomicMin(p.first_bad, static_cast<uint32_t>(i));
+  }
+}
+
 }  // namespace
+
+absl::Status LaunchCheckInput(const CheckParams& p, Stream stream) {
+  if (p.count == 0) return absl::OkStatus();
+  const int64_t want = (p.count + kWriteThreads - 1) / kWriteThreads;
+  const int blocks = static_cast<int>(want < 1024 ? want : 1024);
+  GPU_LAUNCH(CheckInputKernel, blocks, kWriteThreads, 0, stream, p);
+  return absl::OkStatus();
+}
 
 absl::Status LaunchWriteEntries(const WriteParams& p, Stream stream) {
   if (p.num_entries == 0) return absl::OkStatus();

@@ -10,7 +10,7 @@
 #include "absl/strings/str_join.h"
 #include "kernels/common/status_macros.h"
 #include "server/core/layer_inputs.h"
-#include "server/core/step_rows.h"
+#include "kernels/geometry/step_geometry.h"
 
 namespace indexer {
 namespace {
@@ -53,7 +53,7 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(
     }
   }
   std::unique_ptr<Engine> e(new Engine(std::move(model), std::move(backend)));
-  e->pools_.assign(e->model_.num_layers(), nullptr);
+  e->pools_.assign(e->model_.num_layers(), PoolHandle{});
   absl::MutexLock lock(&e->mu_);
   for (const GroupSpec& g : e->model_.groups) {
     e->allocators_.emplace_back(g.pages);
@@ -193,16 +193,16 @@ absl::StatusOr<std::unique_ptr<Step>> Engine::BeginStep(const StepSpec& spec) {
     open_steps_.fetch_add(1);
   }
 
-  // Backends may keep the address of a group's StepRows for the whole step.
-  step->rows_.reserve(G);
+  // Each group's rows are built once and handed to the backend's context,
+  // which owns them (and on the gpu uploads them) for the whole step.
   for (size_t g = 0; g < G; ++g) {
     const GroupSpec& gs = model_.groups[g];
-    step->rows_.push_back(
-        BuildStepRows(per_group[g], gs.compress_ratio, model_.logits_budget_bytes()));
-    auto ctx = backend_->PrepareStep(gs.layout, step->rows_.back());
+    auto ctx = backend_->PrepareStep(
+        gs.layout, BuildStepRows(per_group[g], gs.compress_ratio, model_.logits_budget_bytes()));
     if (!ctx.ok()) return ctx.status();  // ~Step rolls back
     step->ctx_.push_back(std::move(ctx).value());
   }
+  step->num_rows_ = G > 0 ? step->ctx_[0]->rows().num_rows : 0;
   step->layer_done_.assign(model_.num_layers(), false);
   step->source_done_.assign(model_.candidate_sets.size(), false);
   return step;
@@ -367,7 +367,7 @@ Step::Step(Engine* engine) : engine_(engine) {}
 
 Step::~Step() { Abort(); }
 
-int32_t Step::num_rows() const { return rows_.empty() ? 0 : rows_[0].num_rows; }
+int32_t Step::num_rows() const { return num_rows_; }
 
 std::vector<int64_t> Step::reserved_pages() const {
   std::vector<int64_t> pages(engine_->model_.groups.size(), 0);
@@ -402,7 +402,7 @@ absl::Status Step::CheckLayer(int32_t layer) const {
 }
 
 absl::StatusOr<double> Step::WriteK(int32_t group, int32_t layer, const KInput& k) {
-  const StepRows& rows = rows_[group];
+  const StepRows& rows = ctx_[group]->rows();
   if (rows.NewEntries() == 0) return 0.0;
   return engine_->backend_->WriteEntries(engine_->model_.groups[group].layout,
                                          engine_->pools_[layer], rows, ctx_[group].get(), k);
@@ -412,11 +412,45 @@ absl::Status Step::WriteLayer(int32_t layer, const TensorView& k) {
   RETURN_IF_ERROR(CheckLayer(layer));
   const int32_t group = engine_->model_.layer_group[layer];
   ASSIGN_OR_RETURN(KInput kin,
-                   ValidateK(engine_->model_.groups[group], rows_[group].NewEntries(), k));
+                   ValidateK(engine_->model_.groups[group], ctx_[group]->rows().NewEntries(), k));
   RETURN_IF_ERROR(WriteK(group, layer, kin).status());
   layer_done_[layer] = true;
   return absl::OkStatus();
 }
+
+namespace {
+
+// The host form of `t`: itself, or for a device tensor its bytes copied
+// through the backend into `buf` (same dtype and shape, so the usual checks
+// and messages apply).
+absl::StatusOr<TensorView> HostView(Backend& b, absl::string_view field, const TensorView& t,
+                                    std::string* buf) {
+  if (!t.on_device) return t;
+  if (t.device_bytes < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(field, ": expected a byte size >= 0, got ", t.device_bytes));
+  }
+  buf->resize(static_cast<size_t>(t.device_bytes));
+  absl::Status s = b.CopyDeviceToHost(buf->data(), t.device_ptr, t.device_bytes);
+  if (!s.ok()) return absl::Status(s.code(), absl::StrCat(field, ": ", s.message()));
+  TensorView h = t;
+  h.on_device = false;
+  h.device_ptr = nullptr;
+  h.device_bytes = 0;
+  h.data = *buf;
+  return h;
+}
+
+LayerKind KindOf(LayerRoleKind k) {
+  switch (k) {
+    case LayerRoleKind::kCandidateSource: return LayerKind::kCandidateSource;
+    case LayerRoleKind::kCandidateConsumer: return LayerKind::kCandidateConsumer;
+    case LayerRoleKind::kBlock: return LayerKind::kBlock;
+    default: return LayerKind::kDense;
+  }
+}
+
+}  // namespace
 
 absl::StatusOr<LayerOutput> Step::RunLayer(const LayerInput& in) {
   const auto t0 = std::chrono::steady_clock::now();
@@ -425,43 +459,10 @@ absl::StatusOr<LayerOutput> Step::RunLayer(const LayerInput& in) {
   const int32_t group = m.layer_group[in.layer];
   const GroupSpec& g = m.groups[group];
   const LayerRole role = m.layer_role[in.layer];
-  const StepRows& rows = rows_[group];
-  const CandidateSpec* cand =
-      role.set >= 0 ? &m.candidate_sets[role.set].spec : nullptr;
+  const StepRows& rows = ctx_[group]->rows();
+  Backend& b = *engine_->backend_;
 
   // Validate everything before the first byte is written.
-  // PLACEHOLDER(regions): device tensors (device regions) reach the engine
-  // as views over device memory; until the backends take them (branch
-  // `plane`), they are refused instead of being read on the host.
-  for (const auto& [field, view] : {std::pair<const char*, const TensorView*>{"k", &in.k},
-                                    {"q", &in.q}, {"q_scale", &in.q_scale},
-                                    {"weights", &in.weights}}) {
-    if (view->present && view->on_device) {
-      return absl::FailedPreconditionError(absl::StrCat(
-          "device regions: ", field, " is in a device region; device tensors are not wired "
-          "yet in this build"));
-    }
-  }
-  if (in.topk_out.present && in.topk_out.on_device) {
-    return absl::FailedPreconditionError(
-        "device regions: topk_out is in a device region; device tensors are not wired yet "
-        "in this build");
-  }
-  {
-    const int64_t n = role.kind == LayerRoleKind::kBlock
-                          ? int64_t{g.num_heads} * rows.num_rows * g.block.topk_blocks
-                          : int64_t{rows.num_rows} * g.topk;
-    const uint64_t expected = static_cast<uint64_t>(n) * sizeof(int32_t);
-    if (in.topk_out.present && in.topk_out.bytes != expected) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "topk_out.bytes: expected ", expected, " (",
-          role.kind == LayerRoleKind::kBlock
-              ? absl::StrCat("[", g.num_heads, ", ", rows.num_rows, ", ",
-                             g.block.topk_blocks, "]")
-              : absl::StrCat("[", rows.num_rows, ", ", g.topk, "]"),
-          " INT32), got ", in.topk_out.bytes));
-    }
-  }
   if (role.kind == LayerRoleKind::kCandidateConsumer && !source_done_[role.set]) {
     return absl::FailedPreconditionError(absl::StrCat(
         "layer: candidate consumer layer ", in.layer, " needs its source layer ",
@@ -469,56 +470,76 @@ absl::StatusOr<LayerOutput> Step::RunLayer(const LayerInput& in) {
         " to run first in the step; expected the source before its consumers"));
   }
   ASSIGN_OR_RETURN(KInput kin, ValidateK(g, rows.NewEntries(), in.k));
+  LayerWork work;
+  work.kind = KindOf(role.kind);
+  work.k = rows.NewEntries() > 0 ? &kin : nullptr;
   QScratch scratch{std::move(q_values_), std::move(q_scales_), std::move(weights_)};
-  absl::StatusOr<QInput> q = QInput{};
-  absl::StatusOr<BlockQInput> block_q = BlockQInput{};
+  // Q that the backend takes from the device as it is stays there; any
+  // other device input (FP32/BF16 Q the daemon quantizes, block-layer Q,
+  // a mix of host and device tensors) is copied to the host first.
+  const bool q_on_device = role.kind != LayerRoleKind::kBlock &&
+                           DeviceQReady(g, in.q, in.q_scale, in.weights);
+  TensorView q = in.q, q_scale = in.q_scale, weights = in.weights;
+  if (!q_on_device) {
+    ASSIGN_OR_RETURN(q, HostView(b, "q", in.q, &staged_q_));
+    ASSIGN_OR_RETURN(q_scale, HostView(b, "q_scale", in.q_scale, &staged_q_scale_));
+    ASSIGN_OR_RETURN(weights, HostView(b, "weights", in.weights, &staged_weights_));
+  }
   if (role.kind == LayerRoleKind::kBlock) {
-    block_q = PrepareBlockQ(g, rows.num_rows, in.q, in.q_scale, in.weights, &block_q_);
-    if (!block_q.ok()) return block_q.status();
+    ASSIGN_OR_RETURN(work.block_q, PrepareBlockQ(g, rows.num_rows, q, q_scale, weights, &block_q_));
+    work.block = g.block;
   } else {
-    q = PrepareQ(g, rows.num_rows, in.q, in.q_scale, in.weights, &scratch);
-    if (!q.ok()) return q.status();
+    ASSIGN_OR_RETURN(work.q, PrepareQ(g, rows.num_rows, q, q_scale, weights, &scratch));
+    work.topk = g.topk;
+    if (role.set >= 0) work.candidate = m.candidate_sets[role.set].spec;
   }
 
   LayerOutput out;
-  out.validate_us = MicrosSince(t0);
-  ASSIGN_OR_RETURN(out.timings.write_us, WriteK(group, in.layer, kin));
-  Backend& b = *engine_->backend_;
-  uint8_t* pool = engine_->pools_[in.layer];
-  StepContext* ctx = ctx_[group].get();
-  absl::StatusOr<LayerTimings> t;
-  // The output: the caller's bytes when given (no second copy), else ours.
-  auto dest = [&](size_t n) -> int32_t* {
-    // Size checked above; regions are 16-byte aligned (TensorRef.offset).
-    if (in.topk_out.present) return reinterpret_cast<int32_t*>(in.topk_out.data);
-    if (in.out_bytes == nullptr) {
-      out.indices.resize(n);
-      return out.indices.data();
-    }
-    in.out_bytes->resize(n * sizeof(int32_t));
-    return reinterpret_cast<int32_t*>(in.out_bytes->data());
+  out.shape = role.kind == LayerRoleKind::kBlock
+                  ? std::vector<int64_t>{g.num_heads, rows.num_rows, g.block.topk_blocks}
+                  : std::vector<int64_t>{rows.num_rows, g.topk};
+  size_t n_out = 1;
+  for (int64_t d : out.shape) n_out *= static_cast<size_t>(d);
+  // The output: the caller's region when given (device memory: no
+  // download), else the caller's bytes (no second copy), else ours.
+  const int64_t out_bytes = static_cast<int64_t>(n_out * sizeof(int32_t));
+  auto check_out = [&](int64_t got) -> absl::Status {
+    if (got == out_bytes) return absl::OkStatus();
+    return absl::InvalidArgumentError(absl::StrCat(
+        "topk_out.bytes: expected ", out_bytes, " ([", absl::StrJoin(out.shape, ", "),
+        "] INT32), got ", got));
   };
-  if (role.kind == LayerRoleKind::kBlock) {
-    out.shape = {g.num_heads, rows.num_rows, g.block.topk_blocks};
-    int32_t* o = dest(static_cast<size_t>(g.num_heads) * rows.num_rows * g.block.topk_blocks);
-    t = b.BlockTopk(g.layout, pool, rows, ctx, *block_q, g.block, o);
+  if (in.out_device != nullptr) {
+    RETURN_IF_ERROR(check_out(in.out_device_bytes));
+    work.out = static_cast<int32_t*>(in.out_device);
+    work.out_on_device = true;
+  } else if (in.out_host != nullptr) {
+    RETURN_IF_ERROR(check_out(in.out_host_bytes));
+    // Regions are mapped page-aligned and references 16-byte aligned.
+    work.out = reinterpret_cast<int32_t*>(in.out_host);
+  } else if (in.out_bytes != nullptr) {
+    in.out_bytes->resize(n_out * sizeof(int32_t));
+    work.out = reinterpret_cast<int32_t*>(in.out_bytes->data());
   } else {
-    out.shape = {rows.num_rows, g.topk};
-    int32_t* o = dest(static_cast<size_t>(rows.num_rows) * g.topk);
-    switch (role.kind) {
-      case LayerRoleKind::kCandidateSource:
-        t = b.CandidateSource(g.layout, pool, rows, ctx, *q, g.topk, *cand, o);
-        break;
-      case LayerRoleKind::kCandidateConsumer:
-        t = b.CandidateConsumer(g.layout, pool, rows, ctx, *q, g.topk, *cand, ConsumerMode::kAuto, o);
-        break;
-      default:
-        t = b.DenseTopk(g.layout, pool, rows, ctx, *q, g.topk, o);
-    }
+    out.indices.resize(n_out);
+    work.out = out.indices.data();
   }
+  out.validate_us = MicrosSince(t0);
+
+  // One backend call: write the new entries, score, select (on the gpu one
+  // enqueue and one synchronization). Rollback: the call writes only entries
+  // [seq_old_entries, seq_new_entries) of each sequence, i.e. past its
+  // committed length, into the tail of its last committed page or into pages
+  // taken for this step. If it fails after the write (a device K found
+  // non-finite on the device, a kernel error), layer_done_ stays false and
+  // no committed length moves, so no reader sees those bytes: the transport
+  // aborts the step, Abort frees the step's pages and every sequence keeps
+  // its committed entries exactly; a retry of the layer would overwrite the
+  // same positions.
+  absl::StatusOr<LayerTimings> t =
+      b.RunLayer(engine_->pools_[in.layer], ctx_[group].get(), work);
   if (!t.ok()) return t.status();
-  out.timings.logits_us = t->logits_us;
-  out.timings.topk_us = t->topk_us;
+  out.timings = *t;
   layer_done_[in.layer] = true;
   if (role.kind == LayerRoleKind::kCandidateSource) source_done_[role.set] = true;
   q_values_ = std::move(scratch.values);

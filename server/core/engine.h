@@ -55,16 +55,15 @@ struct LayerInput {
   // byte order = the wire's little-endian) instead of LayerOutput::indices,
   // e.g. straight into the reply's tensor bytes. Unspecified on failure.
   std::string* out_bytes = nullptr;
-  // Optional (LayerRequest.topk_out): a caller's region receiving the
-  // indices instead of out_bytes / LayerOutput::indices. Its byte count must
-  // be exactly the top-k's (INVALID_ARGUMENT "topk_out.bytes" before any
-  // work otherwise). Unspecified on failure.
-  struct OutRegion {
-    bool present = false;
-    uint8_t* data = nullptr;  // writable, host memory unless on_device
-    uint64_t bytes = 0;
-    bool on_device = false;   // PLACEHOLDER(regions): refused until wired
-  } topk_out;
+  // Optional: where the indices go instead (LayerRequest.topk_out), exactly
+  // the output shape x 4 bytes (INVALID_ARGUMENT "topk_out.bytes" before
+  // any work otherwise): device memory of the daemon's device (a device
+  // region; gpu backend, no download) or host memory (a host region).
+  // Unspecified on failure.
+  void* out_device = nullptr;
+  int64_t out_device_bytes = 0;
+  uint8_t* out_host = nullptr;
+  int64_t out_host_bytes = 0;
 };
 
 struct LayerOutput {
@@ -116,14 +115,17 @@ class Step {
   std::vector<int64_t> new_len_;
   // [seq][group] pages allocated by this step.
   std::vector<std::vector<std::vector<int32_t>>> new_pages_;
-  std::vector<StepRows> rows_;                       // [group]
-  std::vector<std::unique_ptr<StepContext>> ctx_;    // [group]
+  // [group] the backend's step state, which owns the group's StepRows.
+  std::vector<std::unique_ptr<StepContext>> ctx_;
+  int32_t num_rows_ = 0;
   std::vector<bool> layer_done_;                     // [layer]
   std::vector<bool> source_done_;                    // [candidate set]
   // Reused per layer: quantized Q, scales and scaled weights.
   std::vector<uint8_t> q_values_, q_scales_;
   std::vector<float> weights_;
   std::vector<float> block_q_;
+  // Host copies of device inputs that need host work.
+  std::string staged_q_, staged_q_scale_, staged_weights_;
 };
 
 struct GroupUsage {
@@ -161,7 +163,7 @@ class Engine {
   // used pages; every sequence holds exactly ceil(entries / E) pages.
   absl::Status CheckInvariants() const;
   // Pool base of a layer (tests read entries back through the backend).
-  const uint8_t* pool(int32_t layer) const { return pools_[layer]; }
+  PoolHandle pool(int32_t layer) const { return pools_[layer]; }
   // Physical pages of a committed sequence in a group, for tests.
   absl::StatusOr<std::vector<int32_t>> SequencePages(const SeqName& name,
                                                      int32_t group) const;
@@ -178,7 +180,7 @@ class Engine {
 
   const Model model_;
   const std::unique_ptr<Backend> backend_;
-  std::vector<uint8_t*> pools_;  // [layer]
+  std::vector<PoolHandle> pools_;  // [layer]
   std::atomic<int32_t> open_steps_{0};
   std::atomic<uint64_t> step_counter_{0};
 

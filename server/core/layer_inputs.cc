@@ -41,6 +41,24 @@ absl::StatusOr<KInput> ValidateK(const GroupSpec& g, int64_t n_new,
   const PageLayout& L = g.layout;
   KInput out;
   out.ue8m0 = g.ue8m0;
+  if (k.on_device) {
+    // Shape, dtype and bytes here; the values are checked by the backend on
+    // the device (finite floats; e4m3 NaN codes and scales of entries).
+    if (k.dtype == DType::kUint8) {
+      RETURN_IF_ERROR(ExpectTensor("k", k, DType::kUint8, {n_new, L.entry_bytes()}));
+      out.kind = KInput::Kind::kQuantized;
+    } else if (k.dtype == DType::kFp32 || k.dtype == DType::kBf16) {
+      RETURN_IF_ERROR(ExpectTensor("k", k, k.dtype, {n_new, L.head_dim}));
+      out.kind = k.dtype == DType::kFp32 ? KInput::Kind::kFloat32 : KInput::Kind::kBf16;
+    } else {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "k: expected FP32 or BF16 [", n_new, ", ", L.head_dim, "] or UINT8 [", n_new, ", ",
+          L.entry_bytes(), "] entries, got ", DTypeName(k.dtype), " ", k.ShapeString()));
+    }
+    out.data = k.device_ptr;
+    out.on_device = true;
+    return out;
+  }
   if (k.dtype == DType::kUint8) {
     RETURN_IF_ERROR(ExpectTensor("k", k, DType::kUint8, {n_new, L.entry_bytes()}));
     const auto* p = reinterpret_cast<const uint8_t*>(k.data.data());
@@ -86,6 +104,28 @@ absl::StatusOr<QInput> PrepareQ(const GroupSpec& g, int32_t rows,
                                 const TensorView& weights, QScratch* scratch) {
   const PageLayout& L = g.layout;
   const int64_t H = g.num_heads, D = L.head_dim;
+  if (q.on_device || q_scale.on_device || weights.on_device) {
+    // Only the forms the backend takes as they are come here (DeviceQReady);
+    // the caller copied any other form to the host first.
+    QInput out;
+    out.num_heads = g.num_heads;
+    out.on_device = true;
+    RETURN_IF_ERROR(ExpectTensor("weights", weights, DType::kFp32, {rows, H}));
+    out.weights = static_cast<const float*>(weights.device_ptr);
+    if (L.format == KvFormat::kFp8) {
+      RETURN_IF_ERROR(ExpectTensor("q", q, DType::kFp8E4m3, {rows, H, D}));
+      if (q_scale.present) {
+        return absl::InvalidArgumentError(
+            "q_scale: expected unset for an fp8 layer (fold Q scales into weights)");
+      }
+    } else {
+      RETURN_IF_ERROR(ExpectTensor("q", q, DType::kUint8, {rows, H, D / 2}));
+      RETURN_IF_ERROR(ExpectTensor("q_scale", q_scale, DType::kUint8, {rows, H, D / kMxBlock}));
+      out.scales = static_cast<const uint8_t*>(q_scale.device_ptr);
+    }
+    out.values = static_cast<const uint8_t*>(q.device_ptr);
+    return out;
+  }
   RETURN_IF_ERROR(ExpectTensor("weights", weights, DType::kFp32, {rows, H}));
   RETURN_IF_ERROR(CheckTensorFinite("weights", weights));
   QInput out;
@@ -159,6 +199,13 @@ absl::StatusOr<QInput> PrepareQ(const GroupSpec& g, int32_t rows,
   out.values = reinterpret_cast<const uint8_t*>(q.data.data());
   out.scales = reinterpret_cast<const uint8_t*>(q_scale.data.data());
   return out;
+}
+
+bool DeviceQReady(const GroupSpec& g, const TensorView& q, const TensorView& q_scale,
+                  const TensorView& weights) {
+  if (!q.on_device || !weights.on_device) return false;
+  if (g.layout.format == KvFormat::kFp8) return q.dtype == DType::kFp8E4m3 && !q_scale.present;
+  return q.dtype == DType::kUint8 && q_scale.present && q_scale.on_device;
 }
 
 absl::StatusOr<BlockQInput> PrepareBlockQ(const GroupSpec& g, int32_t rows,

@@ -25,11 +25,20 @@ struct QScratch {
   std::vector<float> weights;
 };
 
+// True when q, q_scale and weights are device tensors the backend takes
+// as they are: FP8_E4M3 Q (fp8 layers) or UINT8 packed Q with UINT8 q_scale
+// (mxfp4 layers), and FP32 weights, all on the device. Other device inputs
+// are copied to the host first and take the host path.
+bool DeviceQReady(const GroupSpec& g, const TensorView& q, const TensorView& q_scale,
+                  const TensorView& weights);
+
 // Validates q / q_scale / weights for `rows` rows and returns them in the
 // group's K format: FP8 layers take FP8_E4M3 or FP32/BF16 Q (quantized per
 // (row, head), the power-of-two scale folded into the weight); MXFP4 layers
 // take UINT8 packed Q with UINT8 q_scale, or FP32/BF16 Q (quantized per
 // 32-element block). The returned pointers point into `in` or `scratch`.
+// With device tensors (REQUIRES: DeviceQReady) only shapes, dtypes and byte
+// counts are checked here and the result points at device memory.
 absl::StatusOr<QInput> PrepareQ(const GroupSpec& g, int32_t rows,
                                 const TensorView& q, const TensorView& q_scale,
                                 const TensorView& weights, QScratch* scratch);

@@ -72,10 +72,10 @@ absl::Status ExpectTensor(absl::string_view field, const TensorView& t,
       t.shape.size() == shape.size() &&
       std::equal(t.shape.begin(), t.shape.end(), shape.begin());
   if (t.dtype != dtype || !same_shape ||
-      static_cast<int64_t>(t.data.size()) != want_bytes) {
+      t.ByteSize() != want_bytes) {
     return absl::InvalidArgumentError(absl::StrCat(
         field, ": expected ", want, ", got ",
-        describe(t.shape, t.dtype, static_cast<int64_t>(t.data.size()))));
+        describe(t.shape, t.dtype, t.ByteSize())));
   }
   return absl::OkStatus();
 }

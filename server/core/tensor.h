@@ -32,13 +32,21 @@ struct TensorView {
   std::vector<int64_t> shape;
   absl::string_view data;  // borrowed; lives as long as the request
   bool present = false;    // false when the field was not set
-  // PLACEHOLDER(regions): `data` then spans device memory (a device region)
-  // and must not be dereferenced on the host. The `plane` branch brings the
-  // real device-tensor flag and its handling; until then the engine refuses
-  // such tensors (FAILED_PRECONDITION "device regions: ... not wired yet").
+  // Memory space: with on_device the bytes are `device_bytes` bytes at
+  // `device_ptr` in the daemon device's memory (a device region) and `data`
+  // is empty. The core never dereferences device_ptr: it checks shape, dtype
+  // and byte count as usual and hands the pointer to the backend.
   bool on_device = false;
+  const void* device_ptr = nullptr;
+  int64_t device_bytes = 0;
 
   int64_t NumElements() const;
+  // Bytes of the tensor in whichever memory holds it.
+  int64_t ByteSize() const {
+    return on_device ? device_bytes : static_cast<int64_t>(data.size());
+  }
+  // The tensor's bytes as the backend takes them (device or host address).
+  const void* Bytes() const { return on_device ? device_ptr : data.data(); }
   std::string ShapeString() const;
 };
 
@@ -49,7 +57,8 @@ absl::Status ExpectTensor(absl::string_view field, const TensorView& t,
                           DType dtype, std::initializer_list<int64_t> shape);
 
 // INVALID_ARGUMENT naming `field` and the first element that is NaN or Inf.
-// `t` is FP32, BF16 or FP8_E4M3 (e4m3fn has NaN codes only).
+// `t` is FP32, BF16 or FP8_E4M3 (e4m3fn has NaN codes only). REQUIRES: a
+// host tensor (device tensors are checked by the backend, on the device).
 absl::Status CheckTensorFinite(absl::string_view field, const TensorView& t);
 
 }  // namespace indexer

@@ -80,8 +80,16 @@ absl::StatusOr<TensorView> ViewOf(const std::string& field, bool present,
         " inline bytes and a reference to region ", t.ref().region(), ")"));
   }
   ASSIGN_OR_RETURN(PinnedRegion p, Resolve(absl::StrCat(field, ".ref"), t.ref(), regions));
-  v.data = absl::string_view(reinterpret_cast<const char*>(p.data), p.bytes);
-  v.on_device = p.on_device;
+  if (p.on_device) {
+    // Device memory: the core checks shape, dtype and byte count and hands
+    // the pointer to the backend; nothing reads it on the host.
+    v.data = absl::string_view();
+    v.on_device = true;
+    v.device_ptr = p.data;
+    v.device_bytes = static_cast<int64_t>(p.bytes);
+  } else {
+    v.data = absl::string_view(reinterpret_cast<const char*>(p.data), p.bytes);
+  }
   return v;
 }
 
@@ -95,10 +103,13 @@ absl::StatusOr<LayerInput> ToLayerInput(const v1::LayerRequest& r,
   ASSIGN_OR_RETURN(in.weights, ViewOf("weights", r.has_weights(), r.weights(), regions));
   if (r.has_topk_out()) {
     ASSIGN_OR_RETURN(PinnedRegion p, Resolve("topk_out", r.topk_out(), regions));
-    in.topk_out.present = true;
-    in.topk_out.data = p.data;
-    in.topk_out.bytes = p.bytes;
-    in.topk_out.on_device = p.on_device;
+    if (p.on_device) {
+      in.out_device = p.data;
+      in.out_device_bytes = static_cast<int64_t>(p.bytes);
+    } else {
+      in.out_host = p.data;
+      in.out_host_bytes = static_cast<int64_t>(p.bytes);
+    }
   }
   return in;
 }

@@ -390,7 +390,7 @@ class StepReactor final
     // goes on the wire as it is (see WriteLayerReply), or into the caller's
     // topk_out region (the reply then carries dtype and shape only).
     std::unique_ptr<std::string> topk = buffers_->Take();
-    if (in.topk_out.present) {
+    if (in.out_device != nullptr || in.out_host != nullptr) {
       topk->clear();
     } else {
       in.out_bytes = topk.get();

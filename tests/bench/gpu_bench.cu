@@ -253,12 +253,12 @@ Result RunShape(const BenchShape& bs, const Ceilings& ceil, int iters,
   std::unique_ptr<gpu::GpuBackend> be = std::move(*made);
   be->set_max_logits_path(bs.max_path);
 
-  const int32_t per_seq = (bs.entries + kPage - 1) / kPage;
+  const int32_t per_seq = static_cast<int32_t>(PagesFor(bs.entries, kPage));
   const int64_t pages = static_cast<int64_t>(bs.batch) * per_seq;
   auto pool_or = be->AllocatePool(layout, pages);
   CHECK_OK(pool_or);
-  uint8_t* pool = *pool_or;
-  FillPoolKernel<<<1024, 256>>>(pool, pages * layout.page_bytes(), layout, 12345u);
+  const PoolHandle pool = *pool_or;
+  FillPoolKernel<<<1024, 256>>>(pool.base, pages * layout.page_bytes(), layout, 12345u);
   CHECK_GPU(gpu::GetLastError());
   CHECK_GPU(gpu::StreamSynchronize(nullptr));
 
@@ -266,29 +266,14 @@ Result RunShape(const BenchShape& bs, const Ceilings& ceil, int iters,
   std::vector<int32_t> perm(pages);
   std::iota(perm.begin(), perm.end(), 0);
   std::shuffle(perm.begin(), perm.end(), rng);
-  StepRows rows;
-  rows.num_seqs = bs.batch;
-  rows.max_pages = per_seq;
-  rows.block_table = perm;
-  rows.seq_row_begin = {0};
-  rows.seq_k_begin = {0};
+  std::vector<int64_t> old_tokens(bs.batch, bs.entries - bs.q_len), q_lens(bs.batch, bs.q_len);
+  std::vector<std::vector<int32_t>> seq_pages;
   for (int32_t s = 0; s < bs.batch; ++s) {
-    rows.seq_old_entries.push_back(bs.entries - bs.q_len);
-    rows.seq_new_entries.push_back(bs.entries);
-    rows.seq_k_begin.push_back(rows.seq_k_begin.back() + bs.q_len);
-    for (int32_t j = 0; j < bs.q_len; ++j) {
-      rows.row_visible.push_back(bs.entries - bs.q_len + j + 1);
-      rows.row_seq.push_back(s);
-    }
-    rows.seq_row_begin.push_back(static_cast<int32_t>(rows.row_visible.size()));
+    seq_pages.emplace_back(perm.begin() + s * per_seq, perm.begin() + (s + 1) * per_seq);
   }
-  rows.num_rows = static_cast<int32_t>(rows.row_visible.size());
-  rows.max_visible = bs.entries;
   // The server's chunks under a 512 MiB logits budget (vLLM's default).
-  const int64_t per_chunk = std::max<int64_t>(1, (int64_t{512} << 20) / (4 * int64_t{bs.entries}));
-  for (int32_t b = 0; b < rows.num_rows; b += static_cast<int32_t>(per_chunk)) {
-    rows.chunks.push_back({b, static_cast<int32_t>(std::min<int64_t>(rows.num_rows, b + per_chunk))});
-  }
+  const StepRows rows =
+      BuildStepRowsFromPages(old_tokens, q_lens, seq_pages, 1, int64_t{512} << 20);
   auto ctx_or = be->PrepareStep(layout, rows);
   CHECK_OK(ctx_or);
   std::unique_ptr<StepContext> ctx = std::move(*ctx_or);

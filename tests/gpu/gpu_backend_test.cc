@@ -74,8 +74,8 @@ PageLayout MakeLayout(const Shape& s) {
 struct Pair {
   std::unique_ptr<CpuBackend> cpu;
   std::unique_ptr<Backend> gpu;
-  uint8_t* cpu_pool = nullptr;
-  uint8_t* gpu_pool = nullptr;
+  PoolHandle cpu_pool;
+  PoolHandle gpu_pool;
   int64_t pages = 0;
 };
 
@@ -96,7 +96,7 @@ Pair MakePair(const PageLayout& layout, int64_t pages) {
 // Raw pool bytes of the gpu pool.
 std::vector<uint8_t> GpuPoolBytes(const Pair& p, const PageLayout& layout) {
   std::vector<uint8_t> host(static_cast<size_t>(p.pages * layout.page_bytes()));
-  EXPECT_EQ(gpu::CopyD2H(host.data(), p.gpu_pool, host.size(), nullptr), gpu::kSuccess);
+  EXPECT_EQ(gpu::CopyD2H(host.data(), p.gpu_pool.base, host.size(), nullptr), gpu::kSuccess);
   EXPECT_EQ(gpu::StreamSynchronize(nullptr), gpu::kSuccess);
   return host;
 }
@@ -105,7 +105,7 @@ void ExpectPoolsEqual(const Pair& p, const PageLayout& layout) {
   const std::vector<uint8_t> g = GpuPoolBytes(p, layout);
   int64_t diffs = 0, first = -1;
   for (size_t i = 0; i < g.size(); ++i) {
-    if (g[i] != p.cpu_pool[i]) {
+    if (g[i] != p.cpu_pool.base[i]) {
       if (first < 0) first = static_cast<int64_t>(i);
       ++diffs;
     }
@@ -113,7 +113,7 @@ void ExpectPoolsEqual(const Pair& p, const PageLayout& layout) {
   EXPECT_EQ(diffs, 0) << "pool bytes differ, first at byte " << first
                       << " (page " << first / std::max<int64_t>(1, layout.page_bytes())
                       << "): gpu " << (first >= 0 ? int(g[first]) : 0)
-                      << " cpu " << (first >= 0 ? int(p.cpu_pool[first]) : 0);
+                      << " cpu " << (first >= 0 ? int(p.cpu_pool.base[first]) : 0);
 }
 
 // A step over `lens` (entries after the step) with `q_lens` rows each;
@@ -123,31 +123,18 @@ StepRows MakeStep(const std::vector<int32_t>& old_e,
                   const std::vector<int32_t>& q_lens, int32_t page_entries,
                   const std::vector<std::vector<int32_t>>& pages,
                   int32_t chunk_rows) {
-  StepRows r;
-  r.num_seqs = static_cast<int32_t>(new_e.size());
-  r.seq_row_begin = {0};
-  r.seq_k_begin = {0};
-  r.seq_old_entries = old_e;
-  r.seq_new_entries = new_e;
-  r.max_pages = 0;
-  for (const auto& p : pages) r.max_pages = std::max<int32_t>(r.max_pages, p.size());
-  r.block_table.assign(static_cast<size_t>(r.num_seqs) * r.max_pages, -1);
-  for (int32_t s = 0; s < r.num_seqs; ++s) {
-    r.seq_k_begin.push_back(r.seq_k_begin.back() + new_e[s] - old_e[s]);
-    for (size_t i = 0; i < pages[s].size(); ++i) r.block_table[s * r.max_pages + i] = pages[s][i];
-    for (int32_t j = 0; j < q_lens[s]; ++j) {
-      r.row_visible.push_back(new_e[s] - q_lens[s] + j + 1);
-      r.row_seq.push_back(s);
-      r.max_visible = std::max(r.max_visible, r.row_visible.back());
-    }
-    r.seq_row_begin.push_back(static_cast<int32_t>(r.row_visible.size()));
+  // Entries at ratio 1: the sequence holds new_e tokens after the step, its
+  // rows are its last q_len positions and it writes entries after old_e.
+  std::vector<int64_t> old_t, q, cached;
+  for (size_t s = 0; s < new_e.size(); ++s) {
+    old_t.push_back(new_e[s] - q_lens[s]);
+    q.push_back(q_lens[s]);
+    cached.push_back(old_e[s]);
   }
-  r.num_rows = static_cast<int32_t>(r.row_visible.size());
-  if (chunk_rows > 0) {
-    for (int32_t b = 0; b < r.num_rows; b += chunk_rows) {
-      r.chunks.push_back({b, std::min(r.num_rows, b + chunk_rows)});
-    }
-  }
+  StepRows r = BuildStepRowsFromPages(old_t, q, pages, 1, INT64_MAX, cached);
+  r.chunks = chunk_rows > 0 ? EvenChunks(r.num_rows, chunk_rows)
+                            : std::vector<std::pair<int32_t, int32_t>>{};
+
   return r;
 }
 
@@ -322,7 +309,7 @@ TEST_P(GpuDenseTest, WritesBitExactAndTopkMatchesCpu) {
     q_lens.push_back(ql(rng));
     old_e.push_back(hist(rng));
     new_e.push_back(old_e.back() + q_lens.back());
-    total_pages += (new_e.back() + sh.page_entries - 1) / sh.page_entries;
+    total_pages += PagesFor(new_e.back(), sh.page_entries);
   }
   const int64_t pool_pages = total_pages + 5;
   std::vector<int32_t> perm(pool_pages);
@@ -330,10 +317,10 @@ TEST_P(GpuDenseTest, WritesBitExactAndTopkMatchesCpu) {
   std::shuffle(perm.begin(), perm.end(), rng);
   int64_t next = 0;
   for (int32_t s = 0; s < sh.seqs; ++s) {
-    for (int32_t i = 0; i < (new_e[s] + sh.page_entries - 1) / sh.page_entries; ++i) pages[s].push_back(perm[next++]);
+    for (int32_t i = 0; i < PagesFor(new_e[s], sh.page_entries); ++i) pages[s].push_back(perm[next++]);
   }
   Pair p = MakePair(layout, pool_pages);
-  ASSERT_NE(p.gpu_pool, nullptr);
+  ASSERT_NE(p.gpu_pool.base, nullptr);
   static_cast<gpu::GpuBackend*>(p.gpu.get())->set_max_logits_path(sh.max_path);
 
   // ---- history: entries [0, old) of every sequence, no rows ---------------
@@ -484,14 +471,14 @@ TEST_P(GpuMxfp4AdversarialTest, TopkMatchesReference) {
     q_lens.push_back(ql(rng));
     old_e.push_back(hist(rng));
     new_e.push_back(old_e.back() + q_lens.back());
-    total_pages += (new_e.back() + sh.page_entries - 1) / sh.page_entries;
+    total_pages += PagesFor(new_e.back(), sh.page_entries);
   }
   int64_t next = 0;
   for (int32_t s = 0; s < seqs; ++s) {
-    for (int32_t i = 0; i < (new_e[s] + sh.page_entries - 1) / sh.page_entries; ++i) pages[s].push_back(next++);
+    for (int32_t i = 0; i < PagesFor(new_e[s], sh.page_entries); ++i) pages[s].push_back(next++);
   }
   Pair p = MakePair(layout, total_pages);
-  ASSERT_NE(p.gpu_pool, nullptr);
+  ASSERT_NE(p.gpu_pool.base, nullptr);
   static_cast<gpu::GpuBackend*>(p.gpu.get())->set_max_logits_path(sh.max_path);
   const StepRows rows = MakeStep(zeros, new_e, q_lens, sh.page_entries, pages, 0);
 
@@ -598,7 +585,7 @@ TEST(GpuBackendTest, SmallWorkspaceSplitsChunks) {
   std::vector<std::vector<int32_t>> pages(seqs);
   const int32_t per = (hist + q_len + 63) / 64;
   for (int32_t s = 0; s < seqs; ++s) for (int32_t i = 0; i < per; ++i) pages[s].push_back(s * per + i);
-  uint8_t* cpool = *cpu.AllocatePool(layout, seqs * per);
+  const PoolHandle cpool = *cpu.AllocatePool(layout, seqs * per);
   auto gp = (*gpu)->AllocatePool(layout, seqs * per);
   ASSERT_TRUE(gp.ok());
   const StepRows rows = MakeStep({0, 0}, {hist + q_len, hist + q_len}, {q_len, q_len}, 64, pages, 0);
@@ -769,7 +756,7 @@ TEST(GpuBackendTest, RejectsForeignPoolAndContext) {
   auto layout = *PageLayout::Make(KvFormat::kFp8, 128, 64);
   auto gpu = MakeGpuBackend(0, 0);
   ASSERT_TRUE(gpu.ok()) << gpu.status();
-  uint8_t* pool = *(*gpu)->AllocatePool(layout, 4);
+  const PoolHandle pool = *(*gpu)->AllocatePool(layout, 4);
   const StepRows rows = MakeStep({0}, {10}, {2}, 64, {{1}}, 0);
   const StepRows other = MakeStep({0, 0}, {10, 10}, {1, 1}, 64, {{1}, {2}}, 0);
   auto ctx = (*gpu)->PrepareStep(layout, other);
@@ -777,7 +764,9 @@ TEST(GpuBackendTest, RejectsForeignPoolAndContext) {
   std::vector<float> k(10 * 128, 1.f);
   KInput in;
   in.data = k.data();
-  auto bad_pool = (*gpu)->WriteEntries(layout, pool + 64, rows, nullptr, in);
+  PoolHandle foreign = pool;
+  foreign.index += 1;  // no such pool
+  auto bad_pool = (*gpu)->WriteEntries(layout, foreign, rows, nullptr, in);
   EXPECT_EQ(bad_pool.status().code(), absl::StatusCode::kInvalidArgument);
   auto bad_ctx = (*gpu)->WriteEntries(layout, pool, rows, ctx->get(), in);
   EXPECT_EQ(bad_ctx.status().code(), absl::StatusCode::kInvalidArgument);
@@ -823,14 +812,14 @@ Scenario MakeScenario(std::mt19937& rng, const PageLayout& layout,
   int64_t total = 0;
   for (int32_t s = 0; s < seqs; ++s) {
     new_e.push_back(hist[s] + q_lens[s]);
-    total += (new_e[s] + pe - 1) / pe;
+    total += PagesFor(new_e[s], pe);
   }
   std::vector<int32_t> perm(total + 3);
   for (size_t i = 0; i < perm.size(); ++i) perm[i] = static_cast<int32_t>(i);
   std::shuffle(perm.begin(), perm.end(), rng);
   int64_t next = 0;
   for (int32_t s = 0; s < seqs; ++s) {
-    for (int32_t i = 0; i < (new_e[s] + pe - 1) / pe; ++i) pages[s].push_back(perm[next++]);
+    for (int32_t i = 0; i < PagesFor(new_e[s], pe); ++i) pages[s].push_back(perm[next++]);
   }
   sc.p = MakePair(layout, static_cast<int64_t>(perm.size()));
   const StepRows h = MakeStep(zeros, hist, zeros, pe, pages, 0);
@@ -1027,7 +1016,7 @@ TEST(GpuBlockTest, BlockTopkMatchesReference) {
     std::vector<uint8_t> entry(layout.entry_bytes());
     for (int32_t r = 0; r < rows.num_rows; ++r) {
       const int32_t n = rows.row_visible[r], s = rows.row_seq[r], pe = c.page_entries;
-      const int32_t causal = (n + pe - 1) / pe;
+      const int32_t causal = static_cast<int32_t>(PagesFor(n, pe));
       std::vector<std::vector<double>> kd(n, std::vector<double>(128));
       for (int32_t e = 0; e < n; ++e) {
         ASSERT_TRUE(sc.p.cpu->ReadEntries(layout, sc.p.cpu_pool, rows.Page(s, e / pe), e % pe, 1,

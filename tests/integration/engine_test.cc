@@ -114,7 +114,7 @@ class EngineTest : public ::testing::Test {
       for (const TestLayer& t : layers_) {
         const int32_t g = engine_->model().layer_group[t.layer];
         auto pages = engine_->SequencePages(SeqName::Named(s), g);
-        const int64_t n = *len / t.compress_ratio;
+        const int64_t n = EntriesFor(*len, t.compress_ratio);
         std::vector<uint8_t> buf(t.layout.entry_bytes());
         for (int64_t e = 0; e < n; ++e) {
           const int32_t page = (*pages)[e / t.layout.page_entries];
@@ -231,6 +231,72 @@ TEST_F(EngineTest, NonFiniteInputsRejected) {
   auto out = (*step)->RunLayer(Input(1, d[1]));
   step->reset();
   ExpectRejected(out.status(), absl::StatusCode::kInvalidArgument, "k: entry 0", before);
+}
+
+// Device tensors on the cpu backend: shapes are checked as for host ones,
+// then FAILED_PRECONDITION, and nothing changes. The pointers are host
+// memory flagged as device: the core must not read them (a read would not
+// fail, so the digest and the codes are what is checked).
+TensorView OnDevice(TensorView v) {
+  v.on_device = true;
+  v.device_ptr = v.data.data();
+  v.device_bytes = static_cast<int64_t>(v.data.size());
+  v.data = {};
+  return v;
+}
+
+TEST_F(EngineTest, DeviceTensorsNeedTheGpuBackend) {
+  RunStep({{"a", 40}, {"b", 3}});
+  const std::string before = Digest();
+  const std::vector<SeqStep> seqs = {{"a", 2}, {"b", 1}};
+  std::vector<LayerData> data = shadow_->Make(seqs);
+  std::vector<int32_t> out_buf(64 * 64);
+  std::vector<std::pair<BadCase, std::function<void(LayerInput&)>>> cases = {
+      {{"device k (fp32)", absl::StatusCode::kFailedPrecondition, "device tensors need the gpu backend"},
+       [](LayerInput& in) { in.k = OnDevice(in.k); }},
+      {{"device q + weights (native)", absl::StatusCode::kFailedPrecondition, "device tensors need the gpu backend"},
+       [](LayerInput& in) {
+         in.q = OnDevice(in.q);
+         in.q_scale = in.q_scale.present ? OnDevice(in.q_scale) : in.q_scale;
+         in.weights = OnDevice(in.weights);
+       }},
+      {{"device weights only (host copy)", absl::StatusCode::kFailedPrecondition, "weights: device tensors need the gpu backend"},
+       [](LayerInput& in) { in.weights = OnDevice(in.weights); }},
+      {{"device output", absl::StatusCode::kFailedPrecondition, "device tensors need the gpu backend"},
+       [&](LayerInput& in) {
+         in.out_device = out_buf.data();
+         in.out_device_bytes = 0;  // replaced below with the right size
+       }},
+      {{"device k, short", absl::StatusCode::kInvalidArgument, "k: expected"},
+       [](LayerInput& in) {
+         in.k = OnDevice(in.k);
+         in.k.device_bytes -= 4;
+       }},
+  };
+  for (size_t li : {size_t{0}, size_t{1}}) {
+    for (auto& [c, mutate] : cases) {
+      SCOPED_TRACE(c.name + " layer " + std::to_string(li));
+      auto step = engine_->BeginStep(Spec(seqs));
+      ASSERT_TRUE(step.ok()) << step.status();
+      LayerInput in = Input(li, data[li]);
+      mutate(in);
+      if (in.out_device != nullptr) {
+        in.out_device_bytes = int64_t{data[li].rows} * layers_[li].topk * 4;
+      }
+      auto out = (*step)->RunLayer(in);
+      step->reset();
+      ExpectRejected(out.status(), c.code, c.field, before);
+    }
+  }
+  // Bulk import of device K: the same refusal.
+  std::vector<std::pair<int32_t, TensorView>> layers;
+  std::vector<LayerData> imp = shadow_->Make({{"new", 5}});
+  for (size_t li = 0; li < layers_.size(); ++li) {
+    layers.push_back({layers_[li].layer, OnDevice(Input(li, imp[li]).k)});
+  }
+  auto n = engine_->Import(SeqName::Named("new"), true, 5, layers);
+  ExpectRejected(n.status(), absl::StatusCode::kFailedPrecondition,
+                 "device tensors need the gpu backend", before);
 }
 
 TEST_F(EngineTest, LayerSentTwice) {
@@ -399,7 +465,7 @@ TEST_F(EngineTest, RandomOperationsKeepInvariant) {
         int64_t n_new = 0;
         for (size_t i = 0; i < seqs.size(); ++i) {
           const int64_t old = lens.count(names[i]) ? lens[names[i]] : 0;
-          n_new += (old + seqs[i].q_len) / t.compress_ratio - old / t.compress_ratio;
+          n_new += NewEntriesFor(old, seqs[i].q_len, t.compress_ratio);
         }
         std::vector<float> k(n_new * t.layout.head_dim, 0.5f);
         ASSERT_TRUE((*step)->WriteLayer(t.layer, View(DType::kFp32, {n_new, t.layout.head_dim},

@@ -323,30 +323,40 @@ TEST_F(RegionErrors, BadRegistrations) {
   EXPECT_EQ(a_->ListRegions()->size(), 1u);  // only the fixture's
 }
 
-// Device tensors (device regions) are refused by the engine until the
-// backends take them: FAILED_PRECONDITION before anything is written.
-TEST_F(RegionErrors, DeviceTensorsRefusedUntilWired) {
+// On the cpu backend, device tensors (device regions) are refused before
+// anything is written: FAILED_PRECONDITION naming the gpu backend. (On the
+// gpu backend they are served: tests/gpu/gpu_device_tensors_test compares
+// them with host tensors bit for bit.)
+TEST_F(RegionErrors, DeviceTensorsNeedTheGpuBackend) {
+  if (d_.engine().backend().Kind() != "cpu") GTEST_SKIP() << "the cpu backend's refusal";
   const std::vector<SeqStep> seqs = {{"a", 1}, {"b", 1}};
   StepSpec spec;
   for (const auto& [name, q] : seqs) spec.seqs.push_back({SeqName::Named(name, kNsA), q, false});
   std::vector<LayerData> data = shadow_.Make(seqs);
   const v1::LayerRequest r = Request(d_.layers()[0], data[0], Form::kFloat);
+  // Never dereferenced: the engine hands device pointers to the backend only.
+  static const int64_t kNotOnTheHost[8] = {};
+  auto to_device = [](TensorView& v) {
+    v.on_device = true;
+    v.device_ptr = kNotOnTheHost;
+    v.device_bytes = static_cast<int64_t>(v.data.size());
+    v.data = absl::string_view();
+  };
   for (const char* which : {"k", "q", "weights", "topk_out"}) {
     auto step = d_.engine().BeginStep(spec);
     ASSERT_TRUE(step.ok()) << step.status();
     LayerInput in = ToLayerInput(r);
     const std::string w = which;
-    if (w == "k") in.k.on_device = true;
-    if (w == "q") in.q.on_device = true;
-    if (w == "weights") in.weights.on_device = true;
-    std::vector<int32_t> out(2 * 16);
+    if (w == "k") to_device(in.k);
+    if (w == "q") to_device(in.q);
+    if (w == "weights") to_device(in.weights);
     if (w == "topk_out") {
-      in.topk_out = {true, reinterpret_cast<uint8_t*>(out.data()), out.size() * 4, true};
+      in.out_device = const_cast<int64_t*>(kNotOnTheHost);
+      in.out_device_bytes = 2 * 16 * 4;
     }
     const absl::Status status = (*step)->RunLayer(in).status();
     step->reset();  // the transport aborts a step whose layer failed
-    ExpectRejected(status, absl::StatusCode::kFailedPrecondition,
-                   "device regions: " + w + " is in a device region");
+    ExpectRejected(status, absl::StatusCode::kFailedPrecondition, "gpu backend");
   }
 }
 

@@ -15,6 +15,7 @@
 #include "kernels/format/fp8.h"
 #include "kernels/format/mxfp4.h"
 #include "kernels/format/page_layout.h"
+#include "kernels/geometry/step_geometry.h"
 #include "tests/integration/reference.h"
 
 namespace indexer::testing {
@@ -95,7 +96,7 @@ class Shadow {
       const int eb = t.layout.entry_bytes();
       int64_t k = 0;
       for (const auto& [s, q_len] : seqs) {
-        const int64_t n = (len(s) + q_len) / t.compress_ratio - len(s) / t.compress_ratio;
+        const int64_t n = NewEntriesFor(len(s), q_len, t.compress_ratio);
         auto& e = entries_[{t.layer, s}];
         e.insert(e.end(), data[li].k_quant.begin() + k * eb,
                  data[li].k_quant.begin() + (k + n) * eb);
@@ -121,14 +122,14 @@ class Shadow {
       auto it = entries_.find({t.layer, s});
       if (it != entries_.end()) all = it->second;
       const int64_t old = len(s);
-      const int64_t n = (old + q_len) / t.compress_ratio - old / t.compress_ratio;
+      const int64_t n = NewEntriesFor(old, q_len, t.compress_ratio);
       all.insert(all.end(), d.k_quant.begin() + k * eb, d.k_quant.begin() + (k + n) * eb);
       k += n;
       std::vector<RefEntry> decoded;
       for (size_t e = 0; e * eb < all.size(); ++e) decoded.push_back(DecodeEntry(L, &all[e * eb]));
       for (int64_t j = 0; j < q_len; ++j, ++row) {
         const int64_t p = old + j;
-        const int64_t visible = (p + 1) / t.compress_ratio;
+        const int64_t visible = VisibleEntries(p, t.compress_ratio);
         const std::string where = "layer " + std::to_string(t.layer) + " seq " + s + " row " +
                                   std::to_string(row) + " (position " + std::to_string(p) + ")";
         if (t.role == Role::kBlock) {
@@ -246,7 +247,7 @@ class Shadow {
     const int D = L.head_dim, H = t.num_heads, vb = L.value_bytes(), eb = L.entry_bytes();
     LayerData d;
     for (const auto& [s, q_len] : seqs) {
-      d.n_new += (len(s) + q_len) / t.compress_ratio - len(s) / t.compress_ratio;
+      d.n_new += NewEntriesFor(len(s), q_len, t.compress_ratio);
       d.rows += q_len;
     }
     std::normal_distribution<float> normal(0.f, 1.f);

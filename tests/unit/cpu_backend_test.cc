@@ -43,41 +43,23 @@ struct SeqPlan {
 StepRows BuildRows(const std::vector<SeqPlan>& plans, int32_t ratio,
                    int32_t page_entries, const std::vector<int32_t>& pages,
                    int32_t max_pages, bool write_old, int32_t chunk_rows) {
-  StepRows rows;
-  rows.num_seqs = static_cast<int32_t>(plans.size());
-  rows.compress_ratio = ratio;
-  rows.max_pages = max_pages;
-  rows.seq_row_begin = {0};
-  rows.seq_k_begin = {0};
-  rows.block_table.assign(static_cast<size_t>(rows.num_seqs) * max_pages, -1);
+  // A write-only step holds no rows: it goes from old_tokens to old_tokens
+  // with the cache filled from 0.
+  std::vector<int64_t> old_t, q, cached;
+  std::vector<std::vector<int32_t>> seq_pages;
   size_t next_page = 0;
-  for (int32_t s = 0; s < rows.num_seqs; ++s) {
-    const SeqPlan& p = plans[s];
-    const int32_t len = p.old_tokens + p.q_len;
-    const int32_t old_e = write_old ? 0 : p.old_tokens / ratio;
-    const int32_t new_e = write_old ? p.old_tokens / ratio : len / ratio;
-    rows.seq_old_entries.push_back(old_e);
-    rows.seq_new_entries.push_back(new_e);
-    rows.seq_k_begin.push_back(rows.seq_k_begin.back() + new_e - old_e);
-    const int32_t seq_pages =
-        (len / ratio + page_entries - 1) / page_entries;
-    for (int32_t lp = 0; lp < seq_pages; ++lp) {
-      rows.block_table[static_cast<size_t>(s) * max_pages + lp] =
-          pages[next_page++];
-    }
-    if (!write_old) {
-      for (int32_t pos = p.old_tokens; pos < len; ++pos) {
-        rows.row_visible.push_back((pos + 1) / ratio);
-        rows.row_seq.push_back(s);
-        rows.max_visible = std::max(rows.max_visible, (pos + 1) / ratio);
-      }
-    }
-    rows.seq_row_begin.push_back(static_cast<int32_t>(rows.row_seq.size()));
+  for (const SeqPlan& p : plans) {
+    old_t.push_back(p.old_tokens);
+    q.push_back(write_old ? 0 : p.q_len);
+    cached.push_back(write_old ? 0 : p.old_tokens);
+    const int64_t n = PagesForTokens(p.old_tokens + p.q_len, ratio, page_entries);
+    seq_pages.emplace_back(pages.begin() + next_page, pages.begin() + next_page + n);
+    next_page += n;
   }
-  rows.num_rows = static_cast<int32_t>(rows.row_seq.size());
-  for (int32_t r = 0; r < rows.num_rows; r += chunk_rows) {
-    rows.chunks.push_back({r, std::min(rows.num_rows, r + chunk_rows)});
-  }
+  StepRows rows = BuildStepRowsFromPages(old_t, q, seq_pages, ratio, INT64_MAX, cached);
+  EXPECT_EQ(rows.max_pages, max_pages);
+  rows.chunks = EvenChunks(rows.num_rows, chunk_rows);
+
   return rows;
 }
 
@@ -179,7 +161,7 @@ TEST_P(CpuBackendStepTest, WriteReadAndDenseTopk) {
     p.old_tokens = old_len(rng_);
     p.q_len = coin(rng_) == 0 ? prefill(rng_) : decode(rng_);
     const int32_t pages =
-        ((p.old_tokens + p.q_len) / ratio + page_entries - 1) / page_entries;
+        static_cast<int32_t>(PagesForTokens(p.old_tokens + p.q_len, ratio, page_entries));
     total_pages += pages;
     max_pages = std::max(max_pages, pages);
   }
@@ -189,7 +171,7 @@ TEST_P(CpuBackendStepTest, WriteReadAndDenseTopk) {
   std::shuffle(pages.begin(), pages.end(), rng_);
   auto pool_or = backend_->AllocatePool(layout_, num_pages);
   ASSERT_TRUE(pool_or.ok()) << pool_or.status();
-  uint8_t* pool = *pool_or;
+  const PoolHandle pool = *pool_or;
 
   // Expected linear entries of every sequence, by position.
   std::vector<std::vector<std::vector<uint8_t>>> want(batch);
@@ -454,7 +436,7 @@ class CpuBackendErrorTest : public testing::Test {
   }
   CpuBackend backend_{1};
   PageLayout layout_;
-  uint8_t* pool_ = nullptr;
+  PoolHandle pool_;
   StepRows rows_;
 };
 
@@ -501,8 +483,18 @@ TEST_F(CpuBackendErrorTest, ReadOutsideThePageIsRejected) {
   std::vector<uint8_t> got(8 * layout_.entry_bytes());
   EXPECT_FALSE(backend_.ReadEntries(layout_, pool_, 3, 0, 1, got.data()).ok());
   EXPECT_FALSE(backend_.ReadEntries(layout_, pool_, 0, 2, 3, got.data()).ok());
-  uint8_t other[8];
-  EXPECT_FALSE(backend_.ReadEntries(layout_, other, 0, 0, 1, got.data()).ok());
+  // Handles that name no pool of this backend: another backend's, a stale
+  // index, a forged base.
+  CpuBackend another(1);
+  const PoolHandle theirs = *another.AllocatePool(layout_, 3);
+  EXPECT_FALSE(backend_.ReadEntries(layout_, theirs, 0, 0, 1, got.data()).ok());
+  PoolHandle stale = pool_;
+  stale.index = 5;
+  EXPECT_FALSE(backend_.ReadEntries(layout_, stale, 0, 0, 1, got.data()).ok());
+  PoolHandle forged = pool_;
+  forged.base += 64;
+  EXPECT_FALSE(backend_.ReadEntries(layout_, forged, 0, 0, 1, got.data()).ok());
+  EXPECT_TRUE(backend_.ReadEntries(layout_, pool_, 0, 0, 1, got.data()).ok());
 }
 
 TEST_F(CpuBackendErrorTest, ZeroVisibleRowsGetMinusOne) {

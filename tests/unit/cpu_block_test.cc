@@ -46,7 +46,7 @@ struct BlockStep {
   std::vector<uint8_t> entries;
   testutil::DecodedK kd;
   std::vector<float> q;
-  uint8_t* pool = nullptr;
+  PoolHandle pool;
   std::unique_ptr<StepContext> ctx;
   int32_t heads = 1;
 };

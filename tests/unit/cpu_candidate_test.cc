@@ -53,7 +53,7 @@ struct Step {
   std::vector<uint8_t> entries;
   testutil::DecodedK kd;
   testutil::TestQ q;
-  uint8_t* pool = nullptr;
+  PoolHandle pool;
   std::unique_ptr<StepContext> ctx;
   int32_t heads = kHeads;
 

@@ -19,6 +19,7 @@
 #include "kernels/format/fp8.h"
 #include "kernels/format/mxfp4.h"
 #include "kernels/format/page_layout.h"
+#include "kernels/geometry/step_geometry.h"
 
 namespace indexer {
 namespace testutil {
@@ -36,45 +37,26 @@ struct SeqPlan {
 inline StepRows BuildStep(const std::vector<SeqPlan>& plans, int32_t ratio,
                           int32_t page_entries, int32_t chunk_rows,
                           std::mt19937* rng) {
-  StepRows rows;
-  rows.num_seqs = static_cast<int32_t>(plans.size());
-  rows.compress_ratio = ratio;
-  rows.seq_row_begin = {0};
-  rows.seq_k_begin = {0};
+  std::vector<int64_t> old_tokens, q_lens, cached(plans.size(), 0);
+  std::vector<int32_t> counts;
   int32_t total_pages = 0;
   for (const SeqPlan& p : plans) {
-    const int32_t pages =
-        ((p.old_tokens + p.q_len) / ratio + page_entries - 1) / page_entries;
-    rows.max_pages = std::max(rows.max_pages, pages);
-    total_pages += pages;
+    old_tokens.push_back(p.old_tokens);
+    q_lens.push_back(p.q_len);
+    counts.push_back(static_cast<int32_t>(PagesForTokens(p.old_tokens + p.q_len, ratio, page_entries)));
+    total_pages += counts.back();
   }
   std::vector<int32_t> order(total_pages);
   for (int32_t i = 0; i < total_pages; ++i) order[i] = i;
   std::shuffle(order.begin(), order.end(), *rng);
-  rows.block_table.assign(static_cast<size_t>(rows.num_seqs) * rows.max_pages,
-                          -1);
+  std::vector<std::vector<int32_t>> pages;
   size_t next = 0;
-  for (int32_t s = 0; s < rows.num_seqs; ++s) {
-    const int32_t len = plans[s].old_tokens + plans[s].q_len;
-    rows.seq_old_entries.push_back(0);
-    rows.seq_new_entries.push_back(len / ratio);
-    rows.seq_k_begin.push_back(rows.seq_k_begin.back() + len / ratio);
-    const int32_t pages = (len / ratio + page_entries - 1) / page_entries;
-    for (int32_t lp = 0; lp < pages; ++lp) {
-      rows.block_table[static_cast<size_t>(s) * rows.max_pages + lp] =
-          order[next++];
-    }
-    for (int32_t pos = plans[s].old_tokens; pos < len; ++pos) {
-      rows.row_visible.push_back((pos + 1) / ratio);
-      rows.row_seq.push_back(s);
-      rows.max_visible = std::max(rows.max_visible, (pos + 1) / ratio);
-    }
-    rows.seq_row_begin.push_back(static_cast<int32_t>(rows.row_seq.size()));
+  for (int32_t n : counts) {
+    pages.emplace_back(order.begin() + next, order.begin() + next + n);
+    next += n;
   }
-  rows.num_rows = static_cast<int32_t>(rows.row_seq.size());
-  for (int32_t r = 0; r < rows.num_rows; r += chunk_rows) {
-    rows.chunks.push_back({r, std::min(rows.num_rows, r + chunk_rows)});
-  }
+  StepRows rows = BuildStepRowsFromPages(old_tokens, q_lens, pages, ratio, INT64_MAX, cached);
+  rows.chunks = EvenChunks(rows.num_rows, chunk_rows);
   return rows;
 }
 

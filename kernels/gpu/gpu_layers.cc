@@ -1,0 +1,331 @@
+// The gpu backend's layer calls: RunLayer (one enqueue and one wait per
+// layer) and the candidate and block paths it and the single-path calls
+// share. The dense path and the stream helpers are gpu_backend.cc.
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <memory>
+
+#include "absl/cleanup/cleanup.h"
+#include "absl/strings/str_cat.h"
+#include "kernels/common/status_macros.h"
+#include "kernels/gpu/gpu_backend_impl.h"
+#include "kernels/gpu/gpu_step.h"
+
+namespace indexer {
+namespace gpu {
+
+absl::StatusOr<LayerTimings> GpuBackend::RunLayer(PoolHandle pool_h, StepContext* ctx,
+                                                  const LayerWork& work) {
+  // The step's rows and their device copy live in the context (made once
+  // by PrepareStep); the layout is the pool's.
+  if (ctx == nullptr) {
+    return absl::InvalidArgumentError("ctx: expected the step's context from PrepareStep");
+  }
+  const PageLayout& layout = pool_h.layout;
+  const StepRows& rows = ctx->rows();
+  LayerTimings timings;
+  CallScope call(this, /*nested=*/false);
+  RETURN_IF_ERROR(call.Begin());
+  out_device_ = work.out_on_device;
+  if (work.k != nullptr && rows.NewEntries() > 0) {
+    RETURN_IF_ERROR(WriteImpl(layout, pool_h, rows, ctx, *work.k, &timings.write_us, true));
+  }
+  switch (work.kind) {
+    case LayerKind::kDense:
+      RETURN_IF_ERROR(
+          DenseImpl(layout, pool_h, rows, ctx, work.q, work.topk, work.out, &timings, true));
+      break;
+    case LayerKind::kCandidateSource:
+      RETURN_IF_ERROR(SourceImpl(layout, pool_h, rows, ctx, work.q, work.topk, work.candidate,
+                                 work.out, &timings, true));
+      break;
+    case LayerKind::kCandidateConsumer:
+      RETURN_IF_ERROR(ConsumerImpl(layout, pool_h, rows, ctx, work.q, work.topk, work.candidate,
+                                   work.out, &timings, true));
+      break;
+    case LayerKind::kBlock:
+      RETURN_IF_ERROR(
+          BlockImpl(layout, pool_h, rows, ctx, work.block_q, work.block, work.out, &timings, true));
+      break;
+  }
+  // The layer's one wait; the spans' times land in `timings` here.
+  RETURN_IF_ERROR(call.End());
+  return timings;
+}
+
+absl::Status GpuBackend::CopyDeviceToHost(void* dst, const void* device_src, int64_t bytes) {
+  if (bytes == 0) return absl::OkStatus();
+  if (dst == nullptr || device_src == nullptr || bytes < 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "device copy: expected buffers and a byte count >= 0, got ", bytes, " bytes"));
+  }
+  CallScope call(this, /*nested=*/false);
+  RETURN_IF_ERROR(call.Begin());
+  RETURN_IF_ERROR(Download(dst, device_src, bytes));
+  return call.End();
+}
+
+namespace {
+
+absl::Status Bad(absl::string_view field, absl::string_view expected, int64_t got) {
+  return absl::InvalidArgumentError(absl::StrCat(field, ": expected ", expected, ", got ", got));
+}
+
+absl::Status CheckCandidateSpec(const CandidateSpec& spec) {
+  if (spec.set < 0) return Bad("candidate set", ">= 0", spec.set);
+  if (spec.block_size < 1) return Bad("candidate_block_size", ">= 1", spec.block_size);
+  if (spec.topk_blocks < 1) return Bad("candidate_topk_blocks", ">= 1", spec.topk_blocks);
+  return absl::OkStatus();
+}
+
+int32_t CeilDiv(int32_t a, int32_t b) { return (a + b - 1) / b; }
+
+}  // namespace
+
+absl::StatusOr<GpuBackend::Step*> GpuBackend::CandidateStep(
+    const PageLayout& layout, const StepRows& rows, StepContext* ctx,
+    const Pool& p) {
+  if (ctx == nullptr) {
+    return absl::InvalidArgumentError(
+        "ctx: expected the step's context from PrepareStep (candidate pools live in it)");
+  }
+  return CheckedStep(layout, rows, ctx, p);
+}
+
+absl::StatusOr<LayerTimings> GpuBackend::CandidateSource(
+    const PageLayout& layout, PoolHandle pool_h, const StepRows& rows,
+    StepContext* ctx, const QInput& q, int32_t topk, const CandidateSpec& spec,
+    int32_t* out) {
+  LayerTimings t;
+  RETURN_IF_ERROR(SourceImpl(layout, pool_h, rows, ctx, q, topk, spec, out, &t, /*nested=*/false));
+  return t;
+}
+
+absl::Status GpuBackend::SourceImpl(const PageLayout& layout, PoolHandle pool_h,
+                                    const StepRows& rows, StepContext* ctx, const QInput& q,
+                                    int32_t topk, const CandidateSpec& spec, int32_t* out,
+                                    LayerTimings* timings, bool nested) {
+  ASSIGN_OR_RETURN(const Pool p, FindPool(pool_h, layout));
+  uint8_t* const pool = p.data;
+  ASSIGN_OR_RETURN(Step * step, CandidateStep(layout, rows, ctx, p));
+  RETURN_IF_ERROR(CheckCandidateSpec(spec));
+  RETURN_IF_ERROR(CheckDenseArgs(layout, q, topk, rows.num_rows, out));
+  // The pools need the logits even when the source's own top-k is empty.
+  if (rows.num_rows > 0) RETURN_IF_ERROR(CheckQTensors(layout, q));
+  const int64_t n = rows.num_rows, k = spec.topk_blocks;
+  Step::CandPool cands;
+  cands.block_size = spec.block_size;
+  cands.topk_blocks = spec.topk_blocks;
+  cands.row_visible = rows.row_visible;
+  ASSIGN_OR_RETURN(cands.mem, step->arena()->Allocate(std::max<int64_t>(1, n * (k + 1)) * 4,
+                                                      "candidate pools"));
+  cands.blocks = reinterpret_cast<int32_t*>(cands.mem);
+  cands.entries = cands.blocks + n * k;
+  // Gives the pools back unless they are published.
+  auto release = absl::MakeCleanup([&] {
+    if (cands.mem != nullptr) step->arena()->Release(cands.mem);
+  });
+  if (n > 0) {
+    CallScope call(this, nested);
+    RETURN_IF_ERROR(call.Begin());
+    RETURN_IF_ERROR(DenseWalk(p, layout, pool, step, q, timings, [&](const SubChunk& sc) {
+      const int64_t rb = sc.row_begin, nr = sc.row_end - sc.row_begin;
+      const int32_t* visible = step->dev().row_visible + rb;
+      if (topk > 0) {
+        RETURN_IF_ERROR(TopkPieces(logits_, sc.stride, visible, nr, sc.max_visible, topk,
+                                   &timings->topk_us, [&](int64_t a, int64_t m) {
+                                     return Emit(out + (rb + a) * topk, out_, m * topk * 4);
+                                   }));
+      }
+      // The pools, from the same logits: block maxima in place, their top
+      // k blocks, then the pin and the ascending order.
+      const int32_t max_blocks = CeilDiv(sc.max_visible, spec.block_size);
+      RETURN_IF_ERROR(BeginSpan());
+      RETURN_IF_ERROR(LaunchBlockMaxima(
+          BlockMaxParams{logits_, sc.stride, visible, static_cast<int32_t>(nr), spec.block_size, aux_},
+          stream_));
+      RETURN_IF_ERROR(EndSpan(&timings->topk_us));
+      return TopkPieces(logits_, sc.stride, aux_, nr, max_blocks, spec.topk_blocks,
+                        &timings->topk_us, [&](int64_t a, int64_t m) {
+                          PoolParams pp{};
+                          pp.sel = out_;
+                          pp.sel_stride = k;
+                          pp.maxima = logits_ + a * sc.stride;
+                          pp.stride = sc.stride;
+                          pp.row_visible = visible + a;
+                          pp.num_rows = static_cast<int32_t>(m);
+                          pp.topk_blocks = spec.topk_blocks;
+                          pp.block_size = spec.block_size;
+                          pp.pin_newest = spec.pin_newest;
+                          pp.blocks = cands.blocks + (rb + a) * k;
+                          pp.entries = cands.entries + rb + a;
+                          return LaunchFinishPool(pp, max_blocks, stream_);
+                        });
+    }));
+    RETURN_IF_ERROR(call.End());
+  }
+  step->PutPool(spec.set, std::move(cands));
+  cands.mem = nullptr;
+  return absl::OkStatus();
+}
+
+absl::StatusOr<LayerTimings> GpuBackend::CandidateConsumer(
+    const PageLayout& layout, PoolHandle pool_h, const StepRows& rows,
+    StepContext* ctx, const QInput& q, int32_t topk, const CandidateSpec& spec,
+    ConsumerMode /*mode*/, int32_t* out) {
+  LayerTimings t;
+  RETURN_IF_ERROR(ConsumerImpl(layout, pool_h, rows, ctx, q, topk, spec, out, &t, /*nested=*/false));
+  return t;
+}
+
+absl::Status GpuBackend::ConsumerImpl(const PageLayout& layout, PoolHandle pool_h,
+                                      const StepRows& rows, StepContext* ctx, const QInput& q,
+                                      int32_t topk, const CandidateSpec& spec, int32_t* out,
+                                      LayerTimings* timings, bool nested) {
+  ASSIGN_OR_RETURN(const Pool p, FindPool(pool_h, layout));
+  uint8_t* const pool = p.data;
+  ASSIGN_OR_RETURN(Step * step, CandidateStep(layout, rows, ctx, p));
+  RETURN_IF_ERROR(CheckCandidateSpec(spec));
+  if (topk < 0) return Bad("topk", ">= 0", topk);
+  const Step::CandPool* cands = step->GetPool(spec.set);
+  if (cands == nullptr) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("candidate set ", spec.set, ": the source layer has not run in this step"));
+  }
+  if (cands->block_size != spec.block_size || cands->topk_blocks != spec.topk_blocks) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "candidate set ", spec.set, ": expected the source's block_size ", cands->block_size,
+        " and topk_blocks ", cands->topk_blocks, ", got ", spec.block_size, " and ",
+        spec.topk_blocks));
+  }
+  if (cands->row_visible != rows.row_visible) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "rows: expected the rows candidate set ", spec.set, "'s source ran on (",
+        cands->row_visible.size(), " rows with the same visible entries), got ", rows.num_rows,
+        " rows"));
+  }
+  RETURN_IF_ERROR(CheckDenseArgs(layout, q, topk, rows.num_rows, out));
+  if (rows.num_rows == 0 || topk == 0) return absl::OkStatus();
+  const int64_t k = spec.topk_blocks;
+  const int64_t pool_entries = k * spec.block_size;
+  CallScope call(this, nested);
+  RETURN_IF_ERROR(call.Begin());
+  RETURN_IF_ERROR(DenseWalk(p, layout, pool, step, q, timings, [&](const SubChunk& sc) {
+    const int64_t rb = sc.row_begin, nr = sc.row_end - sc.row_begin;
+    PoolGatherParams gp{};
+    gp.logits = logits_;
+    gp.stride = sc.stride;
+    gp.blocks = cands->blocks + rb * k;
+    gp.entries = cands->entries + rb;
+    gp.num_rows = static_cast<int32_t>(nr);
+    gp.topk_blocks = spec.topk_blocks;
+    gp.block_size = spec.block_size;
+    gp.topk = topk;
+    gp.slot_count = aux_;
+    RETURN_IF_ERROR(BeginSpan());
+    RETURN_IF_ERROR(LaunchGatherPool(gp, stream_));
+    RETURN_IF_ERROR(EndSpan(&timings->topk_us));
+    const int32_t max_slots =
+        static_cast<int32_t>(std::min<int64_t>(sc.max_visible, pool_entries));
+    return TopkPieces(logits_, sc.stride, aux_, nr, max_slots, topk, &timings->topk_us,
+                      [&](int64_t a, int64_t m) {
+                        PoolRemapParams rp{};
+                        rp.out = out_;
+                        rp.blocks = cands->blocks + (rb + a) * k;
+                        rp.entries = cands->entries + rb + a;
+                        rp.num_rows = static_cast<int32_t>(m);
+                        rp.topk_blocks = spec.topk_blocks;
+                        rp.block_size = spec.block_size;
+                        rp.topk = topk;
+                        RETURN_IF_ERROR(LaunchRemapPool(rp, stream_));
+                        return Emit(out + (rb + a) * topk, out_, m * topk * 4);
+                      });
+  }));
+  RETURN_IF_ERROR(call.End());
+  return absl::OkStatus();
+}
+
+absl::StatusOr<LayerTimings> GpuBackend::BlockTopk(
+    const PageLayout& layout, PoolHandle pool_h, const StepRows& rows,
+    StepContext* ctx, const BlockQInput& q, const BlockSpec& spec, int32_t* out) {
+  LayerTimings t;
+  RETURN_IF_ERROR(BlockImpl(layout, pool_h, rows, ctx, q, spec, out, &t, /*nested=*/false));
+  return t;
+}
+
+absl::Status GpuBackend::BlockImpl(const PageLayout& layout, PoolHandle pool_h,
+                                   const StepRows& rows, StepContext* ctx, const BlockQInput& q,
+                                   const BlockSpec& spec, int32_t* out, LayerTimings* timings,
+                                   bool nested) {
+  ASSIGN_OR_RETURN(const Pool p, FindPool(pool_h, layout));
+  uint8_t* const pool = p.data;
+  if (layout.format != KvFormat::kMxfp4) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "layout: the block path expected MXFP4 K pages, got ", KvFormatName(layout.format)));
+  }
+  ASSIGN_OR_RETURN(Step * step, CheckedStep(layout, rows, ctx, p));
+  if (spec.topk_blocks < 0) return Bad("topk_blocks", ">= 0", spec.topk_blocks);
+  if (spec.init_blocks < 0) return Bad("init_blocks", ">= 0", spec.init_blocks);
+  if (spec.local_blocks < 0) return Bad("local_blocks", ">= 0", spec.local_blocks);
+  if (!std::isfinite(spec.scale) || spec.scale <= 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "scale: expected a finite value > 0 (D^-0.5), got ", spec.scale));
+  }
+  // Q [rows, Hi, D] fp32 travels in the Q staging sized for H 128 x 128 B.
+  const int32_t max_block_heads = ws_.max_heads * 128 / (4 * layout.head_dim);
+  if (q.num_heads < 1 || q.num_heads > max_block_heads) {
+    return Bad("q.num_heads", absl::StrCat("in [1, ", max_block_heads, "]"), q.num_heads);
+  }
+  if (rows.num_rows == 0 || spec.topk_blocks == 0) return absl::OkStatus();
+  if (q.q == nullptr) return absl::InvalidArgumentError("q: expected a [rows, Hi, D] tensor, got null");
+  if (out == nullptr) return absl::InvalidArgumentError("out: expected a buffer, got null");
+  std::unique_ptr<Step> owned;
+  if (step == nullptr) {
+    ASSIGN_OR_RETURN(owned, MakeStep(layout, rows));
+    step = owned.get();
+  }
+  const int64_t heads = q.num_heads, dim = layout.head_dim, k = spec.topk_blocks;
+  CallScope call(this, nested);
+  RETURN_IF_ERROR(call.Begin());
+  for (const SubChunk& sc : step->plan().chunks) {
+    const int64_t rb = sc.row_begin, nr = sc.row_end - sc.row_begin;
+    const int32_t width = CeilDiv(sc.max_visible, layout.page_entries);
+    if (heads * nr * width > ws_.logits_floats || heads * nr > int64_t{ws_.max_rows} * 64) {
+      return absl::ResourceExhaustedError(absl::StrCat(
+          "block scores: ", heads, " heads x ", nr, " rows x ", width,
+          " blocks exceed the gpu workspace"));
+    }
+    RETURN_IF_ERROR(Upload(q_values_, q.q + rb * heads * dim, nr * heads * dim * 4));
+    BlockScoreParams bp{};
+    bp.layout = layout;
+    bp.pool = pool;
+    bp.step = step->dev();
+    bp.row_base = static_cast<int32_t>(rb);
+    bp.num_rows = static_cast<int32_t>(nr);
+    bp.num_heads = q.num_heads;
+    bp.q = reinterpret_cast<const float*>(q_values_);
+    bp.scale = spec.scale;
+    bp.init_blocks = spec.init_blocks;
+    bp.local_blocks = spec.local_blocks;
+    bp.scores = logits_;
+    bp.width = width;
+    bp.causal = aux_;
+    RETURN_IF_ERROR(BeginSpan());
+    RETURN_IF_ERROR(LaunchBlockScores(bp, stream_));
+    RETURN_IF_ERROR(EndSpan(&timings->logits_us));
+    // One head's rows at a time: out is [Hi, num_rows, k].
+    for (int64_t h = 0; h < heads; ++h) {
+      RETURN_IF_ERROR(TopkPieces(logits_ + h * nr * width, width, aux_ + h * nr, nr, width,
+                                 spec.topk_blocks, &timings->topk_us, [&](int64_t a, int64_t m) {
+                                   return Emit(out + (h * rows.num_rows + rb + a) * k, out_,
+                                                   m * k * 4);
+                                 }));
+    }
+  }
+  RETURN_IF_ERROR(call.End());
+  return absl::OkStatus();
+}
+
+}  // namespace gpu
+}  // namespace indexer

@@ -1,0 +1,93 @@
+// The gpu backend's per-step state (GpuBackend::Step), shared by the
+// backend's sources (gpu_backend.cc, gpu_layers.cc). Internal.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <utility>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
+#include "kernels/common/status_macros.h"
+#include "kernels/geometry/step_geometry.h"
+#include "kernels/gpu/gpu_backend_impl.h"
+
+namespace indexer {
+namespace gpu {
+
+// Device state of one step: the metadata image in the arena and the plan,
+// made from rows validated once (MakeStep).
+class GpuBackend::Step : public StepContext {
+ public:
+  Step(DeviceArena* arena, uint8_t* meta, StepPlan plan, DeviceStepRows dev,
+       const StepRows& rows, int64_t max_page)
+      : StepContext(rows), arena_(arena), meta_(meta), plan_(std::move(plan)), dev_(dev),
+        num_rows_(rows.num_rows), num_seqs_(rows.num_seqs),
+        max_pages_(rows.max_pages), new_entries_(rows.NewEntries()),
+        max_page_(max_page) {}
+  ~Step() override {
+    arena_->Release(meta_);
+    for (auto& [set, pool] : pools_) arena_->Release(pool.mem);
+  }
+
+  // Candidate pools of the step's sets, in device memory from the arena
+  // (SPEC §5): [rows, topk_blocks] ascending block ids and [rows] entries.
+  struct CandPool {
+    int32_t block_size = 0;
+    int32_t topk_blocks = 0;
+    uint8_t* mem = nullptr;       // arena allocation holding both arrays
+    int32_t* blocks = nullptr;
+    int32_t* entries = nullptr;
+    std::vector<int32_t> row_visible;  // the rows the source ran on
+  };
+  // Publishes `pool` under `set` (replacing and releasing an earlier one).
+  void PutPool(int32_t set, CandPool pool) {
+    absl::MutexLock lock(&pools_mu_);
+    auto it = pools_.find(set);
+    if (it != pools_.end()) {
+      arena_->Release(it->second.mem);
+      it->second = std::move(pool);
+    } else {
+      pools_.emplace(set, std::move(pool));
+    }
+  }
+  // A copy of the pool of `set`, or null when its source has not run.
+  // REQUIRES: the step's layers run one at a time (the engine's order).
+  const CandPool* GetPool(int32_t set) const {
+    absl::MutexLock lock(&pools_mu_);
+    auto it = pools_.find(set);
+    return it == pools_.end() ? nullptr : &it->second;
+  }
+  DeviceArena* arena() const { return arena_; }
+
+  const StepPlan& plan() const { return plan_; }
+  const DeviceStepRows& dev() const { return dev_; }
+  bool Matches(const StepRows& rows) const {
+    return rows.num_rows == num_rows_ && rows.num_seqs == num_seqs_ &&
+           rows.max_pages == max_pages_ && rows.NewEntries() == new_entries_;
+  }
+  // The step's pages against a pool of `num_pages`: O(1); the full walk
+  // only to name the offending page.
+  absl::Status CheckPages(const PageLayout& layout, const StepRows& rows,
+                          int64_t num_pages) const {
+    if (max_page_ < num_pages) return absl::OkStatus();
+    RETURN_IF_ERROR(ValidateStepRows(layout, rows, num_pages));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "block_table: expected pages in [0, ", num_pages, "), got ", max_page_));
+  }
+
+ private:
+  DeviceArena* const arena_;
+  uint8_t* const meta_;
+  const StepPlan plan_;
+  const DeviceStepRows dev_;
+  const int32_t num_rows_, num_seqs_, max_pages_;
+  const int64_t new_entries_, max_page_;
+  mutable absl::Mutex pools_mu_;
+  std::map<int32_t, CandPool> pools_ ABSL_GUARDED_BY(pools_mu_);
+};
+
+}  // namespace gpu
+}  // namespace indexer

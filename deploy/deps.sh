@@ -1,14 +1,15 @@
 #!/usr/bin/env bash
 # Installs the Debian/Ubuntu packages indexerd builds with, skipping those
 # already present. Usage: deploy/deps.sh [--test]   (--test adds the gfx942
-# compile-check toolchain used by the test suite).
+# compile-check toolchain used by the test suite, and clang-19's runtime
+# libraries: libFuzzer and the sanitizers for the fuzz stage).
 set -euo pipefail
 
 pkgs=(build-essential cmake ninja-build pkg-config
       libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
       libabsl-dev libspdlog-dev libtbb-dev libcli11-dev libgtest-dev libgmock-dev)
 if [[ "${1:-}" == "--test" ]]; then
-  pkgs+=(clang-19 lld-19 libamdhip64-dev)
+  pkgs+=(clang-19 lld-19 libamdhip64-dev libclang-rt-19-dev)
 fi
 
 missing=()

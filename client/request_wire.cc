@@ -31,9 +31,11 @@ bool EncodeLayerStepRequest(v1::LayerRequest* request, grpc::ByteBuffer* out,
   // The encoder writes layer (1), k (2), q (3), q_scale (4), weights (5), and
   // in each Tensor dtype (1), shape (2), data (3). Anything else (unknown
   // fields) goes through protobuf.
-  // A field added to the messages later falls back too.
-  if (v1::LayerRequest::descriptor()->field_count() != 5 ||
-      v1::Tensor::descriptor()->field_count() != 3 ||
+  // A field added to the messages later falls back too, and so do the
+  // data-plane forms (LayerRequest.topk_out, Tensor.ref), which it does not
+  // write.
+  if (v1::LayerRequest::descriptor()->field_count() != 6 ||
+      v1::Tensor::descriptor()->field_count() != 4 || request->has_topk_out() ||
       !request->GetReflection()->GetUnknownFields(*request).empty()) {
     return false;
   }
@@ -47,7 +49,10 @@ bool EncodeLayerStepRequest(v1::LayerRequest* request, grpc::ByteBuffer* out,
   if (request->has_q_scale()) fields.push_back({4, request->mutable_q_scale()});
   if (request->has_weights()) fields.push_back({5, request->mutable_weights()});
   for (const Field& f : fields) {
-    if (!f.tensor->GetReflection()->GetUnknownFields(*f.tensor).empty()) return false;
+    if (f.tensor->has_ref() ||
+        !f.tensor->GetReflection()->GetUnknownFields(*f.tensor).empty()) {
+      return false;
+    }
   }
   // dtype and shape of each tensor: protobuf's own encoding of the Tensor
   // without its data (data is its last field).

@@ -100,5 +100,27 @@ TEST(RequestWireTest, UnknownFieldsFallBackUntouched) {
   EXPECT_EQ(with_unknown.SerializeAsString(), before);
 }
 
+// The data-plane forms (topk_out, a tensor by reference) are not the
+// encoder's: protobuf writes them.
+TEST(RequestWireTest, RegionFormsFallBackUntouched) {
+  v1::LayerRequest r;
+  r.set_layer(2);
+  *r.mutable_q() = MakeByteTensor(v1::FP8_E4M3, Pattern(8192, 4), {1, 64, 128});
+  r.mutable_topk_out()->set_region(3);
+  std::string before = r.SerializeAsString();
+  grpc::ByteBuffer buffer;
+  EXPECT_FALSE(EncodeLayerStepRequest(&r, &buffer));
+  EXPECT_EQ(r.SerializeAsString(), before);
+
+  v1::LayerRequest by_ref;
+  by_ref.set_layer(2);
+  by_ref.mutable_k()->set_dtype(v1::FP32);
+  by_ref.mutable_k()->mutable_ref()->set_region(1);
+  by_ref.mutable_k()->mutable_ref()->set_bytes(512);
+  before = by_ref.SerializeAsString();
+  EXPECT_FALSE(EncodeLayerStepRequest(&by_ref, &buffer));
+  EXPECT_EQ(by_ref.SerializeAsString(), before);
+}
+
 }  // namespace
 }  // namespace indexer::client

@@ -24,6 +24,7 @@
 #include "absl/container/flat_hash_map.h"
 #include "absl/status/status.h"
 #include "config/config.pb.h"
+#include "google/protobuf/stubs/logging.h"
 #include "kernels/cpu/cpu_backend.h"
 #include "server/core/engine.h"
 #include "server/core/model.h"
@@ -145,6 +146,8 @@ class Harness {
 
  private:
   Harness() {
+    // Protobuf logs every invalid UTF-8 string it parses; inputs are full of them.
+    google::protobuf::SetLogHandler(nullptr);
     auto model = BuildModel(FuzzConfig());
     if (!model.ok()) Fail("profile: " + model.status().ToString());
     auto engine = Engine::Create(*std::move(model), std::make_unique<CpuBackend>(1));

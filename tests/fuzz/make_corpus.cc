@@ -193,6 +193,8 @@ void ReleaseCorpus(const fs::path& dir) {
   s.clear();
   AppendRecord(&s, ReleaseOf({"base-a"}).SerializeAsString());
   AppendRecord(&s, ReleaseOf({"#7", "base-a"}).SerializeAsString());
+  // An unknown id before the held one: NOT_FOUND (found by fuzz_release).
+  AppendRecord(&s, ReleaseOf({"#46", "base-a"}).SerializeAsString());
   Write(dir, "held", s);
   s.clear();
   AppendRecord(&s, ReleaseOf({"#7", "unknown"}).SerializeAsString());

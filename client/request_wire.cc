@@ -51,7 +51,10 @@ bool EncodeLayerStepRequest(v1::LayerRequest* request, grpc::ByteBuffer* out,
   if (request->has_q_scale()) fields.push_back({4, request->mutable_q_scale()});
   if (request->has_weights()) fields.push_back({5, request->mutable_weights()});
   for (const Field& f : fields) {
-    if (!f.tensor->GetReflection()->GetUnknownFields(*f.tensor).empty()) return false;
+    if (f.tensor->has_ref() ||
+        !f.tensor->GetReflection()->GetUnknownFields(*f.tensor).empty()) {
+      return false;
+    }
   }
   // dtype and shape of each tensor: protobuf's own encoding of the Tensor
   // without its data (data is its last field).

@@ -1,11 +1,12 @@
 #!/usr/bin/env bash
 # Installs the Debian/Ubuntu packages indexerd builds with, skipping those
 # already present. Usage: deploy/deps.sh [--test]   (--test adds the gfx942
-# compile-check toolchain used by the test suite). The python3-* packages are
-# the runtime of the Python client (client/python; its stubs come from
-# protobuf-compiler-grpc's grpc_python_plugin of the same release) and of its
-# ctest, python_client_test; they are in the main list because front-ends
-# use the client, not only the tests.
+# compile-check toolchain used by the test suite, and clang-19's runtime
+# libraries: libFuzzer and the sanitizers for the fuzz stage). The python3-*
+# packages are the runtime of the Python client (client/python; its stubs
+# come from protobuf-compiler-grpc's grpc_python_plugin of the same release)
+# and of its ctest, python_client_test; they are in the main list because
+# front-ends use the client, not only the tests.
 set -euo pipefail
 
 pkgs=(build-essential cmake ninja-build pkg-config
@@ -14,7 +15,7 @@ pkgs=(build-essential cmake ninja-build pkg-config
       python3-grpcio python3-protobuf python3-numpy
       openssl)  # openssl: tls_test generates its certificates at test time
 if [[ "${1:-}" == "--test" ]]; then
-  pkgs+=(clang-19 lld-19 libamdhip64-dev)
+  pkgs+=(clang-19 lld-19 libamdhip64-dev libclang-rt-19-dev)
 fi
 
 missing=()

@@ -1,10 +1,129 @@
 #!/usr/bin/env bash
-# One command from a fresh clone to a tested build: installs what is missing
-# (the gfx942 compile-check toolchain included), builds, runs every test
-# through ctest. GPU tests skip, with their reason, on a machine without one.
+# One command from a fresh clone to a tested build, in named stages:
+#
+#   deps      the packages (deploy/deps.sh --test: the gfx942 check toolchain,
+#             clang-19 and its libFuzzer runtime)
+#   test      deploy/build.sh into build/ (GPU=AUTO) and the whole ctest suite;
+#             GPU tests skip, with their reason, on a machine without a GPU
+#   sanitize  ASan + UBSan build (GPU=OFF) in build-asan/, unit + integration
+#   tsan      ThreadSanitizer build (GPU=OFF, clang-19) in build-tsan/: the
+#             engine's integration suite (engine_test), with Debian's
+#             absl::Mutex made visible (tests/tsan/absl_sync_tsan.cc) and
+#             uninstrumented libtbb's task handoffs suppressed (tests/tsan.supp)
+#   fuzz      libFuzzer targets (clang-19, ASan + UBSan) in build-fuzz/, each
+#             for FUZZ_SECONDS (default 60) from tests/fuzz/corpus
+#   soak      tests/soak/soak.sh for SOAK_SECONDS (default 60) against
+#             build/'s indexerd on the cpu backend
+#
+# Usage: deploy/test.sh [--stage NAME]... [--skip NAME]...
+# Each stage prints its wall time; a summary follows. The first failing
+# stage ends the run (later stages may need its build). ccache is used when
+# installed. Stage costs on CI's 2 cores: README, "Tests and CI".
 set -euo pipefail
 cd "$(dirname "$0")/.."
-deploy/deps.sh --test
-deploy/build.sh
-cd build
-ctest --output-on-failure -j "$(nproc)" --timeout 900
+root=$PWD
+
+all_stages=(deps test sanitize tsan fuzz soak)
+only=()
+skip=()
+while (($#)); do
+  case "$1" in
+    --stage) only+=("$2"); shift 2 ;;
+    --skip) skip+=("$2"); shift 2 ;;
+    -h|--help) sed -n '2,24p' "$0"; exit 0 ;;
+    *) echo "test.sh: unknown argument '$1' (expected --stage NAME or --skip NAME)" >&2; exit 2 ;;
+  esac
+done
+for s in "${only[@]}" "${skip[@]}"; do
+  [[ " ${all_stages[*]} " == *" $s "* ]] ||
+    { echo "test.sh: unknown stage '$s' (expected one of: ${all_stages[*]})" >&2; exit 2; }
+done
+
+jobs=$(nproc)
+launcher=()
+if command -v ccache >/dev/null; then
+  launcher=(-DCMAKE_C_COMPILER_LAUNCHER=ccache -DCMAKE_CXX_COMPILER_LAUNCHER=ccache)
+fi
+
+# Configures (once) and builds a GPU=OFF variant. $1 = dir, rest = cmake args.
+build_variant() {
+  local dir=$1; shift
+  cmake -S . -B "$dir" -G Ninja -DGPU=OFF -DCMAKE_BUILD_TYPE=RelWithDebInfo \
+    "${launcher[@]}" "$@" >/dev/null
+}
+
+stage_deps() { deploy/deps.sh --test; }
+
+stage_test() {
+  deploy/build.sh
+  (cd build && ctest --output-on-failure -j "$jobs" --timeout 900)
+}
+
+# UBSan only prints by default: halt so a report fails the test.
+stage_sanitize() {
+  build_variant build-asan -DINDEXER_SANITIZE=ON
+  cmake --build build-asan -j "$jobs"
+  (cd build-asan &&
+   ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 \
+   UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 \
+   ctest --output-on-failure -j "$jobs" --timeout 1800 -E hip_gfx942_compile_check)
+}
+
+# clang: g++'s target_clones resolvers (the cpu code) run before TSan's
+# runtime is up and crash an instrumented binary at load.
+stage_tsan() {
+  CC=clang-19 CXX=clang++-19 build_variant build-tsan -DINDEXER_TSAN=ON
+  cmake --build build-tsan -j "$jobs" --target engine_test
+  (cd build-tsan &&
+   TSAN_OPTIONS="suppressions=$root/tests/tsan.supp:halt_on_error=1:second_deadlock_stack=1" \
+   ctest --output-on-failure -j 1 --timeout 1800 -R '^engine_test$')
+}
+
+stage_fuzz() {
+  CC=clang-19 CXX=clang++-19 build_variant build-fuzz -DINDEXER_FUZZ=ON
+  cmake --build build-fuzz -j "$jobs" --target fuzz_step fuzz_release fuzz_write_entries
+  tests/fuzz/run.sh build-fuzz "${FUZZ_SECONDS:-60}"
+}
+
+stage_soak() {
+  # The test stage's build; built here too when that stage was skipped.
+  [[ -x build/server/indexerd && -x build/tests/soak/soak_driver ]] || deploy/build.sh
+  tests/soak/soak.sh build "${SOAK_SECONDS:-60}"
+}
+
+names=()
+times=()
+results=()
+summary() {
+  echo
+  echo "== summary"
+  printf '%-10s %8s  %s\n' stage seconds result
+  for i in "${!names[@]}"; do
+    printf '%-10s %8s  %s\n' "${names[$i]}" "${times[$i]}" "${results[$i]}"
+  done
+  printf '%-10s %8s\n' total "$((SECONDS - start_all))"
+}
+start_all=$SECONDS
+trap summary EXIT
+
+for s in "${all_stages[@]}"; do
+  if ((${#only[@]})) && [[ " ${only[*]} " != *" $s "* ]]; then continue; fi
+  if [[ " ${skip[*]} " == *" $s "* ]]; then continue; fi
+  echo "== stage $s"
+  t0=$SECONDS
+  names+=("$s")
+  # A subshell outside any condition, so that set -e holds inside the stage.
+  set +e
+  (set -e; "stage_$s")
+  rc=$?
+  set -e
+  times+=("$((SECONDS - t0))")
+  if ((rc == 0)); then
+    results+=(ok)
+    echo "== stage $s: ok in $((SECONDS - t0)) s"
+  else
+    results+=("FAILED (exit $rc)")
+    echo "== stage $s: FAILED (exit $rc) after $((SECONDS - t0)) s"
+    exit "$rc"
+  fi
+done

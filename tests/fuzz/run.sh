@@ -1,0 +1,45 @@
+#!/usr/bin/env bash
+# Runs every libFuzzer target of a build for a bounded time.
+# Usage: tests/fuzz/run.sh BUILD_DIR [SECONDS_PER_TARGET=60] [extra libFuzzer flags]
+# First each target replays its seed corpus (tests/fuzz/corpus/<target>)
+# once, and some seeds must take effect (a committed step, an import, a
+# release: the seeds still reach the engine's success paths); then it fuzzes from a scratch copy of the corpus for SECONDS.
+# A crash, a leak or a broken invariant (an abort in fuzz_common.h) leaves
+# the reproducer in BUILD_DIR/fuzz-artifacts/ and fails the run; replay it
+# with  BUILD_DIR/tests/fuzz/fuzz_<target> FILE.
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+build=${1:?usage: run.sh BUILD_DIR [SECONDS] [libFuzzer flags]}
+secs=${2:-60}
+shift $(($# >= 2 ? 2 : $#))
+art="$build/fuzz-artifacts"
+mkdir -p "$art"
+export ASAN_OPTIONS=${ASAN_OPTIONS:-detect_leaks=1:abort_on_error=1}
+export UBSAN_OPTIONS=${UBSAN_OPTIONS:-halt_on_error=1:print_stacktrace=1}
+for t in step release write_entries; do
+  bin="$build/tests/fuzz/fuzz_$t"
+  seeds="tests/fuzz/corpus/$t"
+  stats=$(INDEXER_FUZZ_STATS=1 "$bin" "$seeds"/* 2>&1 | tee "$art/$t.replay.log" |
+          grep 'fuzz stats' || true)
+  echo "fuzz_$t seeds: ${stats:-no stats (see $art/$t.replay.log)}"
+  effect=$(sed -n 's/.*took effect \([0-9]*\).*/\1/p' <<<"$stats")
+  if [[ -z "$effect" || "$effect" -eq 0 ]]; then
+    echo "fuzz_$t: no seed input takes effect (a commit, an import, a release)" >&2
+    tail -n 40 "$art/$t.replay.log" >&2
+    exit 1
+  fi
+  work="$build/fuzz-corpus/$t"
+  mkdir -p "$work"
+  cp -n "$seeds"/* "$work"/
+  echo "fuzz_$t: ${secs}s"
+  rc=0
+  "$bin" -max_total_time="$secs" -max_len=524288 -timeout=30 -rss_limit_mb=4096 \
+    -print_final_stats=1 -artifact_prefix="$art/$t-" "$@" "$work" >"$art/$t.log" 2>&1 || rc=$?
+  grep -E '^(#[0-9]+ *(DONE|INITED)|stat::(number_of_executed_units|peak_rss_mb|new_units_added)|SUMMARY|fuzz invariant)' \
+    "$art/$t.log" || true
+  if ((rc != 0)); then
+    echo "fuzz_$t failed (exit $rc); the last lines of $art/$t.log:" >&2
+    tail -n 60 "$art/$t.log" >&2
+    exit "$rc"
+  fi
+done

@@ -1,0 +1,46 @@
+#!/usr/bin/env bash
+# Soak: starts indexerd (--device cpu, the demo profile, a small cache so the
+# pool fills now and then) on a free loopback port, runs tests/soak's driver
+# against it for SECONDS (default 600) and fails on any error, on pages,
+# sequences or open steps left after everything is released, on daemon RSS
+# growth past RSS_GROWTH_MB (default 64) after warm-up, or if the daemon dies.
+# Usage: tests/soak/soak.sh [BUILD_DIR=build] [SECONDS=600]
+# Env: SOAK_THREADS (4), SOAK_CACHE_MB (8), SOAK_PROFILE (demo), RSS_GROWTH_MB.
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+build=${1:-build}
+secs=${2:-600}
+daemon="$build/server/indexerd"
+driver="$build/tests/soak/soak_driver"
+for b in "$daemon" "$driver"; do
+  [[ -x "$b" ]] || { echo "soak: $b not built (cmake --build $build --target indexerd soak_driver)" >&2; exit 1; }
+done
+tmp=$(mktemp -d)
+pid=
+cleanup() {
+  if [[ -n "$pid" ]] && kill -0 "$pid" 2>/dev/null; then kill "$pid"; wait "$pid" || true; fi
+  rm -rf "$tmp"
+}
+trap cleanup EXIT
+"$daemon" --profile "${SOAK_PROFILE:-demo}" --device cpu --cache-mb "${SOAK_CACHE_MB:-8}" \
+  --listen 127.0.0.1:0 --port-file "$tmp/port" --log-level warn >"$tmp/daemon.log" 2>&1 &
+pid=$!
+for _ in $(seq 300); do
+  [[ -s "$tmp/port" ]] && break
+  kill -0 "$pid" 2>/dev/null || { echo "soak: indexerd exited at start:" >&2; cat "$tmp/daemon.log" >&2; exit 1; }
+  sleep 0.1
+done
+[[ -s "$tmp/port" ]] || { echo "soak: indexerd wrote no port file in 30 s" >&2; exit 1; }
+rc=0
+"$driver" --addr "127.0.0.1:$(cat "$tmp/port")" --seconds "$secs" --pid "$pid" \
+  --threads "${SOAK_THREADS:-4}" --rss-growth-mb "${RSS_GROWTH_MB:-64}" || rc=$?
+if ! kill -0 "$pid" 2>/dev/null; then
+  echo "soak: indexerd died during the run; its log:" >&2
+  tail -n 50 "$tmp/daemon.log" >&2
+  exit 1
+fi
+if ((rc != 0)); then
+  echo "soak: FAILED; the daemon's log (last 30 lines):" >&2
+  tail -n 30 "$tmp/daemon.log" >&2
+fi
+exit "$rc"

@@ -1,0 +1,422 @@
+// Soak driver: several client threads against a running indexerd for a
+// given time, each over sequences of its own, doing what serving engines and
+// faulty clients do: prefill steps that create sequences, committed decode
+// steps over batches of tens of sequences, aborted steps, steps whose layer
+// has a wrong shape (must fail with INVALID_ARGUMENT and change nothing),
+// imports (WriteEntries) and releases. Each thread keeps the lengths it
+// expects and checks them against every commit and import reply, so a step
+// that leaked into a sequence shows up. At the end everything is released
+// and GetServerInfo must report every page free, no sequence and no open
+// step; with --pid, the daemon's VmRSS may grow at most --rss-growth-mb
+// between the end of the warm-up and the end.
+//
+// Usage: soak_driver --addr HOST:PORT --seconds N [--threads 4] [--pid PID]
+//                    [--rss-growth-mb 64] [--seed 1]
+// Exit status 0 when every check held. tests/soak/soak.sh runs it.
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <fstream>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "client/reference.h"
+#include "kernels/geometry/step_geometry.h"
+#include "client/workload.h"
+#include "indexer/client.h"
+#include "kernels/common/status_macros.h"
+
+namespace indexer::soak {
+namespace {
+
+using client::IndexerClient;
+using client::LayerSpec;
+using client::Rng;
+using Clock = std::chrono::steady_clock;
+
+struct Options {
+  std::string addr = "127.0.0.1:50061";
+  double seconds = 60;
+  int threads = 4;
+  long pid = 0;
+  double rss_growth_mb = 64;
+  uint64_t seed = 1;
+};
+
+// Operation counts over all threads.
+struct Counts {
+  std::atomic<long> prefill{0}, decode{0}, aborted{0}, bad_layer{0}, imports{0},
+      releases{0}, full{0}, decode_seqs{0};
+};
+
+long RssKb(long pid) {
+  std::ifstream f("/proc/" + std::to_string(pid) + "/status");
+  std::string line;
+  while (std::getline(f, line)) {
+    if (line.rfind("VmRSS:", 0) == 0) return std::atol(line.c_str() + 6);
+  }
+  return -1;
+}
+
+class Worker {
+ public:
+  Worker(int id, const Options& opt, std::vector<LayerSpec> specs, uint32_t next_n,
+         Counts* counts)
+      : id_(id), opt_(opt), specs_(std::move(specs)), next_n_(next_n), counts_(counts),
+        rng_(opt.seed * 1000 + id) {}
+
+  // Runs until `deadline`; returns the first failure.
+  absl::Status Run(Clock::time_point deadline) {
+    auto c = IndexerClient::Connect(opt_.addr);
+    if (!c.ok()) return c.status();
+    client_ = *std::move(c);
+    while (Clock::now() < deadline) {
+      const uint64_t r = rng_.Next() % 100;
+      absl::Status s;
+      if (seqs_.size() < 12 || r < 12) {
+        s = Prefill();
+      } else if (r < 60) {
+        s = Decode(StepEnd::kCommit);
+      } else if (r < 70) {
+        s = Decode(StepEnd::kAbort);
+      } else if (r < 78) {
+        s = Decode(StepEnd::kBadLayer);
+      } else if (r < 90) {
+        s = Import();
+      } else {
+        s = ReleaseSome(1 + rng_.Next() % 3);
+      }
+      if (s.code() == absl::StatusCode::kResourceExhausted) {
+        // The pool or the admission limit is full (other threads hold it):
+        // make room, as an engine evicting sequences would.
+        ++counts_->full;
+        s = ReleaseSome(std::max<size_t>(1, seqs_.size() / 3));
+      }
+      if (!s.ok()) return s;
+      // Keep each thread's working set bounded.
+      if (seqs_.size() > 48) RETURN_IF_ERROR(ReleaseSome(8));
+    }
+    return ReleaseSome(seqs_.size());
+  }
+
+ private:
+  enum class StepEnd { kCommit, kAbort, kBadLayer };
+  struct Seq {
+    std::string name;
+    int64_t len;
+  };
+
+  int64_t Between(int64_t lo, int64_t hi) { return lo + rng_.Next() % (hi - lo + 1); }
+
+  v1::Tensor Floats(std::vector<int64_t> shape) {
+    int64_t n = 1;
+    for (int64_t d : shape) n *= d;
+    std::vector<float> v(n);
+    rng_.FillNormal(absl::MakeSpan(v));
+    return client::MakeFp32Tensor(v, shape);
+  }
+
+  // FP32 K for `seqs` each growing by its q_len, FP32 Q and weights.
+  v1::LayerRequest Layer(const LayerSpec& spec, const std::vector<Seq*>& seqs,
+                         const std::vector<int64_t>& q_lens, int64_t extra_rows = 0) {
+    int64_t rows = 0, n_new = 0;
+    for (size_t i = 0; i < seqs.size(); ++i) {
+      rows += q_lens[i];
+      n_new += NewEntriesFor(seqs[i]->len, q_lens[i], spec.compress_ratio);
+    }
+    rows += extra_rows;
+    v1::LayerRequest r;
+    r.set_layer(spec.layer);
+    *r.mutable_k() = Floats({n_new, spec.head_dim});
+    *r.mutable_q() = Floats({rows, spec.num_heads, spec.head_dim});
+    if (!spec.is_block()) {
+      std::vector<float> w(rows * spec.num_heads, 1.0f / spec.num_heads);
+      *r.mutable_weights() = client::MakeFp32Tensor(w, {rows, spec.num_heads});
+    }
+    return r;
+  }
+
+  absl::Status Step(std::vector<Seq*> seqs, std::vector<int64_t> q_lens,
+                    std::vector<bool> create, StepEnd end) {
+    v1::StepHeader h;
+    h.set_request_id(absl::StrCat("soak-", id_, "-", ++steps_));
+    for (size_t i = 0; i < seqs.size(); ++i) {
+      v1::StepSequence* s = h.add_sequences();
+      *s->mutable_id() = client::NamedSequenceId(seqs[i]->name);
+      s->set_q_len(q_lens[i]);
+      s->set_create(create[i]);
+    }
+    ASSIGN_OR_RETURN(std::unique_ptr<client::StepSession> step, client_->OpenStep(h));
+    // Aborted steps stop after 0..L-1 layers; a bad layer is any layer.
+    size_t stop_after = specs_.size();
+    if (end == StepEnd::kAbort) stop_after = rng_.Next() % specs_.size();
+    if (end == StepEnd::kBadLayer) stop_after = 1 + rng_.Next() % specs_.size();
+    for (size_t li = 0; li < stop_after; ++li) {
+      const LayerSpec& spec = specs_[li];
+      const bool bad = end == StepEnd::kBadLayer && li == stop_after - 1;
+      auto reply = step->RunLayer(Layer(spec, seqs, q_lens, bad ? 1 : 0));
+      if (bad) {
+        // Admission errors (a full pool) reach the client at its first layer.
+        if (!reply.ok() && reply.status().code() == absl::StatusCode::kResourceExhausted) {
+          return reply.status();
+        }
+        if (reply.ok() || reply.status().code() != absl::StatusCode::kInvalidArgument) {
+          return absl::InternalError(absl::StrCat(
+              "layer ", spec.layer, " with one row too many: expected INVALID_ARGUMENT, got ",
+              reply.ok() ? "OK" : reply.status().ToString()));
+        }
+        ++counts_->bad_layer;
+        return absl::OkStatus();
+      }
+      if (!reply.ok()) {
+        return absl::Status(reply.status().code(),
+                            absl::StrCat("layer ", spec.layer, ": ", reply.status().message()));
+      }
+      int64_t rows = 0;
+      for (int64_t q : q_lens) rows += q;
+      std::vector<int64_t> shape = {rows, spec.topk};
+      if (spec.is_block()) shape = {spec.num_heads, rows, spec.topk};
+      RETURN_IF_ERROR(client::ReadInt32Tensor(reply->topk(), shape, "topk").status());
+    }
+    if (end == StepEnd::kAbort) {
+      step->Abort();
+      ++counts_->aborted;
+      return absl::OkStatus();
+    }
+    ASSIGN_OR_RETURN(v1::StepCommitted committed, step->Commit());
+    if (committed.seq_lens_size() != static_cast<int>(seqs.size())) {
+      return absl::InternalError(absl::StrCat("commit: ", committed.seq_lens_size(),
+                                              " lengths for ", seqs.size(), " sequences"));
+    }
+    for (size_t i = 0; i < seqs.size(); ++i) {
+      seqs[i]->len += q_lens[i];
+      if (committed.seq_lens(i) != static_cast<uint64_t>(seqs[i]->len)) {
+        return absl::InternalError(absl::StrCat("commit: ", seqs[i]->name, " has length ",
+                                                committed.seq_lens(i), ", expected ",
+                                                seqs[i]->len));
+      }
+    }
+    return absl::OkStatus();
+  }
+
+  absl::Status Prefill() {
+    const int n = static_cast<int>(Between(2, 4));
+    std::vector<Seq> fresh;
+    for (int i = 0; i < n; ++i) fresh.push_back({absl::StrCat("soak-", id_, "-", ++names_), 0});
+    std::vector<Seq*> ptrs;
+    std::vector<int64_t> q_lens;
+    for (Seq& s : fresh) {
+      ptrs.push_back(&s);
+      q_lens.push_back(Between(next_n_ + 1, 96));
+    }
+    RETURN_IF_ERROR(Step(ptrs, q_lens, std::vector<bool>(n, true), StepEnd::kCommit));
+    for (Seq& s : fresh) seqs_.push_back(s);
+    ++counts_->prefill;
+    return absl::OkStatus();
+  }
+
+  // A batch of 10..40 of this thread's sequences (all when fewer).
+  absl::Status Decode(StepEnd end) {
+    std::vector<Seq*> batch;
+    for (Seq& s : seqs_) batch.push_back(&s);
+    for (size_t i = batch.size(); i > 1; --i) std::swap(batch[i - 1], batch[rng_.Next() % i]);
+    batch.resize(std::min<size_t>(batch.size(), Between(10, 40)));
+    std::vector<int64_t> q_lens;
+    for (size_t i = 0; i < batch.size(); ++i) q_lens.push_back(Between(1, next_n_));
+    RETURN_IF_ERROR(Step(batch, q_lens, std::vector<bool>(batch.size(), false), end));
+    if (end == StepEnd::kCommit) {
+      ++counts_->decode;
+      counts_->decode_seqs += static_cast<long>(batch.size());
+    }
+    return absl::OkStatus();
+  }
+
+  absl::Status Import() {
+    const bool create = seqs_.empty() || rng_.Next() % 3 == 0;
+    Seq fresh{absl::StrCat("soak-", id_, "-", ++names_), 0};
+    Seq* s = create ? &fresh : &seqs_[rng_.Next() % seqs_.size()];
+    const int64_t n = Between(1, 64);
+    v1::WriteEntriesRequest req;
+    *req.mutable_id() = client::NamedSequenceId(s->name);
+    req.set_create(create);
+    req.set_num_tokens(n);
+    for (const LayerSpec& spec : specs_) {
+      v1::LayerEntries* e = req.add_layers();
+      e->set_layer(spec.layer);
+      *e->mutable_k() =
+          Floats({NewEntriesFor(s->len, n, spec.compress_ratio), spec.head_dim});
+    }
+    ASSIGN_OR_RETURN(uint64_t len, client_->WriteEntries(req));
+    s->len += n;
+    if (len != static_cast<uint64_t>(s->len)) {
+      return absl::InternalError(
+          absl::StrCat("import: ", s->name, " has length ", len, ", expected ", s->len));
+    }
+    if (create) seqs_.push_back(fresh);
+    ++counts_->imports;
+    return absl::OkStatus();
+  }
+
+  absl::Status ReleaseSome(size_t n) {
+    n = std::min(n, seqs_.size());
+    if (n == 0) return absl::OkStatus();
+    std::vector<v1::SequenceId> ids;
+    for (size_t i = 0; i < n; ++i) ids.push_back(client::NamedSequenceId(seqs_[i].name));
+    ASSIGN_OR_RETURN(uint64_t pages, client_->Release(ids));
+    if (pages == 0) return absl::InternalError("release: 0 pages returned for held sequences");
+    seqs_.erase(seqs_.begin(), seqs_.begin() + static_cast<long>(n));
+    ++counts_->releases;
+    return absl::OkStatus();
+  }
+
+  const int id_;
+  const Options& opt_;
+  const std::vector<LayerSpec> specs_;
+  const uint32_t next_n_;
+  Counts* counts_;
+  Rng rng_;
+  std::unique_ptr<IndexerClient> client_;
+  std::vector<Seq> seqs_;
+  long names_ = 0, steps_ = 0;
+};
+
+absl::Status CheckDrained(IndexerClient& c) {
+  // Steps end asynchronously on the server after a client's abort: poll.
+  const auto deadline = Clock::now() + std::chrono::seconds(30);
+  while (true) {
+    ASSIGN_OR_RETURN(v1::ServerInfo info, c.GetServerInfo());
+    std::string bad;
+    if (info.open_steps() != 0) absl::StrAppend(&bad, " open_steps ", info.open_steps(), ";");
+    if (info.sequences() != 0) absl::StrAppend(&bad, " sequences ", info.sequences(), ";");
+    for (const auto& g : info.groups()) {
+      if (g.free_pages() != g.total_pages()) {
+        absl::StrAppend(&bad, " group ", g.name(), " free ", g.free_pages(), " of ",
+                        g.total_pages(), ";");
+      }
+    }
+    if (bad.empty()) return absl::OkStatus();
+    if (Clock::now() > deadline) {
+      return absl::InternalError(absl::StrCat("after releasing everything:", bad));
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+}
+
+int Main(const Options& opt) {
+  auto c = IndexerClient::Connect(opt.addr);
+  if (!c.ok()) {
+    std::fprintf(stderr, "soak: connect %s: %s\n", opt.addr.c_str(), c.status().ToString().c_str());
+    return 1;
+  }
+  auto info = (*c)->GetServerInfo();
+  if (!info.ok()) {
+    std::fprintf(stderr, "soak: GetServerInfo: %s\n", info.status().ToString().c_str());
+    return 1;
+  }
+  auto specs = client::LayerSpecsFromInfo(*info);
+  if (!specs.ok()) {
+    std::fprintf(stderr, "soak: %s\n", specs.status().ToString().c_str());
+    return 1;
+  }
+  std::printf("soak: %s, profile %s on %s, %d threads, %.0f s\n", opt.addr.c_str(),
+              info->profile().c_str(), info->device().c_str(), opt.threads, opt.seconds);
+  std::fflush(stdout);
+
+  Counts counts;
+  const auto start = Clock::now();
+  const auto deadline = start + std::chrono::milliseconds(static_cast<long>(opt.seconds * 1000));
+  std::vector<absl::Status> results(opt.threads);
+  std::vector<std::thread> threads;
+  for (int t = 0; t < opt.threads; ++t) {
+    threads.emplace_back([&, t] {
+      Worker w(t, opt, *specs, info->next_n(), &counts);
+      results[t] = w.Run(deadline);
+    });
+  }
+  // The RSS after warm-up: a quarter of the run (pools, arenas and gRPC's
+  // buffers have reached their working size by then).
+  long rss_warm = -1;
+  if (opt.pid > 0) {
+    const auto warm = start + (deadline - start) / 4;
+    while (Clock::now() < warm) std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    rss_warm = RssKb(opt.pid);
+  }
+  for (auto& th : threads) th.join();
+  int failures = 0;
+  for (int t = 0; t < opt.threads; ++t) {
+    if (!results[t].ok()) {
+      std::fprintf(stderr, "soak: thread %d: %s\n", t, results[t].ToString().c_str());
+      ++failures;
+    }
+  }
+  std::printf(
+      "soak: %.0f s: %ld prefill, %ld committed decode (%ld sequence-steps), %ld aborted, "
+      "%ld bad-layer, %ld imports, %ld releases, %ld pool-full\n",
+      std::chrono::duration<double>(Clock::now() - start).count(), counts.prefill.load(),
+      counts.decode.load(), counts.decode_seqs.load(), counts.aborted.load(),
+      counts.bad_layer.load(), counts.imports.load(), counts.releases.load(),
+      counts.full.load());
+  if (absl::Status s = CheckDrained(**c); !s.ok()) {
+    std::fprintf(stderr, "soak: %s\n", s.ToString().c_str());
+    ++failures;
+  } else {
+    std::printf("soak: drained: every page free, 0 sequences, 0 open steps\n");
+  }
+  if (counts.decode.load() == 0 || counts.prefill.load() == 0) {
+    std::fprintf(stderr, "soak: no committed step ran\n");
+    ++failures;
+  }
+  if (opt.pid > 0) {
+    const long rss_end = RssKb(opt.pid);
+    const double growth_mb = (rss_end - rss_warm) / 1024.0;
+    std::printf("soak: daemon VmRSS %.1f MB after warm-up, %.1f MB at the end (+%.1f MB, bound %.0f)\n",
+                rss_warm / 1024.0, rss_end / 1024.0, growth_mb, opt.rss_growth_mb);
+    if (rss_warm < 0 || rss_end < 0) {
+      std::fprintf(stderr, "soak: cannot read VmRSS of pid %ld\n", opt.pid);
+      ++failures;
+    } else if (growth_mb > opt.rss_growth_mb) {
+      std::fprintf(stderr, "soak: daemon RSS grew %.1f MB after warm-up (bound %.0f MB)\n",
+                   growth_mb, opt.rss_growth_mb);
+      ++failures;
+    }
+  }
+  std::printf("soak: %s\n", failures == 0 ? "PASS" : "FAIL");
+  return failures == 0 ? 0 : 1;
+}
+
+}  // namespace
+}  // namespace indexer::soak
+
+int main(int argc, char** argv) {
+  indexer::soak::Options opt;
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    auto next = [&]() -> std::string {
+      if (i + 1 >= argc) {
+        std::fprintf(stderr, "soak: %s needs a value\n", a.c_str());
+        std::exit(2);
+      }
+      return argv[++i];
+    };
+    if (a == "--addr") opt.addr = next();
+    else if (a == "--seconds") opt.seconds = std::stod(next());
+    else if (a == "--threads") opt.threads = std::stoi(next());
+    else if (a == "--pid") opt.pid = std::stol(next());
+    else if (a == "--rss-growth-mb") opt.rss_growth_mb = std::stod(next());
+    else if (a == "--seed") opt.seed = std::stoull(next());
+    else {
+      std::fprintf(stderr,
+                   "usage: soak_driver --addr HOST:PORT --seconds N [--threads 4] [--pid PID] "
+                   "[--rss-growth-mb 64] [--seed 1]\n");
+      return 2;
+    }
+  }
+  return indexer::soak::Main(opt);
+}

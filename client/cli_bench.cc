@@ -196,9 +196,13 @@ absl::Status Bench::ImportWithWriteEntries(int32_t s) {
   for (const LayerSpec& spec : specs_) {
     bytes_per_token += spec.entry_bytes() / spec.compress_ratio + 1;
   }
+  // An import carries at most max_q_len tokens (older daemons do not say:
+  // their default, 65536).
+  const int64_t max_q_len = info_.max_q_len() > 0 ? info_.max_q_len() : 65536;
   const int64_t chunk = std::max<int64_t>(
-      1, std::min<int64_t>(RequestBudget(info_, global_), 32 << 20) /
-             bytes_per_token);
+      1, std::min<int64_t>(std::min<int64_t>(RequestBudget(info_, global_), 32 << 20) /
+                               bytes_per_token,
+                           max_q_len));
   ProgressLine progress;
   while (tokens_[s] < flags_.context) {
     const int64_t n = std::min<int64_t>(chunk, flags_.context - tokens_[s]);
@@ -241,9 +245,10 @@ absl::Status Bench::ImportWithSteps() {
                                    block_q_) +
                      ReplyBytesPerRow(spec));
   }
+  const int64_t max_q_len = info_.max_q_len() > 0 ? info_.max_q_len() : 65536;
   const int64_t chunk = std::clamp<int64_t>(
       RequestBudget(info_, global_) / (per_row * flags_.batch), 1,
-      flags_.context);
+      std::min<int64_t>(flags_.context, max_q_len));
   ProgressLine progress;
   while (tokens_[0] < flags_.context) {
     const int32_t q_len = static_cast<int32_t>(

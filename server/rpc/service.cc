@@ -557,6 +557,9 @@ grpc::ServerUnaryReactor* IndexerService::GetServerInfo(grpc::CallbackServerCont
   resp->set_logits_budget_bytes(m.logits_budget_bytes());
   resp->set_open_steps(engine_->open_steps());
   resp->set_sequences(engine_->num_sequences());
+  resp->set_max_batch(m.config.max_batch());
+  resp->set_max_q_len(m.config.max_q_len());
+  resp->set_max_seq_len(m.config.max_seq_len());
   return Respond(ctx, Encode(absl::OkStatus(), info, resp_bytes));
 }
 

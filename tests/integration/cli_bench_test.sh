@@ -22,6 +22,8 @@ addr=127.0.0.1:$(cat "$dir/port")
   --context 1024 --steps 2 | tee "$dir/host"
 grep -q '^transport: host' "$dir/host"
 grep -q 'all timed layers: rtt p50' "$dir/host"
+# A context beyond one import (max_q_len 65536 tokens): the bench splits it.
+"$cli" --addr "$addr" bench --batch 1 --context 131072 --steps 1
 # The daemon is still serving and holds the sequences the benches created.
 "$cli" --addr "$addr" info | tee "$dir/info"
 kill -0 $pid

@@ -97,7 +97,10 @@ def export(ptr, ordinal):
         _check(lib, lib.cuIpcGetMemHandle(ctypes.byref(handle), base),
                f"cuIpcGetMemHandle(0x{base.value:x}) (VMM memory, e.g. torch's "
                "expandable_segments, cannot be exported)")
-    return Export(handle=bytes(handle.reserved), offset=ptr - base.value,
+    # All 64 bytes: reading the c_char array field would stop at its first
+    # NUL byte.
+    raw_handle = ctypes.string_at(ctypes.addressof(handle), _CU_IPC_HANDLE_SIZE)
+    return Export(handle=raw_handle, offset=ptr - base.value,
                   alloc_bytes=size.value, device_uuid=device_uuid(ordinal))
 
 
@@ -107,7 +110,10 @@ def open_handle(handle, ordinal):
     ctx = _Context(ordinal)
     with ctx:
         h = _IpcHandle()
-        h.reserved = bytes(handle)
+        raw = bytes(handle)
+        if len(raw) != _CU_IPC_HANDLE_SIZE:
+            raise ValueError(f"ipc handle: expected {_CU_IPC_HANDLE_SIZE} bytes, got {len(raw)}")
+        ctypes.memmove(ctypes.addressof(h), raw, _CU_IPC_HANDLE_SIZE)
         ptr = ctypes.c_uint64()
         _check(ctx.lib, ctx.lib.cuIpcOpenMemHandle_v2(ctypes.byref(ptr), h,
                                                       _CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS),

@@ -13,7 +13,8 @@ command -v ccache >/dev/null && launcher=(-DCMAKE_CXX_COMPILER_LAUNCHER=ccache -
 cmake -S . -B build-gpu -G Ninja -DGPU=CUDA -DCUDA_ARCH=90a -DCMAKE_BUILD_TYPE=RelWithDebInfo "${launcher[@]}" >/dev/null
 cmake --build build-gpu -j"$(nproc)"
 rm -rf dev && mkdir -p dev/bin dev/lib
-for b in tests/gpu/gpu_backend_test tests/integration/server_test tests/integration/serving_test \
+for b in tests/gpu/gpu_backend_test tests/gpu/gpu_device_tensors_test tests/gpu/device_regions_test \
+         tests/gpu/ipc_export_helper tests/integration/server_test tests/integration/serving_test \
          tests/integration/regions_test client/indexer-cli server/indexerd \
          tests/bench/indexer_gpu_bench tests/bench/grpc_echo_bench; do
   [[ -f build-gpu/$b ]] || { echo "pack: no $b (skipped)"; continue; }
@@ -25,7 +26,13 @@ ldd dev/bin/* 2>/dev/null | awk '/=> \//{print $3}' | sort -u |
   grep -vE '/(libc|libm|libpthread|libdl|librt|libgcc_s|libstdc\+\+|ld-linux[^/]*)\.so' |
   while read -r lib; do cp -L "$lib" dev/lib/; done
 [[ -d build-gpu/python ]] && cp -rL build-gpu/python dev/python
-# server_test runs indexer-cli from the path it was built with.
-grep -aom1 '/[[:alnum:]_./+-]*/client/indexer-cli' build-gpu/tests/integration/server_test > dev/cli_path.txt || true
+# Tests run helpers from the absolute paths they were built with: run.sh
+# links those paths to dev/bin.
+: > dev/links.txt
+for pair in "tests/integration/server_test client/indexer-cli" \
+            "tests/gpu/device_regions_test tests/gpu/ipc_export_helper"; do
+  set -- $pair
+  grep -aom1 "/[[:alnum:]_./+-]*/$2" "build-gpu/$1" >> dev/links.txt || true
+done
 { git log -1 --format='%H %s'; git status --porcelain | head -20; } > dev/SOURCE.txt
 du -sh dev

@@ -27,30 +27,55 @@ summary() { grep -aE "$2" "$OUT/$1.log" | tail -"${3:-8}"; }
 
 daemon_start() {  # daemon_start LOGNAME ARGS... -> $DPID, $DADDR
   rm -f /tmp/indexerd.port
-  indexerd "$@" --listen 127.0.0.1:0 --port-file /tmp/indexerd.port > "$OUT/$LOG_PREFIX-indexerd.log" 2>&1 &
+  # The daemon's log stays in /tmp (a call returns at most 8 files); its
+  # warnings and errors are appended to the stage's log when it stops.
+  DLOG=/tmp/$LOG_PREFIX-indexerd.log
+  indexerd "$@" --listen 127.0.0.1:0 --port-file /tmp/indexerd.port > "$DLOG" 2>&1 &
   DPID=$!
   for _ in $(seq 240); do [[ -s /tmp/indexerd.port ]] && break; sleep 0.25; done
   DADDR=127.0.0.1:$(cat /tmp/indexerd.port 2>/dev/null)
 }
-daemon_stop() { kill -TERM "$DPID" 2>/dev/null; wait "$DPID" 2>/dev/null; }
+daemon_stop() {
+  kill -TERM "$DPID" 2>/dev/null; wait "$DPID" 2>/dev/null
+  grep -aE "warning|error|critical" "$DLOG" | tail -5
+}
 
 stage_env() {
   { cat "$DEV/SOURCE.txt"; nvidia-smi --query-gpu=name,driver_version,clocks.max.sm,clocks.max.mem --format=csv;
     python3 -c 'import torch, grpc, google.protobuf as p; print("torch", torch.__version__, "gpus", torch.cuda.device_count(), "grpcio", grpc.__version__, "protobuf", p.__version__)'; } 2>&1
 }
-stage_gpu_tests() { timeout 240 gpu_backend_test 2>&1; echo "rc $?"; }
+link_helpers() {  # the absolute paths tests were built with -> dev/bin
+  while read -r p; do
+    [[ -n $p && ! -e $p ]] && mkdir -p "$(dirname "$p")" && ln -s "$DEV/bin/$(basename "$p")" "$p"
+  done < "$DEV/links.txt"
+}
+stage_gpu_tests() {
+  link_helpers
+  for t in gpu_backend_test gpu_device_tensors_test device_regions_test; do
+    command -v $t >/dev/null || { echo "$t: not packed"; continue; }
+    timeout 240 $t 2>&1; echo "$t rc $?"
+  done
+}
 stage_integration() {
-  local cli; cli=$(cat "$DEV/cli_path.txt" 2>/dev/null)
-  [[ -n $cli && ! -e $cli ]] && mkdir -p "$(dirname "$cli")" && ln -s "$DEV/bin/indexer-cli" "$cli"
+  link_helpers
   for t in server_test serving_test regions_test; do
     command -v $t >/dev/null || { echo "$t: not packed"; continue; }
     INDEXER_TEST_DEVICE=gpu:0 timeout 200 $t 2>&1; echo "$t rc $?"
   done
 }
 stage_memcheck() {
-  timeout 300 compute-sanitizer --tool memcheck --leak-check no gpu_backend_test 2>&1 | tail -30; echo "rc $?"
-  command -v regions_test >/dev/null &&
-    { INDEXER_TEST_DEVICE=gpu:0 timeout 200 compute-sanitizer --tool memcheck --leak-check no regions_test 2>&1 | tail -30; echo "regions rc $?"; }
+  # The layer path (RunLayer, device tensors, regions) and a slice of the
+  # kernel suite; MEMCHECK_FILTER widens it.
+  link_helpers
+  local ms="compute-sanitizer --tool memcheck --leak-check no"
+  for t in gpu_device_tensors_test device_regions_test; do
+    timeout 150 $ms $t 2>&1 | tail -6; echo "$t rc $?"
+  done
+  for t in regions_test serving_test; do
+    INDEXER_TEST_DEVICE=gpu:0 timeout 200 $ms $t 2>&1 | tail -6; echo "$t (gpu:0) rc $?"
+  done
+  timeout 200 $ms gpu_backend_test --gtest_filter="${MEMCHECK_FILTER:-*E64_B23*:*Candidate*:*Block*}" 2>&1 | tail -6
+  echo "gpu_backend_test rc $?"
 }
 stage_bench() {
   local s="fp8 B=1 next_n=1 n=128k,fp8 B=64 next_n=1 n=32k,fp8 B=64 next_n=2 n=32k,fp8 B=128 next_n=1 n=128k,mxfp4 B=64 next_n=1 n=32k"
@@ -62,8 +87,8 @@ stage_service() {
     set -- $shape
     for tr in inline host device; do
       echo "== B=$1 context=$2 transport=$tr (committed steps)"
-      timeout 150 indexer-cli --addr "$DADDR" bench --batch "$1" --context "$2" --warmup 5 \
-        --steps "$STEPS" --transport "$tr" 2>&1 | tr '\r' '\n' | grep -vE '^  (import|step|prefill)[: ]|^ *$' | tail -8
+      timeout 90 indexer-cli --addr "$DADDR" bench --batch "$1" --context "$2" --warmup 5 \
+        --steps "$STEPS" --transport "$tr" 2>&1 | tr '\r' '\n' | grep -vE '^  (import|step|prefill)[: ]|^ *$' | tail -14
     done
   done
   daemon_stop
@@ -85,6 +110,7 @@ stage_committed() {
 }
 stage_python() {
   [[ -d $DEV/python ]] || { echo "python package not packed"; return; }
+  (cd "$ROOT/client/python/tests" && PYTHONPATH=$DEV/python timeout 120 python3 -m unittest -v test_cuda_ipc 2>&1 | tail -5)
   LOG_PREFIX=python-gpu daemon_start --profile demo --device gpu:0; local gpu=$DADDR gpid=$DPID
   LOG_PREFIX=python-cpu daemon_start --profile demo --device cpu; local cpu=$DADDR
   PYTHONPATH=$DEV/python:$ROOT/client/python timeout 200 python3 "$ROOT/client/python/examples/torch_frontend.py" \

@@ -19,13 +19,14 @@ _CHILD = r"""
 import ctypes, sys
 from indexer_client import cuda_ipc
 handle, offset, n, ordinal = bytes.fromhex(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
-base = cuda_ipc.open_handle(handle, ordinal)
 lib = cuda_ipc._cuda()
 buf = (ctypes.c_ubyte * n)()
-ctx = cuda_ipc._Context(ordinal)
-with ctx:
+# One retained primary context around open, copy and close: released in
+# between, it (and the mapping in it) would be destroyed.
+with cuda_ipc._Context(ordinal):
+    base = cuda_ipc.open_handle(handle, ordinal)
     cuda_ipc._check(lib, lib.cuMemcpyDtoH_v2(buf, ctypes.c_uint64(base + offset), ctypes.c_size_t(n)), "cuMemcpyDtoH")
-cuda_ipc.close_handle(base, ordinal)
+    cuda_ipc.close_handle(base, ordinal)
 sys.stdout.write(bytes(buf).hex())
 """
 

@@ -178,5 +178,142 @@ TEST_F(WriteEntriesErrors, NanInFp32K) {
   EXPECT_TRUE(d_.engine().CheckInvariants().ok()) << d_.engine().CheckInvariants();
 }
 
+// --------------------------------------------------- BF16 and FP8 Q, BF16 K --
+
+// bf16 of x, round to nearest even (x finite), as its bits; written here
+// rather than taken from the daemon so a slip there shows.
+uint16_t Bf16Bits(float x) {
+  uint32_t u;
+  memcpy(&u, &x, 4);
+  return static_cast<uint16_t>((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
+}
+float Bf16Value(uint16_t h) {
+  const uint32_t u = static_cast<uint32_t>(h) << 16;
+  float f;
+  memcpy(&f, &u, 4);
+  return f;
+}
+v1::Tensor Bf16Tensor(const std::vector<float>& values, std::vector<int64_t> shape) {
+  std::vector<uint16_t> h(values.size());
+  for (size_t i = 0; i < values.size(); ++i) h[i] = Bf16Bits(values[i]);
+  return client::MakeTensor(v1::BF16, shape, h.data(), h.size() * 2);
+}
+
+// Recomputes the quantized forms of `d` from its (changed) float forms, as
+// Shadow::Make does: K entries, Q codes and the folded weights.
+void Requantize(const TestLayer& t, LayerData& d) {
+  const PageLayout& L = t.layout;
+  const int D = L.head_dim, H = t.num_heads, vb = L.value_bytes(), eb = L.entry_bytes();
+  for (int64_t e = 0; e < d.n_new; ++e) {
+    uint8_t* out = d.k_quant.data() + e * eb;
+    if (L.format == KvFormat::kFp8) {
+      const float s = QuantizeFp8Entry(&d.k_float[e * D], D, t.ue8m0, out);
+      memcpy(out + vb, &s, 4);
+    } else {
+      QuantizeMxfp4(&d.k_float[e * D], D, out, out + vb);
+    }
+  }
+  d.w_folded = d.weights;
+  for (int64_t rh = 0; rh < d.rows * H; ++rh) {
+    if (L.format == KvFormat::kFp8) {
+      d.w_folded[rh] *= QuantizeFp8Q(&d.q_float[rh * D], D, &d.q_codes[rh * vb]);
+    } else {
+      QuantizeMxfp4(&d.q_float[rh * D], D, &d.q_codes[rh * vb], &d.q_scales[rh * (D / 32)]);
+    }
+  }
+}
+
+enum class QForm { kBf16QK, kFp8Q, kFp8QNoScale };
+
+// The request of layer `t` in `form`; first rewrites `d`'s float values to
+// what the daemon will see (bf16-rounded, or the e4m3 values of block Q), so
+// that the shadow checks against exactly those.
+v1::LayerRequest FormRequest(const TestLayer& t, LayerData& d, QForm form) {
+  const int64_t D = t.layout.head_dim, H = t.num_heads;
+  v1::LayerRequest r;
+  r.set_layer(static_cast<uint32_t>(t.layer));
+  if (form == QForm::kBf16QK) {
+    for (float& x : d.k_float) x = Bf16Value(Bf16Bits(x));
+    for (float& x : d.q_float) x = Bf16Value(Bf16Bits(x));
+    Requantize(t, d);
+    *r.mutable_k() = Bf16Tensor(d.k_float, {d.n_new, D});
+    *r.mutable_q() = Bf16Tensor(d.q_float, {d.rows, H, D});
+    if (t.role != Role::kBlock) *r.mutable_weights() = client::MakeFp32Tensor(d.weights, {d.rows, H});
+    return r;
+  }
+  *r.mutable_k() = client::MakeFp32Tensor(d.k_float, {d.n_new, D});
+  if (t.role == Role::kBlock) {
+    // FP8_E4M3 block Q: with a power-of-two scale per (row, head), or the
+    // codes of the values themselves (N(0, 1) fits e4m3's range).
+    std::vector<uint8_t> codes(d.q_float.size());
+    std::vector<float> scales(static_cast<size_t>(d.rows * H), 1.0f);
+    for (int64_t rh = 0; rh < d.rows * H; ++rh) {
+      float* q = &d.q_float[rh * D];
+      uint8_t* c = &codes[rh * D];
+      if (form == QForm::kFp8Q) {
+        scales[rh] = QuantizeFp8Q(q, static_cast<int>(D), c);
+      } else {
+        for (int64_t i = 0; i < D; ++i) c[i] = EncodeE4m3(q[i]);
+      }
+      for (int64_t i = 0; i < D; ++i) q[i] = DecodeE4m3(c[i]) * scales[rh];
+    }
+    *r.mutable_q() = client::MakeByteTensor(v1::FP8_E4M3, codes, {d.rows, H, D});
+    if (form == QForm::kFp8Q) *r.mutable_q_scale() = client::MakeFp32Tensor(scales, {d.rows, H});
+    return r;
+  }
+  if (t.layout.format == KvFormat::kFp8) {
+    // The dense FP8 form: codes with the scale folded into the weights.
+    *r.mutable_q() = client::MakeByteTensor(v1::FP8_E4M3, d.q_codes, {d.rows, H, D});
+    *r.mutable_weights() = client::MakeFp32Tensor(d.w_folded, {d.rows, H});
+  } else {
+    // An MXFP4 layer takes no FP8 Q: FP32, which the daemon quantizes.
+    *r.mutable_q() = client::MakeFp32Tensor(d.q_float, {d.rows, H, D});
+    *r.mutable_weights() = client::MakeFp32Tensor(d.weights, {d.rows, H});
+  }
+  return r;
+}
+
+// WireStep with FormRequest: every layer checked, then commit.
+void FormStep(Daemon& d, Shadow& shadow, const std::vector<SeqStep>& seqs, QForm form) {
+  auto step = d.client().OpenStep(Header(seqs, shadow));
+  ASSERT_TRUE(step.ok()) << step.status();
+  std::vector<LayerData> data = shadow.Make(seqs);
+  for (size_t li = 0; li < d.layers().size(); ++li) {
+    const TestLayer& t = d.layers()[li];
+    auto reply = (*step)->RunLayer(FormRequest(t, data[li], form));
+    ASSERT_TRUE(reply.ok()) << "layer " << t.layer << ": " << reply.status();
+    std::vector<int64_t> shape = {data[li].rows, t.topk};
+    if (t.role == Role::kBlock) shape = {t.num_heads, data[li].rows, t.topk};
+    auto topk = client::ReadInt32Tensor(reply->topk(), shape, "topk");
+    ASSERT_TRUE(topk.ok()) << topk.status();
+    shadow.Check(li, seqs, data[li], topk->data());
+  }
+  auto committed = (*step)->Commit();
+  ASSERT_TRUE(committed.ok()) << committed.status();
+  shadow.Commit(seqs, data);
+  ASSERT_TRUE(d.engine().CheckInvariants().ok()) << d.engine().CheckInvariants();
+}
+
+// Dense FP8 (r = 4, a candidate set), tiled MXFP4 and block layers; prefill,
+// decode and a mixed step in each form.
+TEST(WireFormsTest, Bf16AndFp8QueriesAndBf16Keys) {
+  Daemon d(MakeConfig({{.format = "fp8", .page_entries = 16, .compress_ratio = 4, .num_layers = 2,
+                        .pages = 128, .cand_block = 2, .cand_topk_blocks = 5},
+                       {.format = "mxfp4", .page_entries = 16, .tiled = true, .num_layers = 1,
+                        .pages = 128},
+                       {.format = "mxfp4", .page_entries = 32, .num_layers = 1, .heads = 4,
+                        .pages = 128, .block_topk = 4, .init_blocks = 1, .local_blocks = 1}}));
+  Shadow shadow(d.layers(), 77);
+  for (QForm form : {QForm::kBf16QK, QForm::kFp8Q, QForm::kFp8QNoScale}) {
+    SCOPED_TRACE(static_cast<int>(form));
+    const std::string p = "p" + std::to_string(static_cast<int>(form));
+    FormStep(d, shadow, {{p, 200}, {"q" + p, 3}}, form);
+    FormStep(d, shadow, {{p, 1}, {"q" + p, 1}}, form);
+    FormStep(d, shadow, {{"q" + p, 40}, {p, 1}}, form);
+  }
+  EXPECT_GT(shadow.consumer_rows(), 0);
+  EXPECT_LE(shadow.ambiguous_rows() * 50, shadow.consumer_rows());
+}
+
 }  // namespace
 }  // namespace indexer::testing

@@ -1,18 +1,25 @@
-// Steps forced to overlap: two clients' steps both open with their layers
-// interleaved. Ordering is made by events (a barrier, turns), never by
-// sleeps.
+// Steps forced to overlap, and shutdown while work is in flight. Ordering is
+// made by events (a barrier, turns, a gate inside the backend), never by
+// sleeps: two clients' steps both open with their layers interleaved; and
+// RunningServer::Shutdown while a step's layer (or an import) is inside the
+// backend.
 #include <atomic>
 #include <barrier>
 #include <chrono>
 #include <condition_variable>
+#include <cstdio>
+#include <cstdlib>
 #include <memory>
 #include <mutex>
 #include <string>
 #include <thread>
 #include <vector>
 
+#include "grpcpp/generic/generic_stub.h"
 #include "gtest/gtest.h"
 #include "indexer/client.h"
+#include "kernels/cpu/cpu_backend.h"
+#include "server/rpc/server.h"
 #include "tests/integration/test_config.h"
 #include "tests/integration/wire_harness.h"
 
@@ -158,6 +165,267 @@ TEST(OverlapTest, TwoClientsStepsOpenAtOnceInterleaveAndCommit) {
   // Both caches hold what each client committed: the next steps check it.
   WireStep(d, shadows[0], {{"x", 1}, {"x2", 1}}, Form::kFloat, clients[0]);
   WireStep(d, shadows[1], {{"y", 1}, {"y2", 1}}, Form::kNative, clients[1]);
+}
+
+// -------------------------------------------------- shutdown with work in --
+
+// A one-shot gate in front of the cpu backend: the first layer (RunLayer) or
+// entry write (WriteEntries, the import path) after Arm() blocks until
+// Open(), telling the test it is inside.
+class GatedBackend : public Backend {
+ public:
+  enum class Where { kNone, kLayer, kWrite };
+  GatedBackend() : inner_(std::make_unique<CpuBackend>(2)) {}
+
+  void Arm(Where w) {
+    std::lock_guard<std::mutex> lock(mu_);
+    armed_ = w;
+  }
+  bool WaitEntered() {
+    std::unique_lock<std::mutex> lock(mu_);
+    return cv_.wait_until(lock, Clock::now() + kDeadline, [&] { return entered_; });
+  }
+  void Open() {
+    std::lock_guard<std::mutex> lock(mu_);
+    open_ = true;
+    cv_.notify_all();
+  }
+
+  std::string Describe() const override { return "gated " + inner_->Describe(); }
+  std::string Kind() const override { return inner_->Kind(); }
+  absl::StatusOr<int64_t> FreeDeviceMemory() const override { return inner_->FreeDeviceMemory(); }
+  Paths SupportedPaths() const override { return inner_->SupportedPaths(); }
+  absl::StatusOr<PoolHandle> AllocatePool(const PageLayout& layout, int64_t pages) override {
+    return inner_->AllocatePool(layout, pages);
+  }
+  absl::StatusOr<std::unique_ptr<StepContext>> PrepareStep(const PageLayout& layout,
+                                                           StepRows rows) override {
+    return inner_->PrepareStep(layout, std::move(rows));
+  }
+  absl::StatusOr<double> WriteEntries(const PageLayout& layout, PoolHandle pool,
+                                      const StepRows& rows, StepContext* ctx,
+                                      const KInput& k) override {
+    Pass(Where::kWrite);
+    return inner_->WriteEntries(layout, pool, rows, ctx, k);
+  }
+  absl::StatusOr<LayerTimings> DenseTopk(const PageLayout& layout, PoolHandle pool,
+                                         const StepRows& rows, StepContext* ctx, const QInput& q,
+                                         int32_t topk, int32_t* out) override {
+    return inner_->DenseTopk(layout, pool, rows, ctx, q, topk, out);
+  }
+  absl::StatusOr<LayerTimings> RunLayer(PoolHandle pool, StepContext* ctx,
+                                        const LayerWork& work) override {
+    Pass(Where::kLayer);
+    return inner_->RunLayer(pool, ctx, work);
+  }
+  absl::Status ReadEntries(const PageLayout& layout, PoolHandle pool, int32_t page,
+                           int32_t first, int32_t count, uint8_t* out) override {
+    return inner_->ReadEntries(layout, pool, page, first, count, out);
+  }
+
+ private:
+  void Pass(Where here) {
+    std::unique_lock<std::mutex> lock(mu_);
+    if (armed_ != here) return;
+    armed_ = Where::kNone;
+    entered_ = true;
+    cv_.notify_all();
+    cv_.wait(lock, [&] { return open_; });
+  }
+
+  std::unique_ptr<Backend> inner_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  Where armed_ = Where::kNone;
+  bool entered_ = false;
+  bool open_ = false;
+};
+
+// The daemon of wire_harness.h's Daemon over a GatedBackend.
+struct GatedDaemon {
+  explicit GatedDaemon(const config::ServerConfig& cfg) {
+    auto model = BuildModel(cfg);
+    EXPECT_TRUE(model.ok()) << model.status();
+    layers = TestLayers(*model);
+    auto b = std::make_unique<GatedBackend>();
+    gate = b.get();
+    auto engine = Engine::Create(*std::move(model), std::move(b));
+    EXPECT_TRUE(engine.ok()) << engine.status();
+    auto s = StartServer(*std::move(engine), "127.0.0.1:0");
+    EXPECT_TRUE(s.ok()) << s.status();
+    server = *std::move(s);
+    auto c = IndexerClient::Connect("127.0.0.1:" + std::to_string(server->port()));
+    EXPECT_TRUE(c.ok()) << c.status();
+    client = *std::move(c);
+  }
+  Engine& engine() { return server->engine(); }
+
+  std::vector<TestLayer> layers;
+  GatedBackend* gate = nullptr;
+  std::unique_ptr<RunningServer> server;
+  std::unique_ptr<IndexerClient> client;
+};
+
+// True once the daemon refuses new calls, i.e. RunningServer::Shutdown has
+// reached the gRPC server's Shutdown: a health check on a fresh channel.
+bool Refusing(int port) {
+  grpc::GenericStub stub(grpc::CreateChannel("127.0.0.1:" + std::to_string(port),
+                                             grpc::InsecureChannelCredentials()));
+  grpc::ClientContext ctx;
+  ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(2));
+  grpc::Slice empty("");
+  grpc::ByteBuffer request(&empty, 1), response;
+  std::mutex mu;
+  std::condition_variable cv;
+  bool done = false;
+  grpc::Status status;
+  stub.UnaryCall(&ctx, "/grpc.health.v1.Health/Check", grpc::StubOptions(), &request, &response,
+                 [&](grpc::Status s) {
+                   std::lock_guard<std::mutex> lock(mu);
+                   status = s;
+                   done = true;
+                   cv.notify_one();
+                 });
+  std::unique_lock<std::mutex> lock(mu);
+  cv.wait(lock, [&] { return done; });
+  return !status.ok();
+}
+
+// Runs RunningServer::Shutdown(grace_ms) on its own thread once the gate is
+// entered, opens the gate when the daemon refuses new calls (so the work is
+// in the backend across the shutdown), and waits for Shutdown to return.
+void ShutdownWhileGated(GatedDaemon& d, int grace_ms) {
+  ASSERT_TRUE(d.gate->WaitEntered()) << "the work never reached the backend";
+  const int port = d.server->port();
+  std::mutex mu;
+  std::condition_variable cv;
+  bool returned = false;
+  std::thread shutdown([&] {
+    d.server->Shutdown(grace_ms);
+    std::lock_guard<std::mutex> lock(mu);
+    returned = true;
+    cv.notify_all();
+  });
+  const bool refusing = PollUntil([&] { return Refusing(port); });
+  d.gate->Open();
+  std::unique_lock<std::mutex> lock(mu);
+  if (!cv.wait_until(lock, Clock::now() + kDeadline, [&] { return returned; })) {
+    std::fprintf(stderr, "RunningServer::Shutdown did not return\n");
+    std::abort();  // the thread cannot be joined
+  }
+  lock.unlock();
+  shutdown.join();
+  EXPECT_TRUE(refusing) << "the daemon kept accepting calls during Shutdown";
+}
+
+// A step whose second layer is inside the backend when Shutdown runs: the
+// step is rolled back (its new sequence gone, the old one at its committed
+// length, every page it took free again) and Shutdown returns. With grace 0
+// the stream is cancelled while the layer is still running; with 50 ms the
+// layer ends inside the grace period and the open step is cancelled after.
+void LayerInFlightRollsBack(int grace_ms) {
+  GatedDaemon d(MakeConfig({{.format = "fp8", .num_layers = 2, .pages = 64},
+                            {.format = "mxfp4", .compress_ratio = 4, .num_layers = 1,
+                             .pages = 64}}));
+  Shadow shadow(d.layers, 23);
+  // Committed history: one plain step.
+  {
+    const std::vector<SeqStep> seqs = {{"s", 40}};
+    auto step = d.client->OpenStep(Header(seqs, shadow));
+    ASSERT_TRUE(step.ok()) << step.status();
+    std::vector<LayerData> data = shadow.Make(seqs);
+    for (size_t li = 0; li < d.layers.size(); ++li) {
+      ASSERT_TRUE((*step)->RunLayer(Request(d.layers[li], data[li], Form::kFloat)).ok());
+    }
+    ASSERT_TRUE((*step)->Commit().ok());
+    shadow.Commit(seqs, data);
+  }
+  const std::vector<GroupUsage> before = d.engine().Usage();
+
+  const std::vector<SeqStep> seqs = {{"s", 1}, {"t", 70}};
+  auto step = d.client->OpenStep(Header(seqs, shadow));
+  ASSERT_TRUE(step.ok()) << step.status();
+  std::vector<LayerData> data = shadow.Make(seqs);
+  ASSERT_TRUE((*step)->RunLayer(Request(d.layers[0], data[0], Form::kFloat)).ok());
+  d.gate->Arm(GatedBackend::Where::kLayer);
+  std::mutex mu;
+  std::condition_variable cv;
+  bool shut = false;
+  absl::Status layer1, after;
+  std::thread sender([&] {
+    layer1 = (*step)->RunLayer(Request(d.layers[1], data[1], Form::kFloat)).status();
+    // Nothing more until Shutdown returned, so that no commit slips into
+    // the grace period.
+    std::unique_lock<std::mutex> lock(mu);
+    cv.wait(lock, [&] { return shut; });
+    after = (*step)->Commit().status();
+  });
+  ShutdownWhileGated(d, grace_ms);
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    shut = true;
+    cv.notify_all();
+  }
+  sender.join();
+  EXPECT_FALSE(after.ok()) << "a commit after Shutdown succeeded";
+  EXPECT_EQ(d.engine().open_steps(), 0);
+  EXPECT_EQ(*d.engine().SequenceLength(SeqName::Named("s")), 40);
+  EXPECT_FALSE(d.engine().SequenceLength(SeqName::Named("t")).ok());
+  const std::vector<GroupUsage> now = d.engine().Usage();
+  for (size_t g = 0; g < now.size(); ++g) EXPECT_EQ(now[g].free_pages, before[g].free_pages);
+  EXPECT_TRUE(d.engine().CheckInvariants().ok()) << d.engine().CheckInvariants();
+  std::printf("[  layer  ] in flight across Shutdown(%d): %s\n", grace_ms,
+              layer1.ToString().c_str());
+}
+
+TEST(ShutdownTest, LayerInFlightNoGrace) { LayerInFlightRollsBack(0); }
+TEST(ShutdownTest, LayerInFlightWithGrace) { LayerInFlightRollsBack(50); }
+
+// An import whose entries are being written when Shutdown runs: it either
+// completes whole (and the client, if answered OK, finds it) or leaves
+// nothing; no page leaks, no open step remains, Shutdown returns.
+TEST(ShutdownTest, ImportInFlightIsAllOrNothing) {
+  GatedDaemon d(MakeConfig({{.format = "fp8", .num_layers = 2, .pages = 64},
+                            {.format = "mxfp4", .compress_ratio = 4, .num_layers = 1,
+                             .pages = 64}}));
+  Shadow shadow(d.layers, 29);
+  const std::vector<GroupUsage> before = d.engine().Usage();
+  const std::vector<SeqStep> seqs = {{"imp", 90}};
+  std::vector<LayerData> data = shadow.MakeEntries(seqs);
+  v1::WriteEntriesRequest w;
+  *w.mutable_id() = client::NamedSequenceId("imp");
+  w.set_create(true);
+  w.set_num_tokens(90);
+  for (size_t li = 0; li < d.layers.size(); ++li) {
+    const TestLayer& t = d.layers[li];
+    v1::LayerEntries* le = w.add_layers();
+    le->set_layer(static_cast<uint32_t>(t.layer));
+    *le->mutable_k() = client::MakeByteTensor(v1::UINT8, data[li].k_quant,
+                                              {data[li].n_new, t.layout.entry_bytes()});
+  }
+  d.gate->Arm(GatedBackend::Where::kWrite);
+  absl::StatusOr<uint64_t> len = absl::UnknownError("not sent");
+  std::thread sender([&] { len = d.client->WriteEntries(w); });
+  ShutdownWhileGated(d, /*grace_ms=*/50);
+  sender.join();
+  EXPECT_EQ(d.engine().open_steps(), 0);
+  EXPECT_TRUE(d.engine().CheckInvariants().ok()) << d.engine().CheckInvariants();
+  auto held = d.engine().SequenceLength(SeqName::Named("imp"));
+  if (len.ok()) {
+    EXPECT_EQ(*len, 90u);
+    ASSERT_TRUE(held.ok()) << "answered OK but the sequence is gone";
+  }
+  const std::vector<GroupUsage> now = d.engine().Usage();
+  if (held.ok()) {
+    EXPECT_EQ(*held, 90);
+    // 90 entries in 16-entry pages (6), 23 MXFP4 entries at r = 4 (2).
+    EXPECT_EQ(now[0].free_pages, before[0].free_pages - 6);
+    EXPECT_EQ(now[1].free_pages, before[1].free_pages - 2);
+  } else {
+    for (size_t g = 0; g < now.size(); ++g) EXPECT_EQ(now[g].free_pages, before[g].free_pages);
+  }
+  std::printf("[  import ] across Shutdown: %s, sequence %s\n", len.status().ToString().c_str(),
+              held.ok() ? "kept" : "absent");
 }
 
 }  // namespace

@@ -30,13 +30,15 @@ using Clock = std::chrono::steady_clock;
 constexpr auto kDeadline = std::chrono::seconds(30);
 
 // Polls `done` until it holds or kDeadline passes (conditions owned by the
-// daemon, which has no event to wait on).
+// daemon, which offers no event to wait on).
 template <typename F>
 bool PollUntil(F done) {
   const auto end = Clock::now() + kDeadline;
   while (!done()) {
     if (Clock::now() > end) return false;
-    std::this_thread::yield();
+    // A short pause between looks, not a timing assumption: the CI machine
+    // has two cores the daemon needs too.
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
   }
   return true;
 }

@@ -97,6 +97,40 @@ TEST(E4m3Test, DecodeRoundTripsEveryCode) {
   EXPECT_TRUE(std::signbit(DecodeE4m3(0x80)));
 }
 
+// The value of every e4m3fn code from its bit layout (SPEC §3: sign, 4
+// exponent bits with bias 7, 3 mantissa bits; exponent 0 is subnormal,
+// 0x7f / 0xff NaN, no infinities), computed as an exact integer mantissa
+// times a power of two: a different route from DecodeE4m3's, so a slip in
+// either shows up as a mismatch. A wrong decode would skew every FP8 logit
+// while the encode round trip above still held if encode shared the slip.
+TEST(E4m3Test, DecodeMatchesIndependentTableOnEveryCode) {
+  int checked = 0;
+  for (int c = 0; c < 256; ++c) {
+    const uint8_t code = static_cast<uint8_t>(c);
+    const int sign = c >> 7, exp = (c >> 3) & 0xf, man = c & 0x7;
+    const float got = DecodeE4m3(code);
+    if (exp == 0xf && man == 0x7) {
+      EXPECT_TRUE(std::isnan(got)) << "code 0x" << std::hex << c;
+      continue;
+    }
+    // Normal: (8 + m) * 2^(e - 7 - 3); subnormal: m * 2^(1 - 7 - 3).
+    const int mantissa = exp == 0 ? man : 8 + man;
+    const int power = (exp == 0 ? 1 : exp) - 10;
+    double want = std::ldexp(static_cast<double>(mantissa), power);
+    if (sign) want = -want;
+    EXPECT_EQ(static_cast<double>(got), want) << "code 0x" << std::hex << c;
+    EXPECT_EQ(std::signbit(got), sign == 1) << "code 0x" << std::hex << c;
+    ++checked;
+  }
+  EXPECT_EQ(checked, 254);
+  // Landmarks written out by hand, so the table's formula is checked too.
+  EXPECT_EQ(DecodeE4m3(0x7e), 448.0f);
+  EXPECT_EQ(DecodeE4m3(0x08), 0.015625f);   // smallest normal, 2^-6
+  EXPECT_EQ(DecodeE4m3(0x07), 0.013671875f);  // largest subnormal, 7 * 2^-9
+  EXPECT_EQ(DecodeE4m3(0x38), 1.0f);
+  EXPECT_EQ(DecodeE4m3(0xc4), -3.0f);
+}
+
 TEST(E2m1Test, Vectors) {
   const auto lines = ReadVectors("e2m1.txt");
   ASSERT_GT(lines.size(), 50u);

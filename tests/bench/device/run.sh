@@ -13,6 +13,7 @@
 #   committed   indexer-cli bench, committed steps, B=64 and B=128 x 32k
 #   python      the torch front-end example through device regions, checked
 #               against the cpu backend
+#   layers61    a 61-layer DeepSeek-V3.2 step through device regions, B=64 x 32k
 set -uo pipefail
 cd "$(dirname "$0")/../../.."
 ROOT=$PWD
@@ -108,6 +109,19 @@ stage_committed() {
   kill -0 "$DPID" && echo "daemon alive after committed steps"
   daemon_stop
 }
+stage_layers61() {
+  # A DeepSeek-V3.2 decode step: 61 dense layers in sequence, device
+  # regions, B=64 x 32k (17 GB of K).
+  LOG_PREFIX=layers61 daemon_start --profile deepseek-v3.2-fp8 --config-dir "$ROOT/deploy/configs" \
+    --device gpu:0 --cache-mb 18000
+  timeout 300 indexer-cli --addr "$DADDR" bench --batch 64 --context 32768 --warmup 3 --steps "${STEPS61:-50}" \
+    --transport device 2>&1 | tr '\r' '\n' | grep -vE '^  (import|step|prefill)[: ]|^ *$' > /tmp/layers61.txt
+  echo "rc ${PIPESTATUS[0]}"
+  tail -4 /tmp/layers61.txt
+  # Per-layer table: columns 9 and 10 are the logits and top-k p50.
+  awk '$2 == "dense" { k += $9 + $10; n++ } END { printf "kernels: %d layers, sum of logits + top-k p50 %.1f us\n", n, k }' /tmp/layers61.txt
+  daemon_stop
+}
 stage_python() {
   [[ -d $DEV/python ]] || { echo "python package not packed"; return; }
   (cd "$ROOT/client/python/tests" && PYTHONPATH=$DEV/python timeout 120 python3 -m unittest -v test_cuda_ipc 2>&1 | tail -5)
@@ -119,7 +133,7 @@ stage_python() {
 }
 
 stages=("$@")
-((${#stages[@]})) || stages=(env gpu-tests integration memcheck bench service committed python)
+((${#stages[@]})) || stages=(env gpu-tests integration memcheck bench service committed python layers61)
 for s in "${stages[@]}"; do
   t0=$(date +%s)
   "stage_${s//-/_}" > "$OUT/$s.log" 2>&1

@@ -6,7 +6,9 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <functional>
 #include <memory>
 #include <random>
@@ -217,78 +219,342 @@ QData MakeQ(std::mt19937& rng, const PageLayout& layout, int32_t rows, int32_t h
   return q;
 }
 
-// Reference logits of row r in double, with a per-entry bound on the fp32
-// summation error (|terms| summed, times 2^-10: covers fp32 and the tensor
-// cores' fp8 accumulation).
-void RefLogits(const Pair& p, const PageLayout& layout, const StepRows& rows,
-               const QData& q, int32_t r, std::vector<double>* logit,
-               std::vector<double>* tol) {
-  const int32_t n = rows.row_visible[r], s = rows.row_seq[r], dim = layout.head_dim;
-  const int32_t h_count = q.input.num_heads, eb = layout.entry_bytes(), vb = layout.value_bytes();
-  logit->assign(n, 0.0);
-  tol->assign(n, 0.0);
-  std::vector<double> qd(static_cast<size_t>(h_count) * dim);
-  for (int32_t h = 0; h < h_count; ++h) {
-    const int64_t qh = static_cast<int64_t>(r) * h_count + h;
+// ---- per-path tolerances -----------------------------------------------------
+// A GPU logit may differ from the float64 reference by its arithmetic's
+// rounding; the bound for entry e of row r, over heads h and dims d, is
+//   tol[e] = kscale[e] * (dot_rel * sum_h |w_h| * S_h + sum_rel * sum_h |w_h| * relu(dot_h))
+// with S_h = sum_d |q_hd * k_d| (the magnitude the dot product's error
+// scales with) and dot_h = q_h . k. Every product q_hd * k_d is exact in
+// fp32 (e4m3 x e4m3: 4-bit significands; MXFP4: e2m1 widened exactly, powers
+// of two as block scales), so only the sums round:
+//   - the dot product, D = 128 terms: dot_rel;
+//   - w_h * relu(dot_h) (one rounding), the H-term head sum and the product
+//     with kscale, always fp32 on CUDA cores: (H + 2) * 2^-24 <= 66 * 2^-24,
+//     taken as sum_rel = 2^-17 (H = 64; any H <= 128 fits under 2^-16).
+struct PathTolerance {
+  double dot_rel;
+  double sum_rel;
+};
+
+// fp32 on CUDA cores (portable; the cpu backend; MXFP4 mma.sync, whose
+// per-block partials are exact in the tensor core and whose four blocks are
+// summed in fp32 registers): any order of D = 128 fp32 additions errs by at
+// most gamma_128 = 128 * 2^-24 = 2^-17 of S_h; doubled for slack.
+constexpr PathTolerance kFp32Tolerance{std::ldexp(1.0, -16), std::ldexp(1.0, -16)};
+
+// The tensor-core accumulator (FP8 mma.sync and wgmma; MXFP4 wgmma's fast
+// route, which sums its four exact block partials in the accumulator): on
+// sm_89/sm_90 FP8 MMA adds its products into the fp32 accumulator with about
+// 14 significant bits (operands aligned to the largest exponent, the rest
+// truncated; cf. DeepSeek-V3 §3.3.2), i.e. up to 2^-13 of the largest addend
+// per aligned addend. With D = 128 in four k32 steps the realistic error of
+// one dot is a few units of 2^-13 of the step's largest magnitude, which is
+// at most S_h; the head sum then mixes these errors with weights of random
+// sign. dot_rel = 2^-12 keeps that with room while staying 4x under the
+// old shared 2^-10, so that one head's w_h * relu(dot_h) is seen (see
+// GpuToleranceTest): the shared bound was about the size of a typical
+// head's contribution for the 64-head Q of these tests.
+constexpr PathTolerance kTensorCoreTolerance{std::ldexp(1.0, -12), std::ldexp(1.0, -16)};
+
+// The shared bound every path used before (2^-10 of sum_h |w_h| * S_h): kept
+// only to show in GpuToleranceTest what it let through.
+constexpr PathTolerance kOldSharedTolerance{std::ldexp(1.0, -10), 0.0};
+
+// The tolerance of the logits path `path` (GpuBackend::last_logits_path(),
+// or "cpu") for `format`.
+PathTolerance ToleranceFor(const std::string& path, KvFormat format) {
+  if (path == "portable" || path == "cpu") return kFp32Tolerance;
+  if (path == "mma") return format == KvFormat::kMxfp4 ? kFp32Tolerance : kTensorCoreTolerance;
+  if (path == "wgmma" || path == "wgmma_ws" || path == "wgmma_mxfp4") return kTensorCoreTolerance;
+  ADD_FAILURE() << "no tolerance for logits path '" << path << "'";
+  return kOldSharedTolerance;
+}
+
+// Decoded Q of one row: [H, D] in double.
+std::vector<double> DecodeQRow(const PageLayout& layout, const QData& q, int32_t r) {
+  const int32_t dim = layout.head_dim, heads = q.input.num_heads, vb = layout.value_bytes();
+  std::vector<double> qd(static_cast<size_t>(heads) * dim);
+  for (int32_t h = 0; h < heads; ++h) {
+    const int64_t qh = static_cast<int64_t>(r) * heads + h;
     for (int32_t d = 0; d < dim; ++d) {
       qd[h * dim + d] = layout.format == KvFormat::kFp8
                             ? DecodeE4m3(q.values[qh * vb + d])
                             : Mxfp4Element(q.values.data() + qh * vb, q.scales.data() + qh * (dim / 32), d);
     }
   }
-  std::vector<uint8_t> entry(eb);
-  for (int32_t e = 0; e < n; ++e) {
-    const int32_t page = rows.Page(s, e / layout.page_entries);
-    EXPECT_TRUE(p.cpu->ReadEntries(layout, p.cpu_pool, page, e % layout.page_entries, 1, entry.data()).ok());
-    std::vector<double> k(dim);
-    float kscale = 1.f;
-    for (int32_t d = 0; d < dim; ++d) {
-      k[d] = layout.format == KvFormat::kFp8 ? DecodeE4m3(entry[d]) : Mxfp4Element(entry.data(), entry.data() + vb, d);
-    }
-    if (layout.format == KvFormat::kFp8) std::memcpy(&kscale, entry.data() + vb, 4);
-    double sum = 0, mag = 0;
-    for (int32_t h = 0; h < h_count; ++h) {
-      double dot = 0, absdot = 0;
-      for (int32_t d = 0; d < dim; ++d) {
-        dot += qd[h * dim + d] * k[d];
-        absdot += std::fabs(qd[h * dim + d] * k[d]);
-      }
-      const double w = q.weights[static_cast<int64_t>(r) * h_count + h];
-      sum += w * std::max(dot, 0.0);
-      mag += std::fabs(w) * absdot;
-    }
-    (*logit)[e] = sum * kscale;
-    (*tol)[e] = std::ldexp(mag * kscale, -10) + 1e-30;
-  }
+  return qd;
 }
 
-// SPEC §5: count, range, distinctness, -1 fill, and every kept index scores
-// at least the reference's k-th score (minus the tolerance).
-void ExpectTopkRow(const int32_t* got, int32_t n, int32_t k,
-                   const std::vector<double>& logit,
-                   const std::vector<double>& tol, const std::string& what) {
+// One entry's decoded K (double) and its kscale (1 for MXFP4).
+void DecodeEntry(const PageLayout& layout, const uint8_t* entry, std::vector<double>* k, double* kscale) {
+  const int32_t dim = layout.head_dim, vb = layout.value_bytes();
+  k->resize(dim);
+  for (int32_t d = 0; d < dim; ++d) {
+    (*k)[d] = layout.format == KvFormat::kFp8 ? DecodeE4m3(entry[d]) : Mxfp4Element(entry, entry + vb, d);
+  }
+  float s = 1.f;
+  if (layout.format == KvFormat::kFp8) std::memcpy(&s, entry + vb, 4);
+  *kscale = s;
+}
+
+// The reference logit of one entry in double; *mag and *relu_mag receive
+// kscale * sum_h |w_h| * S_h and kscale * sum_h |w_h| * relu(dot_h) (the
+// terms of its tolerance, see PathTolerance); `contrib` (if set) each head's
+// share kscale * w_h * relu(dot_h), what a kernel that lost that head misses.
+double EntryLogit(const std::vector<double>& qd, const float* w, int32_t heads,
+                  const std::vector<double>& k, double kscale, double* mag, double* relu_mag,
+                  std::vector<double>* contrib = nullptr) {
+  if (contrib != nullptr) contrib->assign(heads, 0.0);
+  const int32_t dim = static_cast<int32_t>(k.size());
+  double sum = 0, m = 0, rm = 0;
+  for (int32_t h = 0; h < heads; ++h) {
+    double dot = 0, absdot = 0;
+    for (int32_t d = 0; d < dim; ++d) {
+      dot += qd[h * dim + d] * k[d];
+      absdot += std::fabs(qd[h * dim + d] * k[d]);
+    }
+    const double wh = w[h];
+    sum += wh * std::max(dot, 0.0);
+    m += std::fabs(wh) * absdot;
+    rm += std::fabs(wh) * std::max(dot, 0.0);
+    if (contrib != nullptr) (*contrib)[h] = kscale * wh * std::max(dot, 0.0);
+  }
+  *mag = std::fabs(kscale) * m;
+  *relu_mag = std::fabs(kscale) * rm;
+  return sum * kscale;
+}
+
+// An entry's tolerance under `t` from EntryLogit's terms (1e-30: entries
+// whose every product is zero).
+double EntryTol(const PathTolerance& t, double mag, double relu_mag) {
+  return t.dot_rel * mag + t.sum_rel * relu_mag + 1e-30;
+}
+
+// One row's reference: logits and the terms of their tolerances.
+struct RefRow {
+  std::vector<double> logit, mag, relu_mag;
+  std::vector<double> Tol(const PathTolerance& t) const {
+    std::vector<double> tol(logit.size());
+    for (size_t e = 0; e < tol.size(); ++e) tol[e] = EntryTol(t, mag[e], relu_mag[e]);
+    return tol;
+  }
+};
+
+// Reference of row r, entries read back from the cpu pool.
+RefRow RefLogits(CpuBackend& cpu, PoolHandle cpu_pool, const PageLayout& layout,
+                 const StepRows& rows, const QData& q, int32_t r) {
+  const int32_t n = rows.row_visible[r], s = rows.row_seq[r];
+  const int32_t heads = q.input.num_heads;
+  RefRow ref;
+  ref.logit.assign(n, 0.0);
+  ref.mag.assign(n, 0.0);
+  ref.relu_mag.assign(n, 0.0);
+  const std::vector<double> qd = DecodeQRow(layout, q, r);
+  const float* w = q.weights.data() + static_cast<int64_t>(r) * heads;
+  std::vector<uint8_t> entry(layout.entry_bytes());
+  std::vector<double> k;
+  double kscale = 1;
+  for (int32_t e = 0; e < n; ++e) {
+    const int32_t page = rows.Page(s, e / layout.page_entries);
+    EXPECT_TRUE(cpu.ReadEntries(layout, cpu_pool, page, e % layout.page_entries, 1, entry.data()).ok());
+    DecodeEntry(layout, entry.data(), &k, &kscale);
+    ref.logit[e] = EntryLogit(qd, w, heads, k, kscale, &ref.mag[e], &ref.relu_mag[e]);
+  }
+  return ref;
+}
+
+RefRow RefLogits(const Pair& p, const PageLayout& layout, const StepRows& rows, const QData& q,
+                 int32_t r) {
+  return RefLogits(*p.cpu, p.cpu_pool, layout, rows, q, r);
+}
+
+// The SPEC §5 selection rule up to per-entry tolerances, as a set check:
+// a kernel whose scores g satisfy |g - logit| <= tol and that keeps the k
+// best g (ties broken any way) has, for every left-out e and kept j,
+//   logit[e] - tol[e] <= g[e] <= g[j] <= logit[j] + tol[j].
+// So: max over left-out (logit - tol) <= min over kept (logit + tol). This
+// holds every kept entry to at least the k-th best reference score minus
+// the tolerances, and forces every entry clearly above the cut in. Only
+// entries of `in` count (null: all n); `kept[e]` marks the kernel's choice.
+// Returns "" or what is wrong; *used (if set) is the smallest fraction of
+// the tolerances the row needs (0 without an inversion, > 1 on a violation).
+std::string SetViolation(const std::vector<char>& kept, const std::vector<char>* in,
+                         const std::vector<double>& logit, const std::vector<double>& tol,
+                         double* used) {
+  const int32_t n = static_cast<int32_t>(kept.size());
+  auto worst = [&](double s, int32_t* out_e, int32_t* in_j) {
+    double lo_kept = INFINITY, hi_out = -INFINITY;
+    for (int32_t e = 0; e < n; ++e) {
+      if (in != nullptr && !(*in)[e]) continue;
+      if (kept[e] && logit[e] + s * tol[e] < lo_kept) lo_kept = logit[e] + s * tol[e], *in_j = e;
+      if (!kept[e] && logit[e] - s * tol[e] > hi_out) hi_out = logit[e] - s * tol[e], *out_e = e;
+    }
+    return hi_out <= lo_kept;
+  };
+  int32_t e = -1, j = -1;
+  if (used != nullptr) {
+    *used = 0;
+    if (!worst(0, &e, &j)) {
+      double lo = 0, hi = 1;
+      if (!worst(1, &e, &j)) {
+        *used = 2;
+      } else {
+        for (int i = 0; i < 30; ++i) {
+          const double mid = (lo + hi) / 2;
+          (worst(mid, &e, &j) ? hi : lo) = mid;
+        }
+        *used = hi;
+      }
+    }
+  }
+  if (worst(1, &e, &j)) return "";
+  char buf[320];
+  std::snprintf(buf, sizeof(buf),
+                "entry %d (score %.9g, tol %.3g) is left out while entry %d (score %.9g, tol %.3g) "
+                "is kept: %.3g apart, beyond both tolerances",
+                e, logit[e], tol[e], j, logit[j], tol[j], logit[e] - logit[j]);
+  return buf;
+}
+
+// SPEC §5 for one dense row: count min(n, k), distinct indices in range,
+// -1 fill, then the set check. Returns "" or what is wrong.
+std::string TopkRowViolation(const int32_t* got, int32_t n, int32_t k,
+                             const std::vector<double>& logit, const std::vector<double>& tol,
+                             double* used) {
   const int32_t valid = std::min(n, k);
-  std::set<int32_t> seen;
+  std::vector<char> kept(n, 0);
   for (int32_t i = 0; i < k; ++i) {
     if (i >= valid) {
-      ASSERT_EQ(got[i], -1) << what << " slot " << i;
+      if (got[i] != -1) return "slot " + std::to_string(i) + " holds " + std::to_string(got[i]) + ", not -1";
       continue;
     }
-    ASSERT_GE(got[i], 0) << what << " slot " << i;
-    ASSERT_LT(got[i], n) << what << " slot " << i;
-    ASSERT_TRUE(seen.insert(got[i]).second) << what << " duplicate " << got[i];
+    if (got[i] < 0 || got[i] >= n) return "slot " + std::to_string(i) + " holds " + std::to_string(got[i]);
+    if (kept[got[i]]) return "duplicate " + std::to_string(got[i]);
+    kept[got[i]] = 1;
   }
-  if (n <= k) return;
+  if (used != nullptr) *used = 0;
+  if (n <= k) return "";
+  return SetViolation(kept, nullptr, logit, tol, used);
+}
+
+// Largest fraction of the tolerance any checked row needed (printed per test,
+// so that a run on the device shows each path's margin).
+struct Margin {
+  double worst = 0;
+  std::string what;
+  void Add(double used, const std::string& w) {
+    if (used > worst) worst = used, what = w;
+  }
+  void Print(const std::string& path) const {
+    std::printf("[  margin  ] %s: the closest row used %.3g of its tolerance (%s)\n", path.c_str(),
+                worst, what.empty() ? "no inversion" : what.c_str());
+  }
+};
+
+void ExpectTopkRow(const int32_t* got, int32_t n, int32_t k,
+                   const std::vector<double>& logit,
+                   const std::vector<double>& tol, const std::string& what,
+                   Margin* margin = nullptr) {
+  double used = 0;
+  const std::string v = TopkRowViolation(got, n, k, logit, tol, &used);
+  ASSERT_EQ(v, "") << what;
+  if (margin != nullptr) margin->Add(used, what);
+}
+
+// ---- the checker's power (host only: runs without a GPU) ----------------------
+// One row of 4096 entries of this file's K and Q (64 heads), FP8 and MXFP4,
+// scored in double. A kernel that loses head h of entry e scores it low by
+// c = kscale * w_h * relu(q_h . k). For each path tolerance:
+//   - the share of heads (c > 0) a pair check can see at all (c above the
+//     entry's tolerance twice: it is compared with an entry of like size):
+//     nearly all under the per-path bounds, far fewer under the old shared
+//     2^-10 bound;
+//   - an injected drop: an entry of the reference top-k whose lost head puts
+//     it below the cut, chosen so that the old bound cannot tell; the top-k
+//     of the damaged scores passes the checker under the old bound and fails
+//     it under the path's bound.
+struct DropStats {
+  double seen_new = 0, seen_old = 0;  // shares of heads with c > 0
+  bool injected = false;              // an entry and head found as described
+  std::string new_verdict, old_verdict;
+};
+
+DropStats InjectDroppedHead(KvFormat format, const PathTolerance& t) {
+  const PageLayout layout = *PageLayout::Make(format, 128, 64);
+  std::mt19937 rng(format == KvFormat::kFp8 ? 11 : 12);
+  const int32_t n = 4096, k = 512, heads = 64;
+  const KData kd = MakeK(rng, layout, n, KInput::Kind::kQuantized, true);
+  const QData q = MakeQ(rng, layout, 1, heads);
+  const std::vector<double> qd = DecodeQRow(layout, q, 0);
+  std::vector<double> logit(n), tol_new(n), tol_old(n), kv;
+  double mag = 0, relu_mag = 0;
+  std::vector<std::vector<double>> contrib(n);
+  DropStats st;
+  int64_t positive = 0;
+  for (int32_t e = 0; e < n; ++e) {
+    const uint8_t* entry = kd.quantized.data() + static_cast<int64_t>(e) * layout.entry_bytes();
+    double kscale = 1;
+    DecodeEntry(layout, entry, &kv, &kscale);
+    logit[e] = EntryLogit(qd, q.weights.data(), heads, kv, kscale, &mag, &relu_mag, &contrib[e]);
+    tol_new[e] = EntryTol(t, mag, relu_mag);
+    tol_old[e] = EntryTol(kOldSharedTolerance, mag, relu_mag);
+    for (double c : contrib[e]) {
+      if (c == 0) continue;
+      ++positive;
+      st.seen_new += std::fabs(c) > 2 * tol_new[e];
+      st.seen_old += std::fabs(c) > 2 * tol_old[e];
+    }
+  }
+  st.seen_new /= std::max<int64_t>(positive, 1);
+  st.seen_old /= std::max<int64_t>(positive, 1);
+
   std::vector<int32_t> order(n);
   for (int32_t i = 0; i < n; ++i) order[i] = i;
-  std::nth_element(order.begin(), order.begin() + (k - 1), order.end(),
-                   [&](int32_t a, int32_t b) { return logit[a] > logit[b]; });
-  const int32_t kth = order[k - 1];
+  std::sort(order.begin(), order.end(), [&](int32_t a, int32_t b) { return logit[a] > logit[b]; });
+  const int32_t next = order[k];  // the best entry left out
+  // The smallest head share that, lost, drops a top-k entry below `next`
+  // where the new bound sees the gap and the old one does not.
+  int32_t best_e = -1;
+  double best_c = INFINITY;
   for (int32_t i = 0; i < k; ++i) {
-    const int32_t e = got[i];
-    ASSERT_GE(logit[e] + tol[e] + tol[kth], logit[kth])
-        << what << ": entry " << e << " scores " << logit[e] << " below the k-th "
-        << logit[kth] << " (tol " << tol[e] + tol[kth] << ")";
+    const int32_t e = order[i];
+    const double gap = logit[e] - logit[next];
+    if (gap <= tol_new[e] + tol_new[next] || gap > tol_old[e] + tol_old[next]) continue;
+    for (double c : contrib[e]) {
+      if (c > gap && c < best_c) best_c = c, best_e = e;
+    }
+  }
+  if (best_e < 0) return st;
+  st.injected = true;
+  std::vector<double> damaged = logit;
+  damaged[best_e] -= best_c;
+  std::vector<int32_t> got(order);
+  std::partial_sort(got.begin(), got.begin() + k, got.end(),
+                    [&](int32_t a, int32_t b) { return damaged[a] > damaged[b]; });
+  got.resize(k);
+  st.new_verdict = TopkRowViolation(got.data(), n, k, logit, tol_new, nullptr);
+  st.old_verdict = TopkRowViolation(got.data(), n, k, logit, tol_old, nullptr);
+  return st;
+}
+
+TEST(GpuToleranceTest, PathBoundsCatchADroppedHeadTheSharedBoundMisses) {
+  for (const KvFormat f : {KvFormat::kFp8, KvFormat::kMxfp4}) {
+    const std::vector<std::string> paths =
+        f == KvFormat::kFp8 ? std::vector<std::string>{"portable", "mma", "wgmma", "wgmma_ws"}
+                            : std::vector<std::string>{"portable", "mma", "wgmma_mxfp4"};
+    for (const std::string& path : paths) {
+      const std::string what = (f == KvFormat::kFp8 ? "fp8 " : "mxfp4 ") + path;
+      const DropStats st = InjectDroppedHead(f, ToleranceFor(path, f));
+      std::printf("[  drops   ] %s: heads visible %.3f (path bound) vs %.3f (shared 2^-10)\n",
+                  what.c_str(), st.seen_new, st.seen_old);
+      // Heads no bound can see have a tiny weight or a dot near zero; the
+      // shared bound missed half of the rest as well.
+      EXPECT_GE(st.seen_new, 0.6) << what;
+      EXPECT_LE(st.seen_old, 0.55) << what;
+      ASSERT_TRUE(st.injected) << what << ": no entry and head to inject";
+      EXPECT_NE(st.new_verdict, "") << what << ": the path bound let the dropped head through";
+      EXPECT_EQ(st.old_verdict, "") << what << ": the old bound was expected to miss it";
+    }
   }
 }
 
@@ -354,16 +620,20 @@ TEST_P(GpuDenseTest, WritesBitExactAndTopkMatchesCpu) {
   ASSERT_TRUE(p.cpu->DenseTopk(layout, p.cpu_pool, rows, nullptr, q.input, sh.topk, want.data()).ok());
   const std::string path = static_cast<gpu::GpuBackend*>(p.gpu.get())->last_logits_path();
   std::printf("[   path   ] logits kernel: %s\n", path.c_str());
-  std::vector<double> logit, tol;
+  // Each against the reference under its own arithmetic's tolerance.
+  const PathTolerance cpu_t = ToleranceFor("cpu", sh.format), gpu_t = ToleranceFor(path, sh.format);
+  Margin cpu_m, gpu_m;
   for (int32_t r = 0; r < rows.num_rows; ++r) {
-    RefLogits(p, layout, rows, q, r, &logit, &tol);
     const int32_t n = rows.row_visible[r];
-    ExpectTopkRow(want.data() + static_cast<int64_t>(r) * sh.topk, n, sh.topk, logit, tol,
-                  "cpu row " + std::to_string(r));
-    ExpectTopkRow(got.data() + static_cast<int64_t>(r) * sh.topk, n, sh.topk, logit, tol,
-                  "gpu (" + path + ") row " + std::to_string(r) + " n " + std::to_string(n));
+    const RefRow ref = RefLogits(p, layout, rows, q, r);
+    ExpectTopkRow(want.data() + static_cast<int64_t>(r) * sh.topk, n, sh.topk, ref.logit, ref.Tol(cpu_t),
+                  "cpu row " + std::to_string(r), &cpu_m);
+    ExpectTopkRow(got.data() + static_cast<int64_t>(r) * sh.topk, n, sh.topk, ref.logit, ref.Tol(gpu_t),
+                  "gpu (" + path + ") row " + std::to_string(r) + " n " + std::to_string(n), &gpu_m);
     if (HasFatalFailure()) return;
   }
+  cpu_m.Print("cpu");
+  gpu_m.Print(path);
 }
 
 std::vector<Shape> Shapes() {
@@ -550,13 +820,17 @@ TEST_P(GpuMxfp4AdversarialTest, TopkMatchesReference) {
   if (sh.max_path == 2 && prop.major == 9 && prop.minor == 0 && std::getenv("INDEXER_GPU_WGMMA_MXFP4") == nullptr) {
     EXPECT_EQ(path, "wgmma_mxfp4");
   }
-  std::vector<double> logit, tol;
+  const PathTolerance gpu_t = ToleranceFor(path, KvFormat::kMxfp4);
+  Margin m;
   for (int32_t r = 0; r < rows.num_rows; ++r) {
-    RefLogits(p, layout, rows, q, r, &logit, &tol);
-    ExpectTopkRow(got.data() + static_cast<int64_t>(r) * topk, rows.row_visible[r], topk, logit, tol,
-                  "gpu (" + path + ") row " + std::to_string(r) + " seq " + std::to_string(rows.row_seq[r]));
+    const RefRow ref = RefLogits(p, layout, rows, q, r);
+    ExpectTopkRow(got.data() + static_cast<int64_t>(r) * topk, rows.row_visible[r], topk, ref.logit,
+                  ref.Tol(gpu_t),
+                  "gpu (" + path + ") row " + std::to_string(r) + " seq " + std::to_string(rows.row_seq[r]),
+                  &m);
     if (HasFatalFailure()) return;
   }
+  m.Print(path);
 }
 
 INSTANTIATE_TEST_SUITE_P(Scales, GpuMxfp4AdversarialTest,
@@ -597,13 +871,23 @@ TEST(GpuBackendTest, SmallWorkspaceSplitsChunks) {
   auto t = (*gpu)->DenseTopk(layout, *gp, rows, nullptr, q.input, 128, got.data());
   ASSERT_TRUE(t.ok()) << t.status();
   ASSERT_TRUE(cpu.DenseTopk(layout, cpool, rows, nullptr, q.input, 128, want.data()).ok());
-  // Distinct logits almost surely: the sets agree up to ties at the cut.
-  int64_t same = 0;
+  const std::string path = static_cast<gpu::GpuBackend*>(gpu->get())->last_logits_path();
+  std::printf("[   path   ] logits kernel: %s\n", path.c_str());
+  // Every row of both against the reference, each under its arithmetic's
+  // tolerance: a sub-chunk that lost or shifted rows shows as a wrong set.
+  const PathTolerance cpu_t = ToleranceFor("cpu", layout.format), gpu_t = ToleranceFor(path, layout.format);
+  Margin cpu_m, gpu_m;
   for (int32_t r = 0; r < rows.num_rows; ++r) {
-    std::set<int32_t> a(got.begin() + r * 128, got.begin() + (r + 1) * 128);
-    for (int32_t i = 0; i < 128; ++i) same += a.count(want[r * 128 + i]);
+    const int32_t n = rows.row_visible[r];
+    const RefRow ref = RefLogits(cpu, cpool, layout, rows, q, r);
+    ExpectTopkRow(want.data() + r * 128, n, 128, ref.logit, ref.Tol(cpu_t), "cpu row " + std::to_string(r),
+                  &cpu_m);
+    ExpectTopkRow(got.data() + r * 128, n, 128, ref.logit, ref.Tol(gpu_t),
+                  "gpu (" + path + ") row " + std::to_string(r) + " n " + std::to_string(n), &gpu_m);
+    if (HasFatalFailure()) return;
   }
-  EXPECT_GE(same, static_cast<int64_t>(rows.num_rows) * 128 * 99 / 100);
+  cpu_m.Print("cpu");
+  gpu_m.Print(path);
 }
 
 // ---- top-k kernels on given logits -------------------------------------------
@@ -850,15 +1134,17 @@ struct CandCase {
 
 class GpuCandidateTest : public ::testing::TestWithParam<CandCase> {};
 
-// Source and consumer on the gpu against a float64 reference. The source's
-// own output by the dense rule. The consumer's pool is known up to blocks
-// whose maxima sit within the tolerance of the cut: blocks surely in (D),
-// surely out, and borderline (B); the newest is always in when pinned. Then
-// every kept entry lies in D or B, the count is right, every kept entry
-// scores at least the k-th best of D's entries (minus the tolerance: the
-// real pool holds D), and every entry of D above the k-th best of D and B
-// (plus the tolerance) is kept. Without borderline blocks this is the exact
-// SPEC §5 rule over the pool.
+// Source and consumer on the gpu against a float64 reference, every row,
+// each under its logits path's tolerance. The source's own output by the
+// dense rule. The consumer's pool is known up to blocks whose maxima sit
+// within the tolerance of the cut: blocks surely in (D), surely out, and
+// borderline (B); the newest is always in when pinned. The pool surely holds
+// P = D and every B block the consumer kept an entry of, so: every kept entry
+// lies in D or B; P has no more blocks than the pool's topk_blocks; the
+// count is min(topk, pool entries), and if it is under topk the pool is
+// exactly P and all of it is kept; and over P the SPEC §5 set check holds
+// (no left-out entry of P beyond the tolerances above a kept one). Without
+// borderline blocks P is the pool and this is the exact rule.
 TEST_P(GpuCandidateTest, SourceAndConsumerMatchReference) {
   SKIP_WITHOUT_GPU();
   const CandCase c = GetParam();
@@ -874,6 +1160,7 @@ TEST_P(GpuCandidateTest, SourceAndConsumerMatchReference) {
   const QData qc = MakeQ(rng, layout, rows.num_rows, 64);
   const int64_t k = c.topk;
   std::vector<int32_t> src(rows.num_rows * k), got(rows.num_rows * k, -7);
+  auto* gpu = static_cast<gpu::GpuBackend*>(sc.p.gpu.get());
 
   // A consumer before its source: FAILED_PRECONDITION.
   EXPECT_EQ(sc.p.gpu->CandidateConsumer(layout, sc.p.gpu_pool, rows, sc.gpu_ctx.get(), qc.input, c.topk,
@@ -882,17 +1169,22 @@ TEST_P(GpuCandidateTest, SourceAndConsumerMatchReference) {
   auto ts = sc.p.gpu->CandidateSource(layout, sc.p.gpu_pool, rows, sc.gpu_ctx.get(), qs.input, c.topk,
                                       spec, src.data());
   ASSERT_TRUE(ts.ok()) << ts.status();
+  const std::string src_path = gpu->last_logits_path();
   auto tc = sc.p.gpu->CandidateConsumer(layout, sc.p.gpu_pool, rows, sc.gpu_ctx.get(), qc.input, c.topk,
                                         spec, ConsumerMode::kAuto, got.data());
   ASSERT_TRUE(tc.ok()) << tc.status();
+  const std::string cons_path = gpu->last_logits_path();
+  std::printf("[   path   ] logits kernels: source %s, consumer %s\n", src_path.c_str(), cons_path.c_str());
+  const PathTolerance src_t = ToleranceFor(src_path, c.format), cons_t = ToleranceFor(cons_path, c.format);
 
   int32_t borderline_rows = 0;
-  std::vector<double> logit, tol;
+  Margin src_m, cons_m;
   for (int32_t r = 0; r < rows.num_rows; ++r) {
     const int32_t n = rows.row_visible[r];
     const std::string what = "row " + std::to_string(r) + " n " + std::to_string(n);
-    RefLogits(sc.p, layout, rows, qs, r, &logit, &tol);
-    ExpectTopkRow(src.data() + r * k, n, c.topk, logit, tol, "source " + what);
+    const RefRow src_ref = RefLogits(sc.p, layout, rows, qs, r);
+    std::vector<double> logit = src_ref.logit, tol = src_ref.Tol(src_t);
+    ExpectTopkRow(src.data() + r * k, n, c.topk, logit, tol, "source " + what, &src_m);
     if (HasFatalFailure()) return;
     // in[b]: 2 surely in the pool, 1 borderline, 0 surely out.
     const int32_t bs = c.block_size, nb = (n + bs - 1) / bs;
@@ -921,17 +1213,9 @@ TEST_P(GpuCandidateTest, SourceAndConsumerMatchReference) {
         in[b] = surely_in ? 2 : surely_out ? 0 : 1;
       }
     }
-    RefLogits(sc.p, layout, rows, qc, r, &logit, &tol);
-    const double tmax = *std::max_element(tol.begin(), tol.end());
-    std::vector<double> d_vals, db_vals;
-    int64_t d_entries = 0, db_entries = 0;
-    for (int32_t e = 0; e < n; ++e) {
-      if (in[e / bs] == 2) d_vals.push_back(logit[e]), ++d_entries;
-      if (in[e / bs] >= 1) db_vals.push_back(logit[e]), ++db_entries;
-    }
-    borderline_rows += d_entries != db_entries;
+    // The consumer's output: form, then P = D and the B blocks it used.
     const int32_t* row = got.data() + r * k;
-    std::set<int32_t> kept;
+    std::vector<char> kept(n, 0);
     int32_t count = 0;
     for (int32_t i = 0; i < c.topk; ++i) {
       if (row[i] < 0) {
@@ -942,30 +1226,40 @@ TEST_P(GpuCandidateTest, SourceAndConsumerMatchReference) {
       ++count;
       ASSERT_LT(row[i], n) << "consumer " << what;
       ASSERT_GE(in[row[i] / bs], 1) << "consumer " << what << ": entry " << row[i] << " outside the pool";
-      ASSERT_TRUE(kept.insert(row[i]).second) << "consumer " << what << " duplicate " << row[i];
+      ASSERT_FALSE(kept[row[i]]) << "consumer " << what << " duplicate " << row[i];
+      kept[row[i]] = 1;
     }
-    // Count: min(topk, pool entries); the pool holds D and part of B.
-    EXPECT_GE(count, std::min<int64_t>(c.topk, d_entries)) << "consumer " << what;
-    EXPECT_LE(count, std::min<int64_t>(c.topk, db_entries)) << "consumer " << what;
-    if (d_entries > c.topk) {
-      std::nth_element(d_vals.begin(), d_vals.begin() + (c.topk - 1), d_vals.end(), std::greater<>());
-      const double kth_d = d_vals[c.topk - 1];
-      for (int32_t e : kept) {
-        ASSERT_GE(logit[e] + 2 * tmax, kth_d) << "consumer " << what << ": entry " << e;
-      }
+    std::vector<char> block_in_p(nb, 0), entry_in_p(n, 0);
+    for (int32_t b = 0; b < nb; ++b) block_in_p[b] = in[b] == 2;
+    for (int32_t e = 0; e < n; ++e) {
+      if (kept[e]) block_in_p[e / bs] = 1;
     }
-    if (db_entries > c.topk) {
-      std::nth_element(db_vals.begin(), db_vals.begin() + (c.topk - 1), db_vals.end(), std::greater<>());
-      const double kth_db = db_vals[c.topk - 1];
-      for (int32_t e = 0; e < n; ++e) {
-        if (in[e / bs] == 2 && logit[e] - 2 * tmax > kth_db) {
-          ASSERT_TRUE(kept.count(e)) << "consumer " << what << ": entry " << e << " scores "
-                                     << logit[e] << " above the cut " << kth_db << " but is missing";
-        }
-      }
+    int64_t p_blocks = 0, p_entries = 0, db_entries = 0;
+    for (int32_t b = 0; b < nb; ++b) p_blocks += block_in_p[b];
+    for (int32_t e = 0; e < n; ++e) {
+      entry_in_p[e] = block_in_p[e / bs];
+      p_entries += entry_in_p[e];
+      db_entries += in[e / bs] >= 1;
     }
+    borderline_rows += p_entries != db_entries;
+    ASSERT_LE(p_blocks, std::min<int64_t>(nb, c.topk_blocks))
+        << "consumer " << what << ": entries from more blocks than the pool holds";
+    // Count: min(topk, pool entries); the pool holds P and at most the rest of B.
+    ASSERT_GE(count, std::min<int64_t>(c.topk, p_entries)) << "consumer " << what;
+    ASSERT_LE(count, std::min<int64_t>(c.topk, db_entries)) << "consumer " << what;
+    if (count < c.topk) {
+      ASSERT_EQ(count, p_entries) << "consumer " << what << ": fewer than topk kept, yet not the whole pool";
+    }
+    const RefRow cons_ref = RefLogits(sc.p, layout, rows, qc, r);
+    logit = cons_ref.logit;
+    tol = cons_ref.Tol(cons_t);
+    double used = 0;
+    ASSERT_EQ(SetViolation(kept, &entry_in_p, logit, tol, &used), "") << "consumer " << what;
+    cons_m.Add(used, "consumer " + what);
   }
   std::printf("[   pools  ] %d rows, %d with borderline blocks\n", rows.num_rows, borderline_rows);
+  src_m.Print("source " + src_path);
+  cons_m.Print("consumer " + cons_path);
 }
 
 INSTANTIATE_TEST_SUITE_P(
@@ -1033,10 +1327,10 @@ TEST(GpuBlockTest, BlockTopkMatchesReference) {
             mag += std::fabs(qh[d] * kd[e][d]);
           }
           dot *= spec.scale;
-          if (dot > score[e / pe]) {
-            score[e / pe] = dot;
-            tol[e / pe] = std::ldexp(mag * spec.scale, -16);
-          }
+          score[e / pe] = std::max(score[e / pe], dot);
+          // The kernel's block maximum may come from another entry of the
+          // block: the largest of their bounds covers it.
+          tol[e / pe] = std::max(tol[e / pe], std::ldexp(mag * spec.scale, -16));
         }
         for (int32_t b = std::max(0, causal - c.local); b < causal; ++b) score[b] = 1e29;
         for (int32_t b = 0; b < std::min(causal, c.init); ++b) score[b] = 1e30;

@@ -168,13 +168,29 @@ constexpr PathTolerance kTensorCoreTolerance{std::ldexp(1.0, -12), std::ldexp(1.
 constexpr PathTolerance kOldSharedTolerance{std::ldexp(1.0, -10), 0.0};
 
 // The tolerance of the logits path `path` (GpuBackend::last_logits_path(),
-// or "cpu") for `format`.
+// or "cpu") for `format`; of several kernels ('+'-joined: a call whose
+// sub-chunks took different kernels), the loosest.
 inline PathTolerance ToleranceFor(const std::string& path, KvFormat format) {
-  if (path == "portable" || path == "cpu") return kFp32Tolerance;
-  if (path == "mma") return format == KvFormat::kMxfp4 ? kFp32Tolerance : kTensorCoreTolerance;
-  if (path == "wgmma" || path == "wgmma_ws" || path == "wgmma_mxfp4") return kTensorCoreTolerance;
-  ADD_FAILURE() << "no tolerance for logits path '" << path << "'";
-  return kOldSharedTolerance;
+  PathTolerance t{0, 0};
+  size_t begin = 0;
+  while (begin <= path.size()) {
+    const size_t end = std::min(path.find('+', begin), path.size());
+    const std::string one = path.substr(begin, end - begin);
+    PathTolerance o = kOldSharedTolerance;
+    if (one == "portable" || one == "cpu") {
+      o = kFp32Tolerance;
+    } else if (one == "mma") {
+      o = format == KvFormat::kMxfp4 ? kFp32Tolerance : kTensorCoreTolerance;
+    } else if (one == "wgmma" || one == "wgmma_ws" || one == "wgmma_mxfp4") {
+      o = kTensorCoreTolerance;
+    } else {
+      ADD_FAILURE() << "no tolerance for logits path '" << one << "' (of '" << path << "')";
+    }
+    t.dot_rel = std::max(t.dot_rel, o.dot_rel);
+    t.sum_rel = std::max(t.sum_rel, o.sum_rel);
+    begin = end + 1;
+  }
+  return t;
 }
 
 // Decoded Q of one row: [H, D] in double.

@@ -116,6 +116,16 @@ TEST(GpuToleranceTest, PathBoundsCatchADroppedHeadTheSharedBoundMisses) {
   }
 }
 
+// A call whose sub-chunks took several kernels is held to the loosest.
+TEST(GpuToleranceTest, SeveralKernelsTakeTheLoosestBound) {
+  EXPECT_EQ(ToleranceFor("mma", KvFormat::kMxfp4).dot_rel, kFp32Tolerance.dot_rel);
+  EXPECT_EQ(ToleranceFor("mma", KvFormat::kFp8).dot_rel, kTensorCoreTolerance.dot_rel);
+  EXPECT_EQ(ToleranceFor("mma+wgmma_mxfp4", KvFormat::kMxfp4).dot_rel, kTensorCoreTolerance.dot_rel);
+  EXPECT_EQ(ToleranceFor("wgmma_mxfp4+mma", KvFormat::kMxfp4).dot_rel, kTensorCoreTolerance.dot_rel);
+  EXPECT_EQ(ToleranceFor("portable+cpu", KvFormat::kFp8).dot_rel, kFp32Tolerance.dot_rel);
+  EXPECT_LT(kTensorCoreTolerance.dot_rel, kOldSharedTolerance.dot_rel);
+}
+
 // The checks themselves on the cpu backend (host only): its fp32 top-k
 // passes the set check under the fp32 bound on every row, FP8 and MXFP4,
 // decode and prefill rows, so a failure on the device is the kernel's.

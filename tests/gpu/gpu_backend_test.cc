@@ -728,7 +728,7 @@ TEST_P(GpuCandidateTest, SourceAndConsumerMatchReference) {
   const QData qc = MakeQ(rng, layout, rows.num_rows, 64);
   const int64_t k = c.topk;
   std::vector<int32_t> src(rows.num_rows * k), got(rows.num_rows * k, -7);
-  auto* gpu = static_cast<gpu::GpuBackend*>(sc.p.gpu.get());
+  auto* backend = static_cast<gpu::GpuBackend*>(sc.p.gpu.get());
 
   // A consumer before its source: FAILED_PRECONDITION.
   EXPECT_EQ(sc.p.gpu->CandidateConsumer(layout, sc.p.gpu_pool, rows, sc.gpu_ctx.get(), qc.input, c.topk,
@@ -737,11 +737,11 @@ TEST_P(GpuCandidateTest, SourceAndConsumerMatchReference) {
   auto ts = sc.p.gpu->CandidateSource(layout, sc.p.gpu_pool, rows, sc.gpu_ctx.get(), qs.input, c.topk,
                                       spec, src.data());
   ASSERT_TRUE(ts.ok()) << ts.status();
-  const std::string src_path = gpu->last_logits_path();
+  const std::string src_path = backend->last_logits_path();
   auto tc = sc.p.gpu->CandidateConsumer(layout, sc.p.gpu_pool, rows, sc.gpu_ctx.get(), qc.input, c.topk,
                                         spec, ConsumerMode::kAuto, got.data());
   ASSERT_TRUE(tc.ok()) << tc.status();
-  const std::string cons_path = gpu->last_logits_path();
+  const std::string cons_path = backend->last_logits_path();
   std::printf("[   path   ] logits kernels: source %s, consumer %s\n", src_path.c_str(), cons_path.c_str());
   const PathTolerance src_t = ToleranceFor(src_path, c.format), cons_t = ToleranceFor(cons_path, c.format);
 

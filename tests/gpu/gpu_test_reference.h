@@ -136,8 +136,9 @@ inline QData MakeQ(std::mt19937& rng, const PageLayout& layout, int32_t rows, in
 // of two as block scales), so only the sums round:
 //   - the dot product, D = 128 terms: dot_rel;
 //   - w_h * relu(dot_h) (one rounding), the H-term head sum and the product
-//     with kscale, always fp32 on CUDA cores: (H + 2) * 2^-24 <= 66 * 2^-24,
-//     taken as sum_rel = 2^-17 (H = 64; any H <= 128 fits under 2^-16).
+//     with kscale, always fp32 on CUDA cores: at most (H + 2) * 2^-24 of
+//     sum_h |w_h| * relu(dot_h), under 2^-17 for H = 64; sum_rel = 2^-16
+//     on every path (any H <= 128 fits).
 struct PathTolerance {
   double dot_rel;
   double sum_rel;
@@ -147,7 +148,7 @@ struct PathTolerance {
 // per-block partials are exact in the tensor core and whose four blocks are
 // summed in fp32 registers): any order of D = 128 fp32 additions errs by at
 // most gamma_128 = 128 * 2^-24 = 2^-17 of S_h; doubled for slack.
-constexpr PathTolerance kFp32Tolerance{std::ldexp(1.0, -16), std::ldexp(1.0, -16)};
+constexpr PathTolerance kFp32Tolerance{1.0 / 65536, 1.0 / 65536};  // 2^-16, 2^-16
 
 // The tensor-core accumulator (FP8 mma.sync and wgmma; MXFP4 wgmma's fast
 // route, which sums its four exact block partials in the accumulator): on
@@ -161,11 +162,11 @@ constexpr PathTolerance kFp32Tolerance{std::ldexp(1.0, -16), std::ldexp(1.0, -16
 // old shared 2^-10, so that one head's w_h * relu(dot_h) is seen (see
 // GpuToleranceTest): the shared bound was about the size of a typical
 // head's contribution for the 64-head Q of these tests.
-constexpr PathTolerance kTensorCoreTolerance{std::ldexp(1.0, -12), std::ldexp(1.0, -16)};
+constexpr PathTolerance kTensorCoreTolerance{1.0 / 4096, 1.0 / 65536};  // 2^-12, 2^-16
 
 // The shared bound every path used before (2^-10 of sum_h |w_h| * S_h): kept
 // only to show in GpuToleranceTest what it let through.
-constexpr PathTolerance kOldSharedTolerance{std::ldexp(1.0, -10), 0.0};
+constexpr PathTolerance kOldSharedTolerance{1.0 / 1024, 0.0};  // 2^-10
 
 // The tolerance of the logits path `path` (GpuBackend::last_logits_path(),
 // or "cpu") for `format`; of several kernels ('+'-joined: a call whose

@@ -703,16 +703,9 @@ struct CandCase {
 class GpuCandidateTest : public ::testing::TestWithParam<CandCase> {};
 
 // Source and consumer on the gpu against a float64 reference, every row,
-// each under its logits path's tolerance. The source's own output by the
-// dense rule. The consumer's pool is known up to blocks whose maxima sit
-// within the tolerance of the cut: blocks surely in (D), surely out, and
-// borderline (B); the newest is always in when pinned. The pool surely holds
-// P = D and every B block the consumer kept an entry of, so: every kept entry
-// lies in D or B; P has no more blocks than the pool's topk_blocks; the
-// count is min(topk, pool entries), and if it is under topk the pool is
-// exactly P and all of it is kept; and over P the SPEC §5 set check holds
-// (no left-out entry of P beyond the tolerances above a kept one). Without
-// borderline blocks P is the pool and this is the exact rule.
+// each under its logits path's tolerance: the source's own output by the
+// dense rule, the consumer's by ConsumerRowViolation (gpu_test_reference.h:
+// the SPEC §5 set check over the pool, known up to blocks at its cut).
 TEST_P(GpuCandidateTest, SourceAndConsumerMatchReference) {
   SKIP_WITHOUT_GPU();
   const CandCase c = GetParam();
@@ -751,78 +744,17 @@ TEST_P(GpuCandidateTest, SourceAndConsumerMatchReference) {
     const int32_t n = rows.row_visible[r];
     const std::string what = "row " + std::to_string(r) + " n " + std::to_string(n);
     const RefRow src_ref = RefLogits(sc.p, layout, rows, qs, r);
-    std::vector<double> logit = src_ref.logit, tol = src_ref.Tol(src_t);
-    ExpectTopkRow(src.data() + r * k, n, c.topk, logit, tol, "source " + what, &src_m);
+    const std::vector<double> tol = src_ref.Tol(src_t);
+    ExpectTopkRow(src.data() + r * k, n, c.topk, src_ref.logit, tol, "source " + what, &src_m);
     if (HasFatalFailure()) return;
-    // in[b]: 2 surely in the pool, 1 borderline, 0 surely out.
-    const int32_t bs = c.block_size, nb = (n + bs - 1) / bs;
-    std::vector<int> in(nb, 2);
-    if (nb > c.topk_blocks) {
-      // Bounds of each block's maximum.
-      std::vector<double> lo(nb, -INFINITY), hi(nb, -INFINITY);
-      for (int32_t e = 0; e < n; ++e) {
-        hi[e / bs] = std::max(hi[e / bs], logit[e] + tol[e]);
-        lo[e / bs] = std::max(lo[e / bs], logit[e] - tol[e]);
-      }
-      const bool pin = c.pin;
-      const int32_t slots = pin ? c.topk_blocks - 1 : c.topk_blocks;
-      std::vector<double> his, los;
-      for (int32_t b = 0; b < nb; ++b) {
-        if (pin && b == nb - 1) continue;
-        his.push_back(hi[b]);
-        los.push_back(lo[b]);
-      }
-      std::sort(his.rbegin(), his.rend());
-      std::sort(los.rbegin(), los.rend());
-      for (int32_t b = 0; b < nb; ++b) {
-        if (pin && b == nb - 1) continue;
-        const bool surely_in = slots < static_cast<int32_t>(his.size()) && lo[b] > his[slots];
-        const bool surely_out = slots == 0 || hi[b] < los[slots - 1];
-        in[b] = surely_in ? 2 : surely_out ? 0 : 1;
-      }
-    }
-    // The consumer's output: form, then P = D and the B blocks it used.
-    const int32_t* row = got.data() + r * k;
-    std::vector<char> kept(n, 0);
-    int32_t count = 0;
-    for (int32_t i = 0; i < c.topk; ++i) {
-      if (row[i] < 0) {
-        ASSERT_EQ(row[i], -1) << "consumer " << what << " slot " << i;
-        continue;
-      }
-      ASSERT_EQ(count, i) << "consumer " << what << ": an entry after -1 at slot " << i;
-      ++count;
-      ASSERT_LT(row[i], n) << "consumer " << what;
-      ASSERT_GE(in[row[i] / bs], 1) << "consumer " << what << ": entry " << row[i] << " outside the pool";
-      ASSERT_FALSE(kept[row[i]]) << "consumer " << what << " duplicate " << row[i];
-      kept[row[i]] = 1;
-    }
-    std::vector<char> block_in_p(nb, 0), entry_in_p(n, 0);
-    for (int32_t b = 0; b < nb; ++b) block_in_p[b] = in[b] == 2;
-    for (int32_t e = 0; e < n; ++e) {
-      if (kept[e]) block_in_p[e / bs] = 1;
-    }
-    int64_t p_blocks = 0, p_entries = 0, db_entries = 0;
-    for (int32_t b = 0; b < nb; ++b) p_blocks += block_in_p[b];
-    for (int32_t e = 0; e < n; ++e) {
-      entry_in_p[e] = block_in_p[e / bs];
-      p_entries += entry_in_p[e];
-      db_entries += in[e / bs] >= 1;
-    }
-    borderline_rows += p_entries != db_entries;
-    ASSERT_LE(p_blocks, std::min<int64_t>(nb, c.topk_blocks))
-        << "consumer " << what << ": entries from more blocks than the pool holds";
-    // Count: min(topk, pool entries); the pool holds P and at most the rest of B.
-    ASSERT_GE(count, std::min<int64_t>(c.topk, p_entries)) << "consumer " << what;
-    ASSERT_LE(count, std::min<int64_t>(c.topk, db_entries)) << "consumer " << what;
-    if (count < c.topk) {
-      ASSERT_EQ(count, p_entries) << "consumer " << what << ": fewer than topk kept, yet not the whole pool";
-    }
     const RefRow cons_ref = RefLogits(sc.p, layout, rows, qc, r);
-    logit = cons_ref.logit;
-    tol = cons_ref.Tol(cons_t);
+    bool borderline = false;
     double used = 0;
-    ASSERT_EQ(SetViolation(kept, &entry_in_p, logit, tol, &used), "") << "consumer " << what;
+    ASSERT_EQ(ConsumerRowViolation(got.data() + r * k, n, c.topk, spec, src_ref.logit, tol, cons_ref.logit,
+                                   cons_ref.Tol(cons_t), &borderline, &used),
+              "")
+        << "consumer " << what;
+    borderline_rows += borderline;
     cons_m.Add(used, "consumer " + what);
   }
   std::printf("[   pools  ] %d rows, %d with borderline blocks\n", rows.num_rows, borderline_rows);

@@ -356,6 +356,95 @@ inline std::string TopkRowViolation(const int32_t* got, int32_t n, int32_t k,
   return SetViolation(kept, nullptr, logit, tol, used);
 }
 
+// A candidate consumer's row against the reference (SPEC §5). The pool is
+// the source's topk_blocks blocks by their maxima of the source's scores
+// (the newest pinned when `spec.pin_newest`), known from the source's
+// reference (src_logit, src_tol) up to blocks whose maxima sit within the
+// tolerance of the cut: blocks surely in (D), surely out, and borderline
+// (B). The pool surely holds P = D and every B block the consumer kept an
+// entry of, so: every kept entry lies in D or B; P has no more blocks than
+// the pool; the count is min(topk, pool entries), and if it is under topk
+// the pool is exactly P, all of it kept; and over P the set check of
+// SetViolation holds on the consumer's reference (logit, tol). Without
+// borderline blocks P is the pool and this is the exact rule. Returns "" or
+// what is wrong; *borderline: the row had B blocks; *used as SetViolation's.
+inline std::string ConsumerRowViolation(const int32_t* row, int32_t n, int32_t topk,
+                                        const CandidateSpec& spec,
+                                        const std::vector<double>& src_logit,
+                                        const std::vector<double>& src_tol,
+                                        const std::vector<double>& logit,
+                                        const std::vector<double>& tol, bool* borderline,
+                                        double* used) {
+  *borderline = false;
+  *used = 0;
+  // in[b]: 2 surely in the pool, 1 borderline, 0 surely out.
+  const int32_t bs = spec.block_size, nb = (n + bs - 1) / bs;
+  std::vector<int> in(nb, 2);
+  if (nb > spec.topk_blocks) {
+    // Bounds of each block's maximum.
+    std::vector<double> lo(nb, -INFINITY), hi(nb, -INFINITY);
+    for (int32_t e = 0; e < n; ++e) {
+      hi[e / bs] = std::max(hi[e / bs], src_logit[e] + src_tol[e]);
+      lo[e / bs] = std::max(lo[e / bs], src_logit[e] - src_tol[e]);
+    }
+    const bool pin = spec.pin_newest;
+    const int32_t slots = pin ? spec.topk_blocks - 1 : spec.topk_blocks;
+    std::vector<double> his, los;
+    for (int32_t b = 0; b < nb; ++b) {
+      if (pin && b == nb - 1) continue;
+      his.push_back(hi[b]);
+      los.push_back(lo[b]);
+    }
+    std::sort(his.rbegin(), his.rend());
+    std::sort(los.rbegin(), los.rend());
+    for (int32_t b = 0; b < nb; ++b) {
+      if (pin && b == nb - 1) continue;
+      const bool surely_in = slots < static_cast<int32_t>(his.size()) && lo[b] > his[slots];
+      const bool surely_out = slots == 0 || hi[b] < los[slots - 1];
+      in[b] = surely_in ? 2 : surely_out ? 0 : 1;
+    }
+  }
+  // The row's form, then P = D and the B blocks it used.
+  std::vector<char> kept(n, 0);
+  int32_t count = 0;
+  for (int32_t i = 0; i < topk; ++i) {
+    const std::string slot = "slot " + std::to_string(i) + " holds " + std::to_string(row[i]);
+    if (row[i] < 0) {
+      if (row[i] != -1) return slot + ", not -1";
+      continue;
+    }
+    if (count != i) return slot + " after a -1";
+    ++count;
+    if (row[i] >= n) return slot + ", not below n";
+    if (in[row[i] / bs] == 0) return slot + ", outside the pool";
+    if (kept[row[i]]) return slot + ", a duplicate";
+    kept[row[i]] = 1;
+  }
+  std::vector<char> block_in_p(nb, 0), entry_in_p(n, 0);
+  for (int32_t b = 0; b < nb; ++b) block_in_p[b] = in[b] == 2;
+  for (int32_t e = 0; e < n; ++e) {
+    if (kept[e]) block_in_p[e / bs] = 1;
+  }
+  int64_t p_blocks = 0, p_entries = 0, db_entries = 0;
+  for (int32_t b = 0; b < nb; ++b) p_blocks += block_in_p[b];
+  for (int32_t e = 0; e < n; ++e) {
+    entry_in_p[e] = block_in_p[e / bs];
+    p_entries += entry_in_p[e];
+    db_entries += in[e / bs] >= 1;
+  }
+  *borderline = p_entries != db_entries;
+  const std::string counts = "count " + std::to_string(count) + ", P holds " + std::to_string(p_blocks) +
+                             " blocks and " + std::to_string(p_entries) + " entries, D and B " +
+                             std::to_string(db_entries) + " entries";
+  if (p_blocks > std::min<int64_t>(nb, spec.topk_blocks)) return "entries from more blocks than the pool holds: " + counts;
+  // Count: min(topk, pool entries); the pool holds P and at most the rest of B.
+  if (count < std::min<int64_t>(topk, p_entries) || count > std::min<int64_t>(topk, db_entries)) {
+    return "wrong count: " + counts;
+  }
+  if (count < topk && count != p_entries) return "fewer than topk kept, yet not the whole pool: " + counts;
+  return SetViolation(kept, &entry_in_p, logit, tol, used);
+}
+
 // Largest fraction of the tolerance any checked row needed (printed per test,
 // so that a run on the device shows each path's margin).
 struct Margin {

@@ -161,6 +161,90 @@ TEST(GpuToleranceTest, CpuBackendPassesTheSetCheckUnderTheFp32Bound) {
   }
 }
 
+// The candidate check itself on the cpu backend (host only): its source and
+// consumer pass under the fp32 bound on every row, and a consumer row with
+// its best entry swapped for the best one it left out is caught.
+TEST(GpuToleranceTest, CpuCandidateLayersPassTheConsumerCheck) {
+  struct Case {
+    KvFormat format;
+    int32_t page_entries, block_size, topk_blocks, topk;
+    bool pin;
+    std::vector<int32_t> hist, q_lens;
+  };
+  const std::vector<Case> cases = {
+      {KvFormat::kFp8, 64, 8, 64, 256, true, {3000, 1200, 40}, {1, 1, 3}},
+      {KvFormat::kMxfp4, 16, 3, 50, 64, false, {700, 2000, 31}, {2, 2, 2}},
+  };
+  for (const Case& c : cases) {
+    const PageLayout layout = *PageLayout::Make(c.format, 128, c.page_entries);
+    CpuBackend cpu(0);
+    std::mt19937 rng(41 + c.block_size);
+    std::vector<int32_t> new_e, zeros(c.hist.size(), 0);
+    std::vector<std::vector<int32_t>> pages(c.hist.size());
+    int32_t next = 0;
+    for (size_t s = 0; s < c.hist.size(); ++s) {
+      new_e.push_back(c.hist[s] + c.q_lens[s]);
+      for (int32_t i = 0; i < PagesFor(new_e[s], c.page_entries); ++i) pages[s].push_back(next++);
+    }
+    const PoolHandle pool = *cpu.AllocatePool(layout, next);
+    const StepRows rows = MakeStep(zeros, new_e, c.q_lens, c.page_entries, pages, 0);
+    const KData kd = MakeK(rng, layout, rows.NewEntries(), KInput::Kind::kFloat32, true);
+    auto ctx = cpu.PrepareStep(layout, rows);
+    ASSERT_TRUE(ctx.ok()) << ctx.status();
+    ASSERT_TRUE(cpu.WriteEntries(layout, pool, rows, ctx->get(), kd.input).ok());
+    CandidateSpec spec;
+    spec.block_size = c.block_size;
+    spec.topk_blocks = c.topk_blocks;
+    spec.pin_newest = c.pin;
+    const QData qs = MakeQ(rng, layout, rows.num_rows, 64), qc = MakeQ(rng, layout, rows.num_rows, 64);
+    const int64_t k = c.topk;
+    std::vector<int32_t> src(rows.num_rows * k), got(rows.num_rows * k, -7);
+    ASSERT_TRUE(cpu.CandidateSource(layout, pool, rows, ctx->get(), qs.input, c.topk, spec, src.data()).ok());
+    ASSERT_TRUE(cpu.CandidateConsumer(layout, pool, rows, ctx->get(), qc.input, c.topk, spec,
+                                      ConsumerMode::kAuto, got.data()).ok());
+    int32_t caught = 0, swapped = 0;
+    for (int32_t r = 0; r < rows.num_rows; ++r) {
+      const int32_t n = rows.row_visible[r];
+      const std::string what = "row " + std::to_string(r) + " n " + std::to_string(n);
+      const RefRow src_ref = RefLogits(cpu, pool, layout, rows, qs, r);
+      const RefRow cons_ref = RefLogits(cpu, pool, layout, rows, qc, r);
+      const std::vector<double> src_tol = src_ref.Tol(kFp32Tolerance), tol = cons_ref.Tol(kFp32Tolerance);
+      ExpectTopkRow(src.data() + r * k, n, c.topk, src_ref.logit, src_tol, "source " + what);
+      bool borderline = false;
+      double used = 0;
+      int32_t* row = got.data() + r * k;
+      ASSERT_EQ(ConsumerRowViolation(row, n, c.topk, spec, src_ref.logit, src_tol, cons_ref.logit, tol,
+                                     &borderline, &used),
+                "")
+          << "consumer " << what;
+      // Damage: the best kept entry out, the best left-out entry of a block
+      // that holds a kept one (surely in the pool) in.
+      std::vector<char> kept(n, 0), block_used((n + c.block_size - 1) / c.block_size, 0);
+      int32_t best = -1;
+      for (int32_t i = 0; i < c.topk && row[i] >= 0; ++i) {
+        kept[row[i]] = 1;
+        block_used[row[i] / c.block_size] = 1;
+        if (best < 0 || cons_ref.logit[row[i]] > cons_ref.logit[row[best]]) best = i;
+      }
+      int32_t in_e = -1;
+      for (int32_t e = 0; e < n; ++e) {
+        if (!kept[e] && block_used[e / c.block_size] && (in_e < 0 || cons_ref.logit[e] > cons_ref.logit[in_e])) {
+          in_e = e;
+        }
+      }
+      if (best < 0 || in_e < 0) continue;
+      ++swapped;
+      const int32_t keep = row[best];
+      row[best] = in_e;
+      caught += ConsumerRowViolation(row, n, c.topk, spec, src_ref.logit, src_tol, cons_ref.logit, tol,
+                                     &borderline, &used) != "";
+      row[best] = keep;
+    }
+    EXPECT_GT(swapped, 0);
+    EXPECT_EQ(caught, swapped) << "damaged consumer rows passed the check";
+  }
+}
+
 // The tensor-core bound against a model of the accumulator it is derived
 // for (host only): each k32 step aligns its 32 products and the running
 // sum to the largest exponent, truncates every addend to 13 bits below it,

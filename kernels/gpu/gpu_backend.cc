@@ -522,6 +522,9 @@ absl::Status GpuBackend::DenseWalk(
     cp.first_bad = bad_ + 1;
     RETURN_IF_ERROR(LaunchCheckInput(cp, stream_));
   }
+  // Every logits kernel this call ran, '+'-joined (sub-chunks may differ:
+  // group rows pick the kernel), for tests that bound each kernel's error.
+  std::string paths;
   // Sub-chunks share the Q, logits and output buffers on the device: stream
   // order keeps each writer after the last reader, so only the end waits.
   for (const SubChunk& sc : step->plan().chunks) {
@@ -561,7 +564,10 @@ absl::Status GpuBackend::DenseWalk(
     const char* which = "portable";
     RETURN_IF_ERROR(BeginSpan());
     RETURN_IF_ERROR(LaunchDenseLogits(lp, props_.major, props_.minor, stream_, &which, max_path_));
-    last_path_ = which;
+    if (("+" + paths + "+").find(std::string("+") + which + "+") == std::string::npos) {
+      paths += (paths.empty() ? "" : "+") + std::string(which);
+    }
+    last_path_ = paths;
     RETURN_IF_ERROR(EndSpan(&timings->logits_us));
     RETURN_IF_ERROR(after(sc));
   }

@@ -145,8 +145,9 @@ class GpuBackend : public Backend {
   // backend's events see the flush complete before they are stamped (a
   // flush on another stream overlaps them).
   Stream stream_for_bench() const ABSL_NO_THREAD_SAFETY_ANALYSIS { return stream_; }
-  // "wgmma_ws", "wgmma", "mma" or "portable": the logits kernel of the last
-  // DenseTopk.
+  // "wgmma_mxfp4", "wgmma_ws", "wgmma", "mma" or "portable": the logits
+  // kernel of the last dense walk (DenseTopk, candidate layers); kernels
+  // joined by '+' in order of first use when its sub-chunks took several.
   std::string last_logits_path() const;
   // Caps the logits path: 0 portable, 1 mma.sync, 2 wgmma (default); tests
   // compare the paths.

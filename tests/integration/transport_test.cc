@@ -161,7 +161,7 @@ TEST(TransportTest, KeepaliveDropsASilentPeerAndRollsItsStepBack) {
   config::ServerConfig cfg = MakeConfig({{.format = "fp8", .num_layers = 2, .pages = 64}});
   cfg.set_step_idle_ms(600000);
   cfg.set_keepalive_ms(200);
-  cfg.set_keepalive_timeout_ms(200);
+  cfg.set_keepalive_timeout_ms(500);
   Daemon d(cfg);
   Shadow shadow(d.layers(), 1);
   FreezableProxy proxy(d.port());
@@ -184,7 +184,7 @@ TEST(TransportTest, KeepaliveDropsASilentPeerAndRollsItsStepBack) {
       << "the silent peer's step still holds its pages";
   const double ms = std::chrono::duration<double, std::milli>(Clock::now() - frozen_at).count();
   std::printf("[ keepalive] step rolled back %.0f ms after the peer went silent\n", ms);
-  // keepalive 200 + timeout 200 ms: well inside 10 s, far from step_idle_ms.
+  // keepalive 200 + timeout 500 ms: well inside 10 s, far from step_idle_ms.
   EXPECT_LT(ms, 10000.0);
   EXPECT_FALSE(d.engine().SequenceLength(SeqName::Named("silent")).ok());
   EXPECT_TRUE(d.engine().SequenceLength(SeqName::Named("warm")).ok());

@@ -65,9 +65,12 @@ class Daemon {
   }
 
   // Steps end asynchronously on the server after a cancel: wait for it.
+  // A deadline, not a count of looks: on two loaded cores the rollback can
+  // queue behind other work for longer than a few hundred short sleeps.
   void WaitIdle() {
-    for (int i = 0; i < 400 && engine().open_steps() > 0; ++i) {
-      std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    const auto end = std::chrono::steady_clock::now() + std::chrono::seconds(20);
+    while (engine().open_steps() > 0 && std::chrono::steady_clock::now() < end) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(2));
     }
     ASSERT_EQ(engine().open_steps(), 0);
   }

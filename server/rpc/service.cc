@@ -594,10 +594,17 @@ grpc::ServerUnaryReactor* IndexerService::WriteEntries(grpc::CallbackServerConte
     return reactor;
   }
   Engine* engine = engine_;
-  state_->executor.Post([engine, reactor, req_bytes, resp_bytes, hold, client] {
+  state_->executor.Post([engine, reactor, req_bytes, resp_bytes, hold, client, ctx] {
     v1::WriteEntriesRequest req;
     v1::WriteEntriesResponse resp;
     absl::Status s = [&]() -> absl::Status {
+      // A call the client no longer waits for (cancelled, or refused by the
+      // transport's memory quota) is not imported. A cancel that arrives
+      // during the import cannot undo it: the client then learns the
+      // outcome from the sequence's length.
+      if (ctx->IsCancelled()) {
+        return absl::CancelledError("import: the call was cancelled before it ran; nothing written");
+      }
       RETURN_IF_ERROR(Decode(*req_bytes, "WriteEntriesRequest", &req));
       ASSIGN_OR_RETURN(ImportArgs args, ToImport(req, engine->model().config.max_q_len(), client));
       ASSIGN_OR_RETURN(int64_t len,

@@ -170,6 +170,28 @@ class StepSession:
             self._call.cancel()
 
 
+def _read_pem(field, path):
+    if path is None:
+        return None
+    try:
+        with open(path, "rb") as f:
+            return f.read()
+    except OSError as e:
+        raise ValueError(f"{field}: cannot read {path!r}: {e}") from None
+
+
+def _tls_credentials(tls_ca, tls_cert, tls_key):
+    """TLS to the daemon (README "Security"): tls_ca verifies the daemon
+    (None = the system roots); tls_cert + tls_key present a client
+    certificate for mutual TLS."""
+    if (tls_cert is None) != (tls_key is None):
+        raise ValueError("tls_cert, tls_key: expected both or neither")
+    return grpc.ssl_channel_credentials(
+        root_certificates=_read_pem("tls_ca", tls_ca),
+        private_key=_read_pem("tls_key", tls_key),
+        certificate_chain=_read_pem("tls_cert", tls_cert))
+
+
 class Client:
     """A connection to indexerd.
 
@@ -181,14 +203,20 @@ class Client:
     """
 
     def __init__(self, addr, client_id=None, timeout=300.0, abort_grace=10.0,
-                 max_message_bytes=_MAX_MESSAGE, channel=None):
+                 max_message_bytes=_MAX_MESSAGE, channel=None, tls_ca=None,
+                 tls_cert=None, tls_key=None, tls_server_name=None):
         self.addr = addr
         self.timeout = timeout
         self.abort_grace = abort_grace
         self._metadata = ((CLIENT_ID_HEADER, client_id),) if client_id else ()
-        self._channel = channel or grpc.insecure_channel(
-            addr, options=[("grpc.max_send_message_length", max_message_bytes),
-                           ("grpc.max_receive_message_length", max_message_bytes)])
+        options = [("grpc.max_send_message_length", max_message_bytes),
+                   ("grpc.max_receive_message_length", max_message_bytes)]
+        if channel is None and (tls_ca or tls_cert or tls_key or tls_server_name):
+            channel = grpc.secure_channel(
+                addr, _tls_credentials(tls_ca, tls_cert, tls_key),
+                options + ([("grpc.ssl_target_name_override", tls_server_name)]
+                           if tls_server_name else []))
+        self._channel = channel or grpc.insecure_channel(addr, options=options)
         self.stub = pb_grpc.IndexerStub(self._channel)
 
     def close(self):

@@ -65,16 +65,8 @@ std::string Key(const std::string& name) { return (Pki() / (name + ".key")).stri
 // A daemon on 127.0.0.1:0 with `cfg`'s listener security.
 class SecureDaemon {
  public:
-  explicit SecureDaemon(const config::ServerConfig& cfg) {
-    auto model = BuildModel(cfg);
-    EXPECT_TRUE(model.ok()) << model.status();
-    layers_ = TestLayers(*model);
-    auto engine = Engine::Create(*std::move(model), TestBackend());
-    EXPECT_TRUE(engine.ok()) << engine.status();
-    auto server = StartServer(*std::move(engine), "127.0.0.1:0");
-    EXPECT_TRUE(server.ok()) << server.status();
-    server_ = *std::move(server);
-  }
+  explicit SecureDaemon(const config::ServerConfig& cfg)
+      : server_(StartTestServer(cfg, &layers_)) {}
   Engine& engine() { return server_->engine(); }
   const std::vector<TestLayer>& layers() const { return layers_; }
   std::string address() const { return "127.0.0.1:" + std::to_string(server_->port()); }

@@ -37,17 +37,25 @@ inline std::unique_ptr<Backend> TestBackend() {
   return backend.ok() ? *std::move(backend) : nullptr;
 }
 
+// The daemon under test on 127.0.0.1:0: `cfg`'s model over TestBackend(),
+// with `cfg`'s listener security. Sets `*layers` to the model's test layers.
+inline std::unique_ptr<RunningServer> StartTestServer(const config::ServerConfig& cfg,
+                                                      std::vector<TestLayer>* layers) {
+  auto model = BuildModel(cfg);
+  EXPECT_TRUE(model.ok()) << model.status();
+  *layers = TestLayers(*model);
+  auto engine = Engine::Create(*std::move(model), TestBackend());
+  EXPECT_TRUE(engine.ok()) << engine.status();
+  auto server = StartServer(*std::move(engine), "127.0.0.1:0");
+  EXPECT_TRUE(server.ok()) << server.status();
+  return *std::move(server);
+}
+
+// StartTestServer plus a plaintext client of its own.
 class Daemon {
  public:
   explicit Daemon(const config::ServerConfig& cfg) {
-    auto model = BuildModel(cfg);
-    EXPECT_TRUE(model.ok()) << model.status();
-    layers_ = TestLayers(*model);
-    auto engine = Engine::Create(*std::move(model), TestBackend());
-    EXPECT_TRUE(engine.ok()) << engine.status();
-    auto server = StartServer(*std::move(engine), "127.0.0.1:0");
-    EXPECT_TRUE(server.ok()) << server.status();
-    server_ = *std::move(server);
+    server_ = StartTestServer(cfg, &layers_);
     auto c = IndexerClient::Connect("127.0.0.1:" + std::to_string(server_->port()));
     EXPECT_TRUE(c.ok()) << c.status();
     client_ = *std::move(c);

@@ -17,7 +17,7 @@
 set -uo pipefail
 cd "$(dirname "$0")/../../.."
 ROOT=$PWD
-DEV=$ROOT/dev
+DEV=${DEV:-$ROOT/dev}  # DEV=dev-NAME runs a pack copied from another worktree
 export LD_LIBRARY_PATH=$DEV/lib:${LD_LIBRARY_PATH:-}
 export PATH=$DEV/bin:$PATH
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"

@@ -38,8 +38,8 @@
 #include "kernels/backend.h"
 #include "kernels/gpu/gpu_backend.h"
 #include "kernels/gpu/gpu_backend_impl.h"
-#include "kernels/gpu/mma_sm90.h"
-#include "kernels/gpu/wgmma_sm90.h"
+#include "kernels/gpu/hopper/mma_sm90.h"
+#include "kernels/gpu/hopper/wgmma_sm90.h"
 
 namespace indexer {
 namespace {

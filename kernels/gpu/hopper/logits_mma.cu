@@ -14,7 +14,7 @@
 #include "kernels/format/fp8.h"
 #include "kernels/format/mxfp4.h"
 #include "kernels/gpu/dispatch.h"
-#include "kernels/gpu/mma_sm90.h"
+#include "kernels/gpu/hopper/mma_sm90.h"
 #include "kernels/gpu/paged.h"
 #include "kernels/gpu/params.h"
 

@@ -46,7 +46,7 @@
 #include "kernels/format/mxfp4.h"
 #include "kernels/gpu/paged.h"
 #include "kernels/gpu/params.h"
-#include "kernels/gpu/wgmma_sm90.h"
+#include "kernels/gpu/hopper/wgmma_sm90.h"
 
 namespace indexer {
 namespace gpu {

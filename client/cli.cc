@@ -36,6 +36,7 @@ absl::StatusOr<std::unique_ptr<IndexerClient>> ConnectFromFlags(
   }
   options.client_id = flags.client_id;
   options.client_id_header = flags.client_id_header;
+  options.busy_poll = absl::Microseconds(flags.busy_poll_us);
   return IndexerClient::Connect(flags.addr, options);
 }
 
@@ -227,6 +228,9 @@ int main(int argc, char** argv) {
   app.add_option("--client-id-header", global.client_id_header,
                  "metadata key of --client-id")
       ->capture_default_str();
+  app.add_option("--busy-poll-us", global.busy_poll_us,
+                 "step streams poll for replies this long before blocking (0 = block)")
+      ->check(CLI::Range(0.0, 1e6));
 
   CLI::App* info = app.add_subcommand("info", "print the server info");
 

@@ -90,6 +90,14 @@ const char* RoleTag(const LayerSpec& spec) {
 struct LayerStats {
   std::vector<double> rtt_us, server_us, logits_us, topk_us;
   std::vector<double> queue_us, validate_us, write_us;
+  // The daemon's host side of the backend call (gpu), and, when the daemon
+  // runs on this host (its clock stamps are comparable), the request's way
+  // in (client encode, gRPC, socket, the daemon's read) and the reply's way
+  // out (the daemon's send, socket, gRPC, client parse).
+  std::vector<double> enqueue_us, wait_us, way_in_us, way_out_us;
+  // Same host: how long the request waited for the daemon to finish the
+  // message before it (the step header, for a step's first layer).
+  std::vector<double> behind_us;
 };
 
 class Bench {
@@ -312,7 +320,8 @@ absl::Status Bench::Step(int32_t q_len, bool create, bool measure,
     RETURN_IF_ERROR(transport_->Prepare(&request, topk_bytes));
     const auto start = Clock::now();
     absl::StatusOr<v1::LayerReply> reply = session->RunLayer(std::move(request));
-    const double rtt = MicrosSince(start);
+    const auto end = Clock::now();
+    const double rtt = std::chrono::duration<double, std::micro>(end - start).count();
     if (!reply.ok()) {
       return absl::Status(reply.status().code(),
                           absl::StrCat("layer ", spec.layer, ": ",
@@ -328,6 +337,23 @@ absl::Status Bench::Step(int32_t q_len, bool create, bool measure,
       st.queue_us.push_back(reply->timings().queue_us());
       st.validate_us.push_back(reply->timings().validate_us());
       st.write_us.push_back(reply->timings().write_us());
+      st.enqueue_us.push_back(reply->timings().enqueue_us());
+      st.wait_us.push_back(reply->timings().wait_us());
+      const int64_t in_ns = reply->timings().received_clock_ns() -
+                            std::chrono::duration_cast<std::chrono::nanoseconds>(
+                                start.time_since_epoch()).count();
+      const int64_t out_ns = std::chrono::duration_cast<std::chrono::nanoseconds>(
+                                 end.time_since_epoch()).count() -
+                             reply->timings().replied_clock_ns();
+      // Another host's clock gives values outside [0, rtt]: not recorded.
+      if (in_ns >= 0 && out_ns >= 0 && (in_ns + out_ns) / 1e3 <= rtt) {
+        // The way in counts from when the daemon began reading.
+        const int64_t behind_ns = std::max<int64_t>(
+            0, reply->timings().read_clock_ns() - (reply->timings().received_clock_ns() - in_ns));
+        st.behind_us.push_back(behind_ns / 1e3);
+        st.way_in_us.push_back((in_ns - behind_ns) / 1e3);
+        st.way_out_us.push_back(out_ns / 1e3);
+      }
     }
   }
   if (abort) {
@@ -396,6 +422,18 @@ void Bench::Report() const {
                 Percentile(st.validate_us, 50), Percentile(st.write_us, 50),
                 Percentile(st.logits_us, 50), Percentile(st.topk_us, 50),
                 Percentile(st.server_us, 50));
+  }
+  for (const auto& [layer, st] : stats_) {
+    std::printf("layer %u backend host p50 (us): enqueue %.1f, wait %.1f", layer,
+                Percentile(st.enqueue_us, 50), Percentile(st.wait_us, 50));
+    if (!st.way_in_us.empty()) {
+      std::printf("; same-host split p50 (us): behind the previous message %.1f, way in %.1f, "
+                  "way out %.1f (%zu of %zu layers)",
+                  Percentile(st.behind_us, 50), Percentile(st.way_in_us, 50),
+                  Percentile(st.way_out_us, 50),
+                  st.way_in_us.size(), st.rtt_us.size());
+    }
+    std::printf("\n");
   }
   // What the service adds to the kernels (SPEC §8's service target), per
   // layer call: rtt - (logits + topk); and its transport part, rtt - the

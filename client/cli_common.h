@@ -25,6 +25,7 @@ struct GlobalFlags {
   std::string tls_server_name;  // name checked against the daemon's certificate
   std::string client_id;        // sent as client_id_header on plaintext
   std::string client_id_header = "x-indexer-client";
+  double busy_poll_us = 0;      // ClientOptions::busy_poll
 };
 
 struct DemoFlags {

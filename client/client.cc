@@ -66,11 +66,12 @@ bool ParseStepResponse(grpc::ByteBuffer* bytes, v1::StepResponse* response) {
 
 StepSession::StepSession(std::shared_ptr<grpc::Channel> channel,
                          std::unique_ptr<grpc::ClientContext> context,
-                         absl::Duration abort_grace)
+                         absl::Duration abort_grace, absl::Duration busy_poll)
     : channel_(std::move(channel)),
       context_(std::move(context)),
       cq_(std::make_unique<grpc::CompletionQueue>()),
-      abort_grace_(abort_grace) {}
+      abort_grace_(abort_grace),
+      busy_poll_(busy_poll) {}
 
 StepSession::~StepSession() {
   if (!finished_) Abort();
@@ -95,10 +96,18 @@ bool StepSession::Start() {
 bool StepSession::Await(void* tag, absl::Time deadline) {
   // At most one operation of each kind is in flight; completions of others
   // (the read of a layer finishing before its write) are kept until awaited.
+  // Polling first (busy_poll): AsyncNext with a past deadline drives the
+  // queue's polling on this thread without sleeping.
+  const absl::Time poll_until =
+      busy_poll_ > absl::ZeroDuration() ? absl::Now() + busy_poll_ : absl::InfinitePast();
   while (!done_[reinterpret_cast<intptr_t>(tag)]) {
     void* got = nullptr;
     bool ok = false;
-    if (deadline == absl::InfiniteFuture() || cancelled_) {
+    if (!cancelled_ && absl::Now() < poll_until && absl::Now() < deadline) {
+      const auto r = cq_->AsyncNext(&got, &ok, gpr_time_0(GPR_CLOCK_MONOTONIC));
+      if (r == grpc::CompletionQueue::SHUTDOWN) return false;
+      if (r == grpc::CompletionQueue::TIMEOUT) continue;
+    } else if (deadline == absl::InfiniteFuture() || cancelled_) {
       if (!cq_->Next(&got, &ok)) return false;  // not reached: shut down last
     } else {
       switch (cq_->AsyncNext(&got, &ok, absl::ToChronoTime(deadline))) {
@@ -431,7 +440,8 @@ absl::StatusOr<std::unique_ptr<StepSession>> IndexerClient::OpenStep(
   auto context = std::make_unique<grpc::ClientContext>();
   Prepare(*context, options_.step_timeout);
   std::unique_ptr<StepSession> session(
-      new StepSession(channel_, std::move(context), options_.abort_grace));
+      new StepSession(channel_, std::move(context), options_.abort_grace,
+                      options_.busy_poll));
   if (!session->Start()) return session->FailStream("opening the step stream");
   v1::StepRequest message;
   *message.mutable_header() = header;

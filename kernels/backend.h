@@ -116,6 +116,10 @@ struct LayerTimings {
   double write_us = 0;
   double logits_us = 0;
   double topk_us = 0;
+  // Host time of RunLayer on a device backend: issuing the work, and the
+  // wait for it (0 where the backend computes on the calling thread).
+  double enqueue_us = 0;
+  double wait_us = 0;
 };
 
 // What one layer of a step does, for Backend::RunLayer: write the step's new

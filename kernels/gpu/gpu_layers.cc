@@ -2,6 +2,7 @@
 // layer) and the candidate and block paths it and the single-path calls
 // share. The dense path and the stream helpers are gpu_backend.cc.
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstring>
 #include <memory>
@@ -22,6 +23,7 @@ absl::StatusOr<LayerTimings> GpuBackend::RunLayer(PoolHandle pool_h, StepContext
   if (ctx == nullptr) {
     return absl::InvalidArgumentError("ctx: expected the step's context from PrepareStep");
   }
+  const auto begin = std::chrono::steady_clock::now();
   const PageLayout& layout = pool_h.layout;
   const StepRows& rows = ctx->rows();
   LayerTimings timings;
@@ -50,7 +52,11 @@ absl::StatusOr<LayerTimings> GpuBackend::RunLayer(PoolHandle pool_h, StepContext
       break;
   }
   // The layer's one wait; the spans' times land in `timings` here.
+  const auto issued = std::chrono::steady_clock::now();
   RETURN_IF_ERROR(call.End());
+  const auto done = std::chrono::steady_clock::now();
+  timings.enqueue_us = std::chrono::duration<double, std::micro>(issued - begin).count();
+  timings.wait_us = std::chrono::duration<double, std::micro>(done - issued).count();
   return timings;
 }
 

@@ -56,6 +56,7 @@ absl::Status FillAndCheckLimits(config::ServerConfig* cfg) {
   RETURN_IF_ERROR(InRange("client_quota.max_bytes_in_flight_mb", q.max_bytes_in_flight_mb(), 0,
                           uint64_t{1} << 30));
   RETURN_IF_ERROR(InRange("tls.refresh_s", cfg->tls().refresh_s(), 0, 86400));
+  RETURN_IF_ERROR(InRange("layer_spin_us", cfg->layer_spin_us(), 0, 100000));
 
   if (cfg->next_n() == 0) cfg->set_next_n(1);
   if (cfg->logits_budget_mb() == 0) cfg->set_logits_budget_mb(512);
@@ -68,6 +69,7 @@ absl::Status FillAndCheckLimits(config::ServerConfig* cfg) {
   if (cfg->device().empty()) cfg->set_device("auto");
   if (cfg->max_seq_len() == 0) cfg->set_max_seq_len(1 << 20);
   if (cfg->step_idle_ms() == 0) cfg->set_step_idle_ms(kDefaultStepIdleMs);
+  if (!cfg->has_layer_spin_us()) cfg->set_layer_spin_us(kDefaultLayerSpinUs);
   if (cfg->keepalive_ms() == 0) cfg->set_keepalive_ms(kDefaultKeepaliveMs);
   if (cfg->keepalive_timeout_ms() == 0) cfg->set_keepalive_timeout_ms(kDefaultKeepaliveTimeoutMs);
   if (cfg->memory_quota_mb() == 0) cfg->set_memory_quota_mb(kDefaultMemoryQuotaMb);

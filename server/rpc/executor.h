@@ -9,6 +9,8 @@
 // on whichever worker is free; a task must not block on another task.
 #pragma once
 
+#include <atomic>
+#include <cstdint>
 #include <deque>
 #include <functional>
 #include <thread>
@@ -16,6 +18,7 @@
 
 #include "absl/base/thread_annotations.h"
 #include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
 
 namespace indexer {
 
@@ -25,7 +28,12 @@ class Executor {
   // they start, such as the cpu backend's TBB workers, inherit it). A
   // positive nice makes layer work yield the CPU to gRPC's threads, so that
   // health checks are answered at once even on a saturated host.
-  explicit Executor(int workers, int nice = 0);
+  // `spin`: a worker that finished a task polls for the next one this long
+  // before it sleeps. The layers of a step arrive one round trip apart, and
+  // a sleeping worker's wake-up (a futex and, on an idle host, a core
+  // leaving its sleep state) costs tens of microseconds per layer; the spin
+  // trades a core per busy worker, while steps run, for that latency.
+  explicit Executor(int workers, int nice = 0, absl::Duration spin = absl::ZeroDuration());
   // Runs the tasks already posted, then joins the workers.
   ~Executor();
   Executor(const Executor&) = delete;
@@ -42,6 +50,11 @@ class Executor {
  private:
   void Loop();
 
+  // Polls queued_ for up to spin_; true when a task may be waiting.
+  bool SpinForWork() const;
+
+  const absl::Duration spin_;
+  std::atomic<int64_t> queued_{0};  // queue_.size(), for the spinning workers
   mutable absl::Mutex mu_;
   std::deque<std::function<void()>> queue_ ABSL_GUARDED_BY(mu_);
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;

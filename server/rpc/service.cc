@@ -39,6 +39,12 @@ double MicrosBetween(Clock::time_point a, Clock::time_point b) {
   return std::chrono::duration<double, std::micro>(b - a).count();
 }
 
+// libstdc++'s steady_clock is CLOCK_MONOTONIC: a client on this host reads
+// the same clock (LayerTimings.received_clock_ns).
+int64_t MonotonicNs(Clock::time_point t) {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(t.time_since_epoch()).count();
+}
+
 grpc::ServerUnaryReactor* Respond(grpc::CallbackServerContext* ctx,
                                   const absl::Status& s) {
   auto* reactor = ctx->DefaultReactor();
@@ -309,6 +315,7 @@ class StepReactor final
       absl::MutexLock lock(&mu_);
       reading_ = true;
       read_since_ = Clock::now();
+      read_posted_ = read_since_;
     }
     StartRead(&req_bytes_);
   }
@@ -409,7 +416,13 @@ class StepReactor final
     tm->set_write_us(out->timings.write_us);
     tm->set_logits_us(out->timings.logits_us);
     tm->set_topk_us(out->timings.topk_us);
-    tm->set_total_us(MicrosBetween(received_, Clock::now()));
+    tm->set_enqueue_us(out->timings.enqueue_us);
+    tm->set_wait_us(out->timings.wait_us);
+    const Clock::time_point replied = Clock::now();
+    tm->set_total_us(MicrosBetween(received_, replied));
+    tm->set_received_clock_ns(MonotonicNs(received_));
+    tm->set_replied_clock_ns(MonotonicNs(replied));
+    tm->set_read_clock_ns(MonotonicNs(read_posted_));
     v1::Tensor meta;
     meta.set_dtype(v1::INT32);
     for (int64_t d : out->shape) meta.add_shape(d);
@@ -470,6 +483,7 @@ class StepReactor final
   v1::StepResponse resp_;
   std::unique_ptr<indexer::Step> step_;
   Clock::time_point received_;
+  Clock::time_point read_posted_;  // the current message's StartRead
   bool committed_ = false;
 };
 
@@ -482,7 +496,8 @@ ServiceState::ServiceState(Engine* e, std::shared_ptr<ReplyBuffers> b)
       buffers(std::move(b)),
       quotas(LimitsOf(e->model().config), GroupPages(*e), GroupNames(*e)),
       idle_watch(std::chrono::milliseconds(e->model().config.step_idle_ms())),
-      executor(ExecutorWorkersFor(e->backend().Kind()), kLayerWorkerNice) {}
+      executor(ExecutorWorkersFor(e->backend().Kind()), kLayerWorkerNice,
+               absl::Microseconds(e->model().config.layer_spin_us())) {}
 
 IndexerService::IndexerService(Engine* engine)
     : engine_(engine),

@@ -65,6 +65,11 @@ struct ClientOptions {
   // StepSession::Abort waits this long for the daemon to end the step before
   // it cancels the stream outright.
   absl::Duration abort_grace = absl::Seconds(5);
+  // A Step stream's calls poll for the daemon's answer this long before
+  // they block (zero: block at once). A layer's reply comes one server
+  // round trip later; polling spends the waiting thread's core on it and
+  // saves the wake-up of a blocked thread.
+  absl::Duration busy_poll = absl::ZeroDuration();
   // Explicit channel credentials; null: `tls` when set, else plaintext.
   std::shared_ptr<grpc::ChannelCredentials> credentials;
   // TLS to the daemon (SPEC §9); used when `credentials` is null.
@@ -128,7 +133,7 @@ class StepSession {
 
   StepSession(std::shared_ptr<grpc::Channel> channel,
               std::unique_ptr<grpc::ClientContext> context,
-              absl::Duration abort_grace);
+              absl::Duration abort_grace, absl::Duration busy_poll);
 
   // Starts the call; false when it could not be started.
   bool Start();
@@ -157,6 +162,7 @@ class StepSession {
   std::unique_ptr<grpc::CompletionQueue> cq_;
   std::unique_ptr<Call> call_;
   absl::Duration abort_grace_;
+  absl::Duration busy_poll_;
   static constexpr int kOps = 5;  // start, write, read, writes done, finish
   bool done_[kOps] = {};  // completed and not yet awaited, per operation
   bool ok_[kOps] = {};

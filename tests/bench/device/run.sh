@@ -14,6 +14,10 @@
 #   python      the torch front-end example through device regions, checked
 #               against the cpu backend
 #   layers61    a 61-layer DeepSeek-V3.2 step through device regions, B=64 x 32k
+#   latency     where a layer's round trip goes: the daemon's layer_spin_us
+#               and the client's --busy-poll-us on and off, with and without
+#               MPS, per transport (the same-host split: way in, server,
+#               backend enqueue / wait, way out)
 set -uo pipefail
 cd "$(dirname "$0")/../../.."
 ROOT=$PWD
@@ -122,6 +126,42 @@ stage_layers61() {
   awk '$2 == "dense" { k += $9 + $10; n++ } END { printf "kernels: %d layers, sum of logits + top-k p50 %.1f us\n", n, k }' /tmp/layers61.txt
   daemon_stop
 }
+bench_line() {  # bench_line LABEL ARGS...: one bench run, its summary lines
+  local label=$1; shift
+  echo "== $label"
+  timeout 120 indexer-cli --addr "$DADDR" "$@" --warmup 5 --steps "${LSTEPS:-150}" 2>&1 | tr '\r' '\n' |
+    grep -E "server p50|backend host|adds to its kernels|all timed"
+}
+stage_latency() {
+  local cfg0=/tmp/spin0.textproto
+  { cat "$CFG"; echo "layer_spin_us: 0"; } > $cfg0
+  for spin in 0 200; do
+    local c=$CFG; [[ $spin == 0 ]] && c=$cfg0
+    LOG_PREFIX=latency daemon_start --config "$c" --device gpu:0
+    for poll in 0 1000; do
+      for tr in device host inline; do
+        bench_line "spin $spin poll $poll B=64x32k $tr" --busy-poll-us $poll bench --batch 64 --context 32768 --transport $tr
+      done
+      bench_line "spin $spin poll $poll B=1x128k device" --busy-poll-us $poll bench --batch 1 --context 131072 --transport device
+    done
+    daemon_stop
+  done
+  echo "== MPS"
+  export CUDA_MPS_PIPE_DIRECTORY=/tmp/mps CUDA_MPS_LOG_DIRECTORY=/tmp/mps-log; mkdir -p /tmp/mps /tmp/mps-log
+  if nvidia-cuda-mps-control -d; then
+    LOG_PREFIX=latency-mps daemon_start --config "$CFG" --device gpu:0
+    for poll in 0 1000; do
+      bench_line "MPS spin 200 poll $poll B=64x32k device" --busy-poll-us $poll bench --batch 64 --context 32768 --transport device
+      bench_line "MPS spin 200 poll $poll B=1x128k device" --busy-poll-us $poll bench --batch 1 --context 131072 --transport device
+    done
+    daemon_stop
+    echo quit | nvidia-cuda-mps-control
+  else
+    echo "MPS could not start"
+  fi
+  echo "== echo floor"
+  timeout 60 grpc_echo_bench --warmup 200 --iters 3000 2>&1 | tail -3
+}
 stage_python() {
   [[ -d $DEV/python ]] || { echo "python package not packed"; return; }
   (cd "$ROOT/client/python/tests" && PYTHONPATH=$DEV/python timeout 120 python3 -m unittest -v test_cuda_ipc 2>&1 | tail -5)
@@ -138,5 +178,5 @@ for s in "${stages[@]}"; do
   t0=$(date +%s)
   "stage_${s//-/_}" > "$OUT/$s.log" 2>&1
   echo "### $s ($(( $(date +%s) - t0 )) s)"
-  grep -aE "PASSED|FAILED|ERROR SUMMARY|rc [0-9]|^== |rtt p50|adds to its kernels|verdict|agree|torch|H200|round trip|alive" "$OUT/$s.log" | tail -40
+  grep -aE "PASSED|FAILED|ERROR SUMMARY|rc [0-9]|^== |rtt p50|backend host|adds to its kernels|verdict|agree|torch|H200|round trip|alive" "$OUT/$s.log" | tail -40
 done

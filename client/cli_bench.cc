@@ -98,6 +98,9 @@ struct LayerStats {
   // Same host: how long the request waited for the daemon to finish the
   // message before it (the step header, for a step's first layer).
   std::vector<double> behind_us;
+  // Same host, a step's first layer: the stream's way in (OpenStep to the
+  // daemon's reactor), the header's arrival after it, and its handling.
+  std::vector<double> stream_in_us, header_after_us, begin_us;
 };
 
 class Bench {
@@ -353,6 +356,15 @@ absl::Status Bench::Step(int32_t q_len, bool create, bool measure,
         st.behind_us.push_back(behind_ns / 1e3);
         st.way_in_us.push_back((in_ns - behind_ns) / 1e3);
         st.way_out_us.push_back(out_ns / 1e3);
+        const v1::LayerTimings& t = reply->timings();
+        if (t.stream_clock_ns() != 0) {
+          st.stream_in_us.push_back(
+              (t.stream_clock_ns() -
+               std::chrono::duration_cast<std::chrono::nanoseconds>(step_start.time_since_epoch())
+                   .count()) / 1e3);
+          st.header_after_us.push_back((t.header_clock_ns() - t.stream_clock_ns()) / 1e3);
+          st.begin_us.push_back(t.begin_us());
+        }
       }
     }
   }
@@ -434,6 +446,12 @@ void Bench::Report() const {
                   st.way_in_us.size(), st.rtt_us.size());
     }
     std::printf("\n");
+    if (!st.stream_in_us.empty()) {
+      std::printf("layer %u step start p50 (us, its first layer): stream open -> daemon %.1f, "
+                  "header %.1f after, header handled in %.1f (%zu steps)\n",
+                  layer, Percentile(st.stream_in_us, 50), Percentile(st.header_after_us, 50),
+                  Percentile(st.begin_us, 50), st.stream_in_us.size());
+    }
   }
   // What the service adds to the kernels (SPEC §8's service target), per
   // layer call: rtt - (logits + topk); and its transport part, rtt - the

@@ -577,7 +577,7 @@ absl::Status GpuBackend::DenseWalk(
 absl::Status GpuBackend::TopkPieces(
     const float* logits, int64_t stride, const int32_t* row_visible,
     int64_t rows, int32_t max_visible, int32_t topk, double* us,
-    absl::FunctionRef<absl::Status(int64_t, int64_t)> piece_done) {
+    absl::FunctionRef<absl::Status(int64_t, int64_t)> piece_done, int32_t* direct_out) {
   const int64_t piece = std::max<int64_t>(1, ws_.out_ints / topk);
   for (int64_t a = 0; a < rows; a += piece) {
     const int64_t m = std::min(piece, rows - a);
@@ -587,7 +587,7 @@ absl::Status GpuBackend::TopkPieces(
     tp.row_visible = row_visible + a;
     tp.num_rows = static_cast<int32_t>(m);
     tp.topk = topk;
-    tp.out = out_;
+    tp.out = direct_out != nullptr ? direct_out + a * topk : out_;
     tp.cand_keys = cand_keys_;
     tp.cand_pos = cand_pos_;
     tp.state = topk_state_;
@@ -649,10 +649,14 @@ absl::Status GpuBackend::DenseImpl(const PageLayout& layout, PoolHandle pool_h,
   RETURN_IF_ERROR(call.Begin());
   RETURN_IF_ERROR(DenseWalk(p, layout, pool, step, q, timings, [&](const SubChunk& sc) {
     const int64_t rb = sc.row_begin;
+    // A device output takes the top-k straight from the kernel (no copy
+    // through out_, one call less per layer).
+    int32_t* const direct = out_device_ ? out + rb * topk : nullptr;
     return TopkPieces(logits_, sc.stride, step->dev().row_visible + rb, sc.row_end - rb,
                       sc.max_visible, topk, &timings->topk_us, [&](int64_t a, int64_t m) {
+                        if (direct != nullptr) return absl::OkStatus();
                         return Emit(out + (rb + a) * topk, out_, m * topk * 4);
-                      });
+                      }, direct);
   }));
   RETURN_IF_ERROR(call.End());
   return absl::OkStatus();

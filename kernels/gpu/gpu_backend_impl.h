@@ -278,11 +278,13 @@ class GpuBackend : public Backend {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Top-k of `rows` rows of `logits` (row lengths on the device) in pieces
   // that fit out_; after each piece's kernels `piece_done(first, count)`
-  // enqueues what reads out_ ([count, topk]).
+  // enqueues what reads out_ ([count, topk]). With `direct_out` (device
+  // memory of [rows, topk]) the pieces are written there instead of out_.
   absl::Status TopkPieces(const float* logits, int64_t stride,
                           const int32_t* row_visible, int64_t rows,
                           int32_t max_visible, int32_t topk, double* us,
-                          absl::FunctionRef<absl::Status(int64_t, int64_t)> piece_done)
+                          absl::FunctionRef<absl::Status(int64_t, int64_t)> piece_done,
+                          int32_t* direct_out = nullptr)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Waits for the stream, adds the spans' times, fills the downloads.
   absl::Status Sync() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

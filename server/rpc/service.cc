@@ -6,6 +6,7 @@
 #include <utility>
 #include <vector>
 
+#include "absl/cleanup/cleanup.h"
 #include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
@@ -200,7 +201,8 @@ class StepReactor final
         ctx_(ctx),
         buffers_(state->buffers),
         client_(state->Client(*ctx)),
-        owner_(state->Owner(*ctx)) {
+        owner_(state->Owner(*ctx)),
+        created_(Clock::now()) {
     state_->idle_watch.Add(this);
     ReadNext();
   }
@@ -369,6 +371,8 @@ class StepReactor final
     }
     // Sequences live in the client's namespace (SPEC §6 "Clients and
     // tenancy"): another client's sequence is simply not found.
+    header_at_ = received_;
+    const absl::Cleanup timed = [&] { begin_us_ = MicrosBetween(header_at_, Clock::now()); };
     ASSIGN_OR_RETURN(StepSpec spec, ToStepSpec(h, client_));
     RETURN_IF_ERROR(state_->quotas.OpenStep(client_, &step_hold_));
     ASSIGN_OR_RETURN(step_, engine_->BeginStep(spec));
@@ -423,6 +427,12 @@ class StepReactor final
     tm->set_received_clock_ns(MonotonicNs(received_));
     tm->set_replied_clock_ns(MonotonicNs(replied));
     tm->set_read_clock_ns(MonotonicNs(read_posted_));
+    if (!start_reported_) {
+      start_reported_ = true;
+      tm->set_stream_clock_ns(MonotonicNs(created_));
+      tm->set_header_clock_ns(MonotonicNs(header_at_));
+      tm->set_begin_us(begin_us_);
+    }
     v1::Tensor meta;
     meta.set_dtype(v1::INT32);
     for (int64_t d : out->shape) meta.add_shape(d);
@@ -484,6 +494,10 @@ class StepReactor final
   std::unique_ptr<indexer::Step> step_;
   Clock::time_point received_;
   Clock::time_point read_posted_;  // the current message's StartRead
+  const Clock::time_point created_;
+  Clock::time_point header_at_;
+  double begin_us_ = 0;
+  bool start_reported_ = false;  // the first layer reply carried the above
   bool committed_ = false;
 };
 

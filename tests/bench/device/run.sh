@@ -14,10 +14,10 @@
 #   python      the torch front-end example through device regions, checked
 #               against the cpu backend
 #   layers61    a 61-layer DeepSeek-V3.2 step through device regions, B=64 x 32k
-#   latency     where a layer's round trip goes: the daemon's layer_spin_us
-#               and the client's --busy-poll-us on and off, with and without
-#               MPS, per transport (the same-host split: way in, server,
-#               backend enqueue / wait, way out)
+#   latency     where a layer's round trip goes, per transport, with the
+#               client's --busy-poll-us off and on, with and without MPS, for
+#               one-layer and eight-layer steps (the same-host split: step
+#               start, way in, server, backend enqueue / wait, way out)
 set -uo pipefail
 cd "$(dirname "$0")/../../.."
 ROOT=$PWD
@@ -130,30 +130,33 @@ bench_line() {  # bench_line LABEL ARGS...: one bench run, its summary lines
   local label=$1; shift
   echo "== $label"
   timeout 120 indexer-cli --addr "$DADDR" "$@" --warmup 5 --steps "${LSTEPS:-150}" 2>&1 | tr '\r' '\n' |
-    grep -E "server p50|backend host|adds to its kernels|all timed"
+    grep -E "server p50|backend host|step start|adds to its kernels|all timed"
 }
 stage_latency() {
-  local cfg0=/tmp/spin0.textproto
-  { cat "$CFG"; echo "layer_spin_us: 0"; } > $cfg0
-  for spin in 0 200; do
-    local c=$CFG; [[ $spin == 0 ]] && c=$cfg0
-    LOG_PREFIX=latency daemon_start --config "$c" --device gpu:0
-    for poll in 0 1000; do
-      for tr in device host inline; do
-        bench_line "spin $spin poll $poll B=64x32k $tr" --busy-poll-us $poll bench --batch 64 --context 32768 --transport $tr
-      done
-      bench_line "spin $spin poll $poll B=1x128k device" --busy-poll-us $poll bench --batch 1 --context 131072 --transport device
-    done
-    daemon_stop
+  # Without MPS: the daemon's and the client's CUDA contexts time-slice.
+  LOG_PREFIX=latency daemon_start --config "$CFG" --device gpu:0
+  for poll in 0 1000; do
+    bench_line "poll $poll B=64x32k device" --busy-poll-us $poll bench --batch 64 --context 32768 --transport device
+    bench_line "poll $poll B=1x128k device" --busy-poll-us $poll bench --batch 1 --context 131072 --transport device
   done
+  bench_line "poll 1000 B=64x32k host" --busy-poll-us 1000 bench --batch 64 --context 32768 --transport host
+  bench_line "poll 1000 B=1x128k host" --busy-poll-us 1000 bench --batch 1 --context 131072 --transport host
+  bench_line "poll 1000 B=64x32k inline" --busy-poll-us 1000 bench --batch 64 --context 32768 --transport inline
+  daemon_stop
+  LOG_PREFIX=latency8 daemon_start --config "${CFG%.textproto}-x8.textproto" --device gpu:0
+  bench_line "8 layers, poll 1000 B=64x32k device" --busy-poll-us 1000 bench --batch 64 --context 32768 --transport device
+  daemon_stop
   echo "== MPS"
   export CUDA_MPS_PIPE_DIRECTORY=/tmp/mps CUDA_MPS_LOG_DIRECTORY=/tmp/mps-log; mkdir -p /tmp/mps /tmp/mps-log
   if nvidia-cuda-mps-control -d; then
     LOG_PREFIX=latency-mps daemon_start --config "$CFG" --device gpu:0
-    for poll in 0 1000; do
-      bench_line "MPS spin 200 poll $poll B=64x32k device" --busy-poll-us $poll bench --batch 64 --context 32768 --transport device
-      bench_line "MPS spin 200 poll $poll B=1x128k device" --busy-poll-us $poll bench --batch 1 --context 131072 --transport device
-    done
+    bench_line "MPS poll 1000 B=64x32k device" --busy-poll-us 1000 bench --batch 64 --context 32768 --transport device
+    bench_line "MPS poll 1000 B=1x128k device" --busy-poll-us 1000 bench --batch 1 --context 131072 --transport device
+    bench_line "MPS poll 1000 B=1x128k host" --busy-poll-us 1000 bench --batch 1 --context 131072 --transport host
+    daemon_stop
+    LOG_PREFIX=latency8-mps daemon_start --config "${CFG%.textproto}-x8.textproto" --device gpu:0
+    bench_line "MPS 8 layers, poll 1000 B=64x32k device" --busy-poll-us 1000 bench --batch 64 --context 32768 --transport device
+    bench_line "MPS 8 layers, poll 1000 B=1x128k device" --busy-poll-us 1000 bench --batch 1 --context 131072 --transport device
     daemon_stop
     echo quit | nvidia-cuda-mps-control
   else
@@ -161,6 +164,7 @@ stage_latency() {
   fi
   echo "== echo floor"
   timeout 60 grpc_echo_bench --warmup 200 --iters 3000 2>&1 | tail -3
+  timeout 60 grpc_echo_bench --warmup 200 --iters 3000 --unix /tmp/echo.sock 2>&1 | tail -1
 }
 stage_python() {
   [[ -d $DEV/python ]] || { echo "python package not packed"; return; }

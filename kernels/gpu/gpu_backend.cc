@@ -269,6 +269,12 @@ absl::StatusOr<std::unique_ptr<GpuBackend::Step>> GpuBackend::MakeStep(
   for (LogitsUnit& u : plan.units) u.page0 = rows.Page(u.seq, LogicalPage(u.e_begin, layout.page_entries));
 
   std::vector<int32_t> img;
+  // One allocation (each part padded to 16 words): growing by doubling
+  // costs fresh-page faults in every step header at large batch.
+  img.reserve(rows.block_table.size() + rows.seq_old_entries.size() + rows.seq_k_begin.size() +
+              rows.row_visible.size() + rows.row_seq.size() +
+              plan.groups.size() * sizeof(LogitsGroup) / 4 +
+              plan.units.size() * sizeof(LogitsUnit) / 4 + 7 * 16);
   const int64_t o_bt = Append(img, rows.block_table.data(), rows.block_table.size());
   const int64_t o_old = Append(img, rows.seq_old_entries.data(), rows.seq_old_entries.size());
   const int64_t o_kb = Append(img, rows.seq_k_begin.data(), rows.seq_k_begin.size());

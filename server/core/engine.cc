@@ -83,15 +83,15 @@ absl::StatusOr<std::unique_ptr<Step>> Engine::BeginStep(const StepSpec& spec) {
   absl::flat_hash_map<std::string, size_t> first_at;
   for (size_t i = 0; i < n; ++i) {
     const StepSequenceSpec& s = spec.seqs[i];
-    const std::string f = absl::StrCat("header.sequences[", i, "]");
+    const auto f = [i] { return absl::StrCat("header.sequences[", i, "]"); };
     if (s.q_len < 1 || s.q_len > cfg.max_q_len()) {
       return absl::InvalidArgumentError(absl::StrCat(
-          f, ".q_len: expected 1..", cfg.max_q_len(), ", got ", s.q_len));
+          f(), ".q_len: expected 1..", cfg.max_q_len(), ", got ", s.q_len));
     }
     auto [it, inserted] = first_at.emplace(s.name.key, i);
     if (!inserted) {
       return absl::InvalidArgumentError(absl::StrCat(
-          f, ".id: sequence ", s.name.display,
+          f(), ".id: sequence ", s.name.display,
           " appears twice in the step (first at header.sequences[", it->second,
           "]); expected each sequence at most once"));
     }
@@ -112,30 +112,31 @@ absl::StatusOr<std::unique_ptr<Step>> Engine::BeginStep(const StepSpec& spec) {
     std::vector<const Sequence*> found(n, nullptr);
     for (size_t i = 0; i < n; ++i) {
       const StepSequenceSpec& s = spec.seqs[i];
-      const std::string f = absl::StrCat("header.sequences[", i, "]");
+      // Only on failure: the field name is not built for every sequence.
+      const auto f = [i] { return absl::StrCat("header.sequences[", i, "]"); };
       auto it = seqs_.find(s.name.key);
       if (s.create) {
         if (it != seqs_.end()) {
           return absl::AlreadyExistsError(absl::StrCat(
-              f, ".id: sequence ", s.name.display,
+              f(), ".id: sequence ", s.name.display,
               " already exists; expected a new id with create = true"));
         }
       } else {
         if (it == seqs_.end()) {
           return absl::NotFoundError(absl::StrCat(
-              f, ".id: unknown sequence ", s.name.display,
+              f(), ".id: unknown sequence ", s.name.display,
               "; set create = true to start one"));
         }
         if (it->second->busy) {
           return absl::FailedPreconditionError(absl::StrCat(
-              f, ".id: sequence ", s.name.display, " is in another open step"));
+              f(), ".id: sequence ", s.name.display, " is in another open step"));
         }
         found[i] = it->second.get();
       }
       const int64_t old_len = found[i] ? found[i]->len : 0;
       if (old_len + s.q_len > static_cast<int64_t>(cfg.max_seq_len())) {
         return absl::InvalidArgumentError(absl::StrCat(
-            f, ".q_len: sequence would hold ", old_len + s.q_len,
+            f(), ".q_len: sequence would hold ", old_len + s.q_len,
             " tokens; expected at most max_seq_len = ", cfg.max_seq_len()));
       }
     }

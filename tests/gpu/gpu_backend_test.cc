@@ -269,6 +269,29 @@ std::vector<Shape> Shapes() {
       // 32 rows over ~30000 entries: every ring slot of the MXFP4 kernel
       // reused many times (for racecheck)
       {mx, 64, false, 16, 2, 2, 29000, 30000, 64, 1024, 2},
+      // H = 32 (DeepSeek-V4.1) and 16 on the tensor-core kernels, H a
+      // template constant: warp-specialized wgmma (N = 32 and 64 a warpgroup,
+      // teams of two for 3-4 rows; N = 16, 32, 64 at H = 16), the serial
+      // wgmma kernel (tiled pages), mma.sync, and MXFP4 wgmma (the per-block
+      // route's head slices of 32 and 16)
+      {f8, 64, false, 23, 1, 1, 0, 5000, 32, 512, 2},
+      {f8, 64, false, 23, 2, 2, 0, 5000, 32, 512, 2},
+      {f8, 64, false, 23, 3, 4, 0, 5000, 32, 512, 2},
+      {f8, 64, false, 1, 40, 40, 19000, 20000, 32, 1024, 2},
+      {f8, 128, false, 7, 1, 4, 100, 6000, 32, 512, 2},
+      {f8, 64, false, 23, 1, 4, 0, 5000, 16, 512, 2},
+      {f8, 128, false, 2, 40, 40, 19000, 20000, 16, 512, 2},
+      {f8, 64, true, 5, 1, 3, 0, 2000, 32, 256, 2},
+      {f8, 16, true, 3, 5, 70, 0, 3000, 16, 256, 2, K::kFloat32, true, 37},
+      {f8, 64, false, 23, 1, 4, 0, 5000, 32, 512, 1},
+      {f8, 16, true, 3, 5, 70, 0, 3000, 16, 256, 1, K::kFloat32, true, 37},
+      {mx, 64, false, 23, 1, 1, 0, 5000, 32, 512, 2},
+      {mx, 64, false, 23, 1, 2, 0, 5000, 32, 512, 2},
+      {mx, 128, false, 5, 1, 2, 100, 3000, 16, 256, 2},
+      {mx, 64, false, 16, 2, 2, 29000, 30000, 32, 1024, 2},
+      {mx, 64, true, 5, 1, 2, 0, 2000, 32, 256, 2},
+      {mx, 64, false, 23, 1, 4, 0, 5000, 16, 512, 1},
+      {mx, 64, false, 23, 1, 4, 0, 5000, 32, 512, 0},
   };
 }
 
@@ -291,6 +314,7 @@ struct AdversarialShape {
   int32_t page_entries;
   int32_t q_len_max;
   int max_path;
+  int32_t heads = 64;
 };
 
 class GpuMxfp4AdversarialTest : public ::testing::TestWithParam<AdversarialShape> {};
@@ -299,7 +323,7 @@ TEST_P(GpuMxfp4AdversarialTest, TopkMatchesReference) {
   SKIP_WITHOUT_GPU();
   const AdversarialShape sh = GetParam();
   const PageLayout layout = *PageLayout::Make(KvFormat::kMxfp4, 128, sh.page_entries);
-  const int32_t seqs = 8, heads = 64, topk = 128;
+  const int32_t seqs = 8, heads = sh.heads, topk = 128;
   std::mt19937 rng(99 + sh.page_entries + sh.q_len_max);
   std::uniform_int_distribution<int32_t> hist(700, 2600), ql(1, sh.q_len_max), byte(0, 255);
   std::vector<int32_t> old_e, new_e, q_lens, zeros(seqs, 0);
@@ -404,10 +428,12 @@ TEST_P(GpuMxfp4AdversarialTest, TopkMatchesReference) {
 INSTANTIATE_TEST_SUITE_P(Scales, GpuMxfp4AdversarialTest,
                          ::testing::Values(AdversarialShape{64, 1, 2}, AdversarialShape{128, 1, 2},
                                            AdversarialShape{64, 2, 2}, AdversarialShape{128, 2, 2},
-                                           AdversarialShape{64, 2, 1}, AdversarialShape{64, 2, 0}),
+                                           AdversarialShape{64, 2, 1}, AdversarialShape{64, 2, 0},
+                                           AdversarialShape{64, 2, 2, 32}, AdversarialShape{128, 1, 2, 16},
+                                           AdversarialShape{64, 2, 1, 32}),
                          [](const auto& info) {
                            return "E" + std::to_string(info.param.page_entries) + "_q" +
-                                  std::to_string(info.param.q_len_max) +
+                                  std::to_string(info.param.q_len_max) + "_H" + std::to_string(info.param.heads) +
                                   (info.param.max_path == 0 ? "_portable" : info.param.max_path == 1 ? "_mma" : "");
                          });
 
@@ -689,6 +715,73 @@ Scenario MakeScenario(std::mt19937& rng, const PageLayout& layout,
   return sc;
 }
 
+// H = 32 and 16 on the tensor-core kernels at odd sizes: rows of one entry,
+// of a page and of a page + 1, short rows under the top-k, next_n 2 and a
+// long row, each against the float64 reference; on an sm_90 device the
+// kernel that ran is the tensor-core one the layout allows (not portable).
+struct NarrowCase {
+  KvFormat format;
+  bool tiled;
+  int32_t heads;
+  int max_path;
+};
+
+class GpuNarrowHeadsTest : public ::testing::TestWithParam<NarrowCase> {};
+
+TEST_P(GpuNarrowHeadsTest, OddSizesMatchReference) {
+  SKIP_WITHOUT_GPU();
+  const NarrowCase c = GetParam();
+  const Shape shape{c.format, 64, c.tiled, 1, 1, 1, 0, 0, c.heads, 64, c.max_path};
+  const PageLayout layout = MakeLayout(shape);
+  std::mt19937 rng(31 + c.heads + c.max_path);
+  const std::vector<int32_t> hist = {0, 1, 63, 64, 65, 127, 129, 4000, 30};
+  const std::vector<int32_t> q_lens = {1, 1, 1, 1, 1, 2, 2, 1, 2};
+  Scenario sc = MakeScenario(rng, layout, hist, q_lens);
+  ExpectPoolsEqual(sc.p, layout);
+  const StepRows& rows = sc.rows;
+  auto* backend = static_cast<gpu::GpuBackend*>(sc.p.gpu.get());
+  backend->set_max_logits_path(c.max_path);
+  const int32_t topk = 64;
+  const QData q = MakeQ(rng, layout, rows.num_rows, c.heads);
+  std::vector<int32_t> got(static_cast<size_t>(rows.num_rows) * topk, -7);
+  auto t = sc.p.gpu->DenseTopk(layout, sc.p.gpu_pool, rows, sc.gpu_ctx.get(), q.input, topk, got.data());
+  ASSERT_TRUE(t.ok()) << t.status();
+  const std::string path = backend->last_logits_path();
+  std::printf("[   path   ] logits kernel: %s\n", path.c_str());
+  gpu::DeviceProp prop;
+  ASSERT_EQ(gpu::GetDeviceProperties(&prop, 0), gpu::kSuccess);
+  if (prop.major == 9 && prop.minor == 0 && std::getenv("INDEXER_GPU_WGMMA_WS") == nullptr &&
+      std::getenv("INDEXER_GPU_WGMMA_MXFP4") == nullptr) {
+    const char* want = c.max_path == 1 ? "mma"
+                       : c.format == KvFormat::kFp8 ? (c.tiled ? "wgmma" : "wgmma_ws")
+                                                    : (c.tiled ? "mma" : "wgmma_mxfp4");
+    EXPECT_EQ(path, want);
+  }
+  const PathTolerance tol = ToleranceFor(path, c.format);
+  Margin m;
+  for (int32_t r = 0; r < rows.num_rows; ++r) {
+    const int32_t n = rows.row_visible[r];
+    const RefRow ref = RefLogits(sc.p, layout, rows, q, r);
+    ExpectTopkRow(got.data() + static_cast<int64_t>(r) * topk, n, topk, ref.logit, ref.Tol(tol),
+                  "gpu (" + path + ") row " + std::to_string(r) + " n " + std::to_string(n), &m);
+    if (HasFatalFailure()) return;
+  }
+  m.Print(path);
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Heads, GpuNarrowHeadsTest,
+    ::testing::Values(NarrowCase{KvFormat::kFp8, false, 32, 2}, NarrowCase{KvFormat::kFp8, false, 16, 2},
+                      NarrowCase{KvFormat::kFp8, true, 32, 2}, NarrowCase{KvFormat::kFp8, true, 16, 2},
+                      NarrowCase{KvFormat::kFp8, false, 32, 1}, NarrowCase{KvFormat::kMxfp4, false, 32, 2},
+                      NarrowCase{KvFormat::kMxfp4, false, 16, 2}, NarrowCase{KvFormat::kMxfp4, true, 32, 2},
+                      NarrowCase{KvFormat::kMxfp4, false, 16, 1}),
+    [](const auto& info) {
+      const NarrowCase& c = info.param;
+      return std::string(c.format == KvFormat::kFp8 ? "fp8" : "mxfp4") + (c.tiled ? "_tiled" : "") + "_H" +
+             std::to_string(c.heads) + (c.max_path == 1 ? "_mma" : "");
+    });
+
 struct CandCase {
   KvFormat format;
   int32_t page_entries;
@@ -698,6 +791,7 @@ struct CandCase {
   bool pin;
   std::vector<int32_t> hist;
   std::vector<int32_t> q_lens;
+  int32_t heads = 64;
 };
 
 class GpuCandidateTest : public ::testing::TestWithParam<CandCase> {};
@@ -717,8 +811,8 @@ TEST_P(GpuCandidateTest, SourceAndConsumerMatchReference) {
   spec.block_size = c.block_size;
   spec.topk_blocks = c.topk_blocks;
   spec.pin_newest = c.pin;
-  const QData qs = MakeQ(rng, layout, rows.num_rows, 64);
-  const QData qc = MakeQ(rng, layout, rows.num_rows, 64);
+  const QData qs = MakeQ(rng, layout, rows.num_rows, c.heads);
+  const QData qc = MakeQ(rng, layout, rows.num_rows, c.heads);
   const int64_t k = c.topk;
   std::vector<int32_t> src(rows.num_rows * k), got(rows.num_rows * k, -7);
   auto* backend = static_cast<gpu::GpuBackend*>(sc.p.gpu.get());
@@ -772,7 +866,14 @@ INSTANTIATE_TEST_SUITE_P(
         // whole pools (<= topk entries) mixed with real ones; prefill rows
         CandCase{KvFormat::kFp8, 16, 4, 16, 128, true, {100, 5000, 0}, {1, 3, 40}},
         // a long row through the cooperative top-k, 2048 blocks of 8
-        CandCase{KvFormat::kFp8, 64, 8, 2048, 2048, true, {60000}, {1}}),
+        CandCase{KvFormat::kFp8, 64, 8, 2048, 2048, true, {60000}, {1}},
+        // V4.1's geometry at H = 32 (tensor-core logits): blocks of 8, top
+        // 512, pools of 128 blocks; one entry, a page + 1, next_n 2, and
+        // pools smaller than the top-k (48 blocks = 384 entries)
+        CandCase{KvFormat::kFp8, 64, 8, 128, 512, true, {20000, 0, 64, 3000}, {1, 1, 1, 2}, 32},
+        CandCase{KvFormat::kFp8, 64, 8, 48, 512, true, {9000, 300, 64}, {2, 2, 1}, 32},
+        CandCase{KvFormat::kMxfp4, 64, 8, 128, 512, true, {20000, 0, 1000}, {1, 1, 2}, 32},
+        CandCase{KvFormat::kFp8, 64, 8, 64, 256, true, {3000, 1200, 9000, 40}, {1, 1, 1, 1}, 16}),
     [](const auto& info) { return "c" + std::to_string(info.index); });
 
 // The block path on the gpu against a float64 reference of the block scores

@@ -6,7 +6,8 @@
 // kStages-deep cp.async pipeline into shared memory in the 128-byte swizzle
 // (each lane copies 16-byte chunks found through PageLayout, so any layout
 // whose value chunks are 16-byte aligned works); the group's Q rows sit in
-// shared memory as one B operand of N = kRows * 64 heads.
+// shared memory as one B operand of N = kRows * H heads (H = 16, 32 or 64,
+// a template constant).
 //   wgmma m64nNk32 x 4:  C[64 entries, N] = K[64, 128] . Q[N, 128]^T
 //   epilogue:             logit[e] = kscale[e] * sum_h w[h] * ReLU(C[e, h])
 // Tensor-mapped pools run the warp-specialized form in logits_wgmma_ws.cu
@@ -28,23 +29,22 @@ namespace {
 constexpr int kWgThreads = 128;  // one warpgroup
 constexpr int kWgTile = 64;      // entries per K tile (wgmma M)
 constexpr int kWgDim = 128;      // D: one 128-byte swizzle row per entry
-constexpr int kWgHeads = 64;
 constexpr int kStages = 4;
 constexpr int kTileBytes = kWgTile * kWgDim;  // 8 KiB
 
-template <int kRows>
+template <int kHeads, int kRows>
 constexpr int WgSmemBytes() {
   // Q tile | kStages K tiles | kStages x 64 kscales | weights | 1 KiB align.
-  return kRows * kWgHeads * kWgDim + kStages * kTileBytes + kStages * kWgTile * 4 +
-         kRows * kWgHeads * 4 + 1024;
+  return kRows * kHeads * kWgDim + kStages * kTileBytes + kStages * kWgTile * 4 +
+         kRows * kHeads * 4 + 1024;
 }
 
-template <int kRows>
+template <int kHeads, int kRows>
 __global__ void __launch_bounds__(kWgThreads)
     DenseLogitsWgmmaKernel(const INDEXER_GRID_CONSTANT LogitsParams p) {
 #if INDEXER_GPU_WGMMA
-  constexpr int kN = kRows * kWgHeads;
-  static_assert(kN == 64 || kN == 128 || kN == 256, "wgmma N of 64, 128 or 256");
+  constexpr int kN = kRows * kHeads;
+  static_assert(kN >= 16 && kN <= 256 && (kN & (kN - 1)) == 0, "wgmma N of 16 to 256");
   static_assert(kWgThreads == 4 * kWarpSize, "one warpgroup of four warps");
   static_assert(kWgTile * (kWgDim / 16) % kWgThreads == 0, "whole 16-byte chunks per thread");
   extern __shared__ uint8_t smem_raw[];
@@ -148,16 +148,16 @@ __global__ void __launch_bounds__(kWgThreads)
     if (u.group != staged) {
       staged = u.group;
       g = p.step.groups[u.group];
-      const int64_t q0 = static_cast<int64_t>(g.row_begin - p.row_base) * kWgHeads;
+      const int64_t q0 = static_cast<int64_t>(g.row_begin - p.row_base) * kHeads;
       for (int q = tid; q < kN * (kWgDim / 16); q += kWgThreads) {
         const int h = q / (kWgDim / 16), c = q % (kWgDim / 16);
         uint4 v = make_uint4(0, 0, 0, 0);
-        if (h < g.num_rows * kWgHeads) v = *reinterpret_cast<const uint4*>(p.q_values + (q0 + h) * kWgDim + c * 16);
+        if (h < g.num_rows * kHeads) v = *reinterpret_cast<const uint4*>(p.q_values + (q0 + h) * kWgDim + c * 16);
         *reinterpret_cast<uint4*>(q_s + h * kWgDim + ((c ^ (h % 8)) * 16)) = v;
       }
       // Halved: the epilogue takes ReLU(x) * w as (x + |x|) * (w / 2), two
       // full-rate ops; exact, since doubling and halving are.
-      for (int h = tid; h < kN; h += kWgThreads) w_s[h] = h < g.num_rows * kWgHeads ? 0.5f * p.weights[q0 + h] : 0.f;
+      for (int h = tid; h < kN; h += kWgThreads) w_s[h] = h < g.num_rows * kHeads ? 0.5f * p.weights[q0 + h] : 0.f;
 #pragma unroll
       for (int r = 0; r < kRows; ++r) n_r[r] = r < g.num_rows ? p.step.row_visible[g.row_begin + r] : 0;
       FenceProxyAsyncShared();
@@ -177,9 +177,7 @@ __global__ void __launch_bounds__(kWgThreads)
 #pragma unroll
     for (int k = 0; k < kWgDim / 32; ++k) {
       // +32 bytes per slice: +2 in the descriptor's 16-byte address units.
-      if constexpr (kN == 64) WgmmaE4m3N64(acc, desc_k + 2 * k, desc_q + 2 * k, k);
-      if constexpr (kN == 128) WgmmaE4m3N128(acc, desc_k + 2 * k, desc_q + 2 * k, k);
-      if constexpr (kN == 256) WgmmaE4m3N256(acc, desc_k + 2 * k, desc_q + 2 * k, k);
+      WgmmaE4m3<kN>(acc, desc_k + 2 * k, desc_q + 2 * k, k);
     }
     WgmmaCommit();
     WgmmaWaitAll();
@@ -189,7 +187,7 @@ __global__ void __launch_bounds__(kWgThreads)
     const float ks0 = ks_s[stage * kWgTile + e0], ks1 = ks_s[stage * kWgTile + e0 + 8];
 #pragma unroll
     for (int r = 0; r < kRows; ++r) {
-      const float2 sums = ReluWeightedHeadSums(acc, w_s, r, t);
+      const float2 sums = ReluWeightedHeadSums<kHeads>(acc, w_s, r, t);
       const float s0 = sums.x, s1 = sums.y;
       if (t == 0 && r < g.num_rows) {
         float* out = p.logits + static_cast<int64_t>(g.row_begin + r - p.row_base) * p.stride;
@@ -206,10 +204,10 @@ __global__ void __launch_bounds__(kWgThreads)
 #endif  // INDEXER_GPU_WGMMA
 }
 
-template <int kRows>
+template <int kHeads, int kRows>
 absl::Status LaunchWgmma(const LogitsParams& p, Stream stream) {
-  auto* kernel = &DenseLogitsWgmmaKernel<kRows>;
-  constexpr int kSmem = WgSmemBytes<kRows>();
+  auto* kernel = &DenseLogitsWgmmaKernel<kHeads, kRows>;
+  constexpr int kSmem = WgSmemBytes<kHeads, kRows>();
   // Once per process: the shared-memory limit and the blocks per SM (host
   // calls that would otherwise sit between the timing events).
   static const absl::StatusOr<int> per_sm = [&]() -> absl::StatusOr<int> {
@@ -238,7 +236,7 @@ bool WgmmaLogitsSupported(const LogitsParams& p, int cc_major, int cc_minor) {
 #else
   const PageLayout& l = p.layout;
   if (cc_major != 9 || cc_minor != 0) return false;  // built for sm_90a only
-  if (l.format != KvFormat::kFp8 || l.head_dim != kWgDim || p.num_heads != kWgHeads) return false;
+  if (l.format != KvFormat::kFp8 || l.head_dim != kWgDim || !MmaHeadsSupported(p.num_heads)) return false;
   if (p.max_group_rows > kMaxGroupRows) return false;
   // 16-byte value chunks and 4-byte scales, aligned, through the layout.
   if (l.page_bytes() % 16 != 0) return false;
@@ -249,9 +247,13 @@ bool WgmmaLogitsSupported(const LogitsParams& p, int cc_major, int cc_minor) {
 
 absl::Status LaunchDenseLogitsWgmma(const LogitsParams& p, Stream stream) {
   if (p.unit_end == p.unit_begin) return absl::OkStatus();
-  // Rows per block -> a template constant: N = 64, 128 or 256 heads.
+  // Rows per block and heads -> template constants: N = rows x H heads.
   const int rows = p.max_group_rows <= 1 ? 1 : p.max_group_rows <= 2 ? 2 : 4;
-  return DispatchWgmmaRows(rows, [&](auto r) { return LaunchWgmma<decltype(r)::value>(p, stream); });
+  return DispatchWgmmaRows(rows, [&](auto r) {
+    return DispatchMmaHeads(p.num_heads, [&](auto h) {
+      return LaunchWgmma<decltype(h)::value, decltype(r)::value>(p, stream);
+    });
+  });
 }
 
 }  // namespace gpu

@@ -83,6 +83,15 @@ struct LogitsParams {
   const float* weights;      // [rows, H] fp32
   float* logits;             // [rows, stride]; row r valid on [0, n_r)
   int64_t stride;
+  // Consumer gather (LaunchDenseLogitsWgmma only, groups of one row, no
+  // tensor map): a unit's entries are pool slots of its row. Slot j of step
+  // row r is entry gather_blocks[r * gather_stride + j / gather_block] *
+  // gather_block + j % gather_block for j < gather_entries[r]; its logit is
+  // written at column j (compact rows), and n_r is gather_entries[r].
+  const int32_t* gather_blocks = nullptr;
+  const int32_t* gather_entries = nullptr;
+  int32_t gather_stride = 0;
+  int32_t gather_block = 0;
 };
 
 // The fastest path the device, format, layout and H allow: "wgmma_ws" or
@@ -192,6 +201,9 @@ struct PoolGatherParams {
   int32_t block_size;
   int32_t topk;
   int32_t* slot_count;       // [rows] out
+  // The logits are already compact (the gather walk wrote them at their
+  // slots): only slot_count is written.
+  bool counts_only = false;
 };
 absl::Status LaunchGatherPool(const PoolGatherParams& p, Stream stream);
 
@@ -227,6 +239,12 @@ struct BlockScoreParams {
   int32_t* causal;           // [Hi, num_rows] out
 };
 absl::Status LaunchBlockScores(const BlockScoreParams& p, Stream stream);
+// The same scores on tensor cores (hopper/block_scores_mma.cu: mma.sync
+// fp16 with Q split in two fp16 parts, sm_89+ builds): MXFP4, D = 128,
+// Hi <= 8, 4-byte value chunks. Within the block path's tolerance of the
+// portable kernel's fp32 sums, not bit-identical to them.
+bool BlockScoresMmaSupported(const BlockScoreParams& p, int cc_major, int cc_minor);
+absl::Status LaunchBlockScoresMma(const BlockScoreParams& p, int32_t num_sms, Stream stream);
 
 }  // namespace gpu
 }  // namespace indexer

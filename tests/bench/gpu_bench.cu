@@ -225,8 +225,9 @@ Ceilings MeasureCeilings() {
 
 // What one timed call runs: the dense path, a candidate source (dense
 // top-k plus the pools), a candidate consumer (its set's pools built once by
-// an untimed source call first), or the MiniMax block path.
-enum class BenchKind { kDense, kSource, kConsumer, kBlock };
+// an untimed source call first; the length gate's choice, or the masked
+// walk forced), or the MiniMax block path.
+enum class BenchKind { kDense, kSource, kConsumer, kConsumerMasked, kBlock };
 
 struct BenchShape {
   std::string name;
@@ -334,14 +335,16 @@ Result RunShape(const BenchShape& bs, const Ceilings& ceil, int iters,
       case BenchKind::kSource:
         return be->CandidateSource(layout, pool, rows, ctx.get(), q, bs.topk, cspec, out.data());
       case BenchKind::kConsumer:
-        return be->CandidateConsumer(layout, pool, rows, ctx.get(), q, bs.topk, cspec, ConsumerMode::kAuto,
+      case BenchKind::kConsumerMasked:
+        return be->CandidateConsumer(layout, pool, rows, ctx.get(), q, bs.topk, cspec,
+                                     bs.kind == BenchKind::kConsumer ? ConsumerMode::kAuto : ConsumerMode::kMasked,
                                      out.data());
       case BenchKind::kBlock:
         return be->BlockTopk(layout, pool, rows, ctx.get(), bq, bspec, out.data());
     }
     return absl::InternalError("bench kind");
   };
-  if (bs.kind == BenchKind::kConsumer) {
+  if (bs.kind == BenchKind::kConsumer || bs.kind == BenchKind::kConsumerMasked) {
     CHECK_OK(be->CandidateSource(layout, pool, rows, ctx.get(), q, bs.topk, cspec, out.data()));
   }
   // --host: the step's new K entries, rewritten at the same positions by
@@ -404,7 +407,7 @@ Result RunShape(const BenchShape& bs, const Ceilings& ceil, int iters,
   // A consumer must read only its pool (cand_topk x cand_block entries of
   // the row's visible ones): its floor and GB/s count those bytes, so the
   // masked walk's whole-context read shows as the gap it is.
-  const int64_t scored = bs.kind == BenchKind::kConsumer
+  const int64_t scored = bs.kind == BenchKind::kConsumer || bs.kind == BenchKind::kConsumerMasked
                              ? std::min<int64_t>(bs.entries, int64_t{bs.cand_topk} * bs.cand_block)
                              : bs.entries;
   k_bytes = static_cast<double>(bs.batch) * groups_per_seq * scored * layout.entry_bytes();
@@ -571,6 +574,10 @@ int main(int argc, char** argv) {
         shapes.push_back({"v4.1 source " + fs + tail, f, b, 1, n, 512, "", 2, 32, 4, BenchKind::kSource});
         shapes.push_back({"v4.1 consumer " + fs + tail + " pool=2048x8", f, b, 1, n, 512, cons_target, 2, 32, 4,
                           BenchKind::kConsumer});
+        if (f == f8 && b == 64) {
+          shapes.push_back({"v4.1 consumer " + fs + tail + " pool=2048x8 (masked walk)", f, b, 1, n, 512, "", 2, 32,
+                            4, BenchKind::kConsumerMasked});
+        }
       }
     }
   }

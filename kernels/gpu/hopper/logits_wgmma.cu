@@ -12,10 +12,14 @@
 //   epilogue:             logit[e] = kscale[e] * sum_h w[h] * ReLU(C[e, h])
 // Tensor-mapped pools run the warp-specialized form in logits_wgmma_ws.cu
 // instead; this kernel keeps the layouts the tensor map cannot read (and
-// the tensor-mapped ones when INDEXER_GPU_WGMMA_WS=0, for A/B runs).
+// the tensor-mapped ones when INDEXER_GPU_WGMMA_WS=0, for A/B runs), and the
+// candidate consumer's gather walk: its tiles' rows are pool slots found
+// entry by entry, its logits land at the slots (compact rows).
 #include "kernels/gpu/gpu_compat.h"  // first: the runtime defines __device__ & co.
 
 #include <algorithm>
+
+#include "absl/strings/str_cat.h"
 
 #include "kernels/gpu/dispatch.h"
 #include "kernels/gpu/paged.h"
@@ -69,6 +73,8 @@ __global__ void __launch_bounds__(kWgThreads)
   // Whole tiles sit in one page when pages are whole tiles (units and
   // groups start at multiples of 64 entries).
   const bool page_tiles = l.page_entries % kWgTile == 0;
+  // Consumer gather (LogitsParams::gather_blocks): units walk pool slots.
+  const bool gather = p.gather_blocks != nullptr;
 
   // TMA: one thread copies a whole tile (8 KiB of values in the swizzle,
   // 256 B of scales) per stage, completing on the stage's barrier.
@@ -104,21 +110,30 @@ __global__ void __launch_bounds__(kWgThreads)
         }
         return;
       }
-      const EntryRef tile_ref = LocateEntry(l, p.pool, block_row, base);
+      // Gather: the tile's rows are pool slots of the unit's one row, each
+      // found through the row's pool blocks; the pool's entries bound them
+      // (slots past it copy nothing and read position 0's address).
+      const int32_t cap = gather ? min(u.e_end, p.gather_entries[u.row_begin]) : u.e_end;
+      const int32_t* pool_row = gather ? p.gather_blocks + static_cast<int64_t>(u.row_begin) * p.gather_stride : nullptr;
+      auto position = [&](int32_t slot, bool valid) {
+        if (!gather) return valid ? slot : base;
+        return valid ? pool_row[slot / p.gather_block] * p.gather_block + slot % p.gather_block : 0;
+      };
+      const EntryRef tile_ref = LocateEntry(l, p.pool, block_row, gather ? 0 : base);
 #pragma unroll
       for (int j = 0; j < kWgTile * (kWgDim / 16) / kWgThreads; ++j) {
         const int q = j * kWgThreads + tid;
         const int e = q / (kWgDim / 16), c = q % (kWgDim / 16);
-        const bool valid = base + e < u.e_end;
+        const bool valid = base + e < cap;
         EntryRef ref = tile_ref;
-        if (!page_tiles) ref = LocateEntry(l, p.pool, block_row, valid ? base + e : base);
+        if (!page_tiles || gather) ref = LocateEntry(l, p.pool, block_row, position(base + e, valid));
         else if (valid) ref.e += e;
         CpAsync16(st + e * kWgDim + ((c ^ (e % 8)) * 16), ref.page + l.ValueOffset(ref.e, c * 16), valid);
       }
       if (tid < kWgTile) {
-        const bool valid = base + tid < u.e_end;
+        const bool valid = base + tid < cap;
         EntryRef ref = tile_ref;
-        if (!page_tiles) ref = LocateEntry(l, p.pool, block_row, valid ? base + tid : base);
+        if (!page_tiles || gather) ref = LocateEntry(l, p.pool, block_row, position(base + tid, valid));
         else if (valid) ref.e += tid;
         CpAsync4(ks_s + (n % kStages) * kWgTile + tid, ref.page + l.ScaleOffset(ref.e, 0), valid);
       }
@@ -159,7 +174,9 @@ __global__ void __launch_bounds__(kWgThreads)
       // full-rate ops; exact, since doubling and halving are.
       for (int h = tid; h < kN; h += kWgThreads) w_s[h] = h < g.num_rows * kHeads ? 0.5f * p.weights[q0 + h] : 0.f;
 #pragma unroll
-      for (int r = 0; r < kRows; ++r) n_r[r] = r < g.num_rows ? p.step.row_visible[g.row_begin + r] : 0;
+      for (int r = 0; r < kRows; ++r) {
+        n_r[r] = r >= g.num_rows ? 0 : gather ? p.gather_entries[g.row_begin + r] : p.step.row_visible[g.row_begin + r];
+      }
       FenceProxyAsyncShared();
     }
     issue_next(n + kStages - 1);
@@ -247,6 +264,12 @@ bool WgmmaLogitsSupported(const LogitsParams& p, int cc_major, int cc_minor) {
 
 absl::Status LaunchDenseLogitsWgmma(const LogitsParams& p, Stream stream) {
   if (p.unit_end == p.unit_begin) return absl::OkStatus();
+  if (p.gather_blocks != nullptr && (p.use_tma || p.max_group_rows != 1 || p.gather_entries == nullptr ||
+                                     p.gather_block < 1)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "wgmma gather walk: expected groups of 1 row, no tensor map, pool entries and a block size >= 1, got ",
+        p.max_group_rows, " rows, use_tma ", p.use_tma, ", block ", p.gather_block));
+  }
   // Rows per block and heads -> template constants: N = rows x H heads.
   const int rows = p.max_group_rows <= 1 ? 1 : p.max_group_rows <= 2 ? 2 : 4;
   return DispatchWgmmaRows(rows, [&](auto r) {

@@ -396,8 +396,7 @@ Result RunShape(const BenchShape& bs, const Ceilings& ceil, int iters,
     yt.push_back(t->logits_us + t->topk_us);
     if (wait_flush) ct.push_back(call);
   }
-  Result r{bs, block ? std::string("block") : be->last_logits_path(), Median(lt), Median(tt), Median(yt),
-           Median(ct), 0, 0};
+  Result r{bs, be->last_logits_path(), Median(lt), Median(tt), Median(yt), Median(ct), 0, 0};
   r.write_us = Median(wt);
   r.write_call_us = Median(wct);
   r.host_us = Median(ht);

@@ -19,6 +19,7 @@
 #include "kernels/gpu/gpu_backend.h"
 #include "kernels/gpu/gpu_backend_impl.h"
 #include "kernels/gpu/gpu_compat.h"
+#include "kernels/gpu/plan.h"
 #include "tests/gpu/gpu_test_pair.h"
 #include "tests/gpu/gpu_test_reference.h"
 
@@ -304,6 +305,47 @@ TEST(GpuBlockTest, BlockTopkMatchesReference) {
       }
     }
   }
+}
+
+// The gather walk's plan (host only, no GPU needed): one group of one row
+// per row, units covering [0, min(n_r, pool entries)) of each row in order,
+// each unit naming its row and sequence; rows that see nothing get none.
+TEST(GpuPlanTest, GatherCoversEachRowsPoolSlots) {
+  const std::vector<int32_t> old_e = {0, 0, 40000, 100, 7}, new_e = {1, 17000, 40002, 164, 7};
+  const std::vector<int32_t> q_lens = {1, 1, 2, 1, 0};
+  std::vector<std::vector<int32_t>> pages(old_e.size());
+  int32_t next = 0;
+  for (size_t s = 0; s < new_e.size(); ++s) {
+    for (int64_t i = 0; i < PagesFor(new_e[s], 64); ++i) pages[s].push_back(next++);
+  }
+  const StepRows rows = MakeStep(old_e, new_e, q_lens, 64, pages, 0);
+  const int64_t pool = 2048 * 8;
+  std::vector<gpu::LogitsGroup> groups;
+  std::vector<gpu::LogitsUnit> units;
+  gpu::PlanGather(rows, 0, rows.num_rows, pool, 132, &groups, &units);
+  ASSERT_EQ(static_cast<int32_t>(groups.size()), rows.num_rows);
+  size_t u = 0;
+  for (int32_t r = 0; r < rows.num_rows; ++r) {
+    const gpu::LogitsGroup& g = groups[r];
+    EXPECT_EQ(g.row_begin, r);
+    EXPECT_EQ(g.num_rows, 1);
+    EXPECT_EQ(g.seq, rows.row_seq[r]);
+    const int32_t extent = static_cast<int32_t>(std::min<int64_t>(rows.row_visible[r], pool));
+    EXPECT_EQ(g.extent, extent) << "row " << r;
+    int32_t at = 0;
+    while (u < units.size() && units[u].group == r) {
+      EXPECT_EQ(units[u].e_begin, at) << "row " << r;
+      EXPECT_GT(units[u].e_end, units[u].e_begin);
+      EXPECT_EQ(units[u].row_begin, r);
+      EXPECT_EQ(units[u].num_rows, 1);
+      EXPECT_EQ(units[u].seq, rows.row_seq[r]);
+      EXPECT_EQ(units[u].e_begin % 64, 0) << "units start at whole tiles";
+      at = units[u].e_end;
+      ++u;
+    }
+    EXPECT_EQ(at, extent) << "row " << r;
+  }
+  EXPECT_EQ(u, units.size());
 }
 
 }  // namespace

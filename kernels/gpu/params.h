@@ -107,9 +107,10 @@ absl::Status LaunchDenseLogitsPortable(const LogitsParams& p, Stream stream);
 // True when LaunchDenseLogitsMma accepts `p` on a device of this capability.
 bool MmaLogitsSupported(const LogitsParams& p, int cc_major, int cc_minor);
 absl::Status LaunchDenseLogitsMma(const LogitsParams& p, Stream stream);
-// Hopper warpgroup-MMA FP8 path (sm_90a). Pools of layouts that pass
-// WgmmaTmaSupported get a tensor map (use_tma) and stream K through the
-// bulk tensor copy engine; other layouts through cp.async.
+// Hopper warpgroup-MMA FP8 path (sm_90a), H = 16, 32 or 64. Pools of
+// layouts that pass WgmmaTmaSupported get a tensor map (use_tma) and stream
+// K through the bulk tensor copy engine; other layouts, and the consumer's
+// gather walk (LaunchDenseLogitsWgmma), through cp.async.
 bool WgmmaTmaSupported(const PageLayout& layout);
 bool WgmmaLogitsSupported(const LogitsParams& p, int cc_major, int cc_minor);
 absl::Status LaunchDenseLogitsWgmma(const LogitsParams& p, Stream stream);
@@ -121,9 +122,9 @@ bool WgmmaWsEnabled();
 bool WgmmaWsSupported(const LogitsParams& p);
 absl::Status LaunchDenseLogitsWgmmaWs(const LogitsParams& p, Stream stream);
 // Hopper warpgroup-MMA MXFP4 path (sm_90a, logits_mxfp4_ws.cu): linear
-// pages of a multiple of 64 entries, D = 128, H = 64, groups of <= 2 rows
-// (decode); K streamed by bulk copies and widened to e5m2 in registers. On
-// by default; env INDEXER_GPU_WGMMA_MXFP4=0 turns it off.
+// pages of a multiple of 64 entries, D = 128, H = 16, 32 or 64, groups of
+// <= 2 rows (decode); K streamed by bulk copies and widened to e5m2 in
+// registers. On by default; env INDEXER_GPU_WGMMA_MXFP4=0 turns it off.
 bool WgmmaMxfp4Enabled();
 bool WgmmaMxfp4Supported(const LogitsParams& p, int cc_major, int cc_minor);
 absl::Status LaunchDenseLogitsWgmmaMxfp4(const LogitsParams& p, Stream stream);

@@ -25,20 +25,26 @@ absl::Status DispatchFormat(KvFormat format, F&& fn) {
       "format: expected FP8 or MXFP4, got ", static_cast<int>(format)));
 }
 
-// Head counts the tensor-core logits kernels are instantiated for (one, to
-// keep CI compile time down: the DeepSeek indexer has H = 64).
+// Head counts the tensor-core logits kernels are instantiated for: the
+// DeepSeek V3.2 indexer's 64, V4.1's 32 and 16 (a V4.1 indexer split over
+// two ranks). The kernels take H as a template constant (wgmma N = rows x H,
+// mma.sync N tiles of 8 heads); any other H runs the portable kernel.
 template <class F>
 absl::Status DispatchMmaHeads(int32_t heads, F&& fn) {
   switch (heads) {
     case 64:
       return fn(std::integral_constant<int, 64>{});
+    case 32:
+      return fn(std::integral_constant<int, 32>{});
+    case 16:
+      return fn(std::integral_constant<int, 16>{});
     default:
       return absl::UnimplementedError(absl::StrCat(
-          "num_heads: tensor-core logits are built for 64, got ", heads));
+          "num_heads: tensor-core logits are built for 16, 32 and 64, got ", heads));
   }
 }
 
-// Rows of one group the wgmma logits kernel multiplies at once (N = 64 x).
+// Rows of one group the wgmma logits kernel multiplies at once (N = H x).
 template <class F>
 absl::Status DispatchWgmmaRows(int32_t rows, F&& fn) {
   switch (rows) {
@@ -54,7 +60,7 @@ absl::Status DispatchWgmmaRows(int32_t rows, F&& fn) {
   }
 }
 
-inline bool MmaHeadsSupported(int32_t heads) { return heads == 64; }
+inline bool MmaHeadsSupported(int32_t heads) { return heads == 64 || heads == 32 || heads == 16; }
 
 }  // namespace gpu
 }  // namespace indexer

@@ -514,7 +514,7 @@ absl::Status GpuBackend::WriteImpl(const PageLayout& layout, PoolHandle pool_h,
 absl::Status GpuBackend::DenseWalk(
     const Pool& p, const PageLayout& layout, const uint8_t* pool, Step* step,
     const QInput& q, LayerTimings* timings,
-    absl::FunctionRef<absl::Status(const SubChunk&)> after) {
+    absl::FunctionRef<absl::Status(const SubChunk&)> after, const GatherWalk* gather) {
   const bool mx = layout.format == KvFormat::kMxfp4;
   const int64_t h = q.num_heads;
   const int64_t vb = layout.value_bytes(), nb = layout.head_dim / kMxBlock;
@@ -533,7 +533,8 @@ absl::Status GpuBackend::DenseWalk(
   std::string paths;
   // Sub-chunks share the Q, logits and output buffers on the device: stream
   // order keeps each writer after the last reader, so only the end waits.
-  for (const SubChunk& sc : step->plan().chunks) {
+  for (size_t ci = 0; ci < step->plan().chunks.size(); ++ci) {
+    const SubChunk& sc = step->plan().chunks[ci];
     const int64_t rb = sc.row_begin, nr = sc.row_end - sc.row_begin;
     // ---- Q of the sub-chunk ---------------------------------------------
     // Device Q is read in place; host Q goes through the staging.
@@ -568,8 +569,27 @@ absl::Status GpuBackend::DenseWalk(
     lp.logits = logits_;
     lp.stride = sc.stride;
     const char* which = "portable";
+    if (gather != nullptr) {
+      // Only the pool's slots, one row a group, entry by entry (no tensor
+      // map: the serial wgmma kernel).
+      lp.use_tma = false;
+      lp.step.groups = gather->groups;
+      lp.step.units = gather->units;
+      lp.unit_begin = (*gather->ranges)[ci].first;
+      lp.unit_end = (*gather->ranges)[ci].second;
+      lp.max_group_rows = 1;
+      lp.gather_blocks = gather->blocks;
+      lp.gather_entries = gather->entries;
+      lp.gather_stride = gather->stride;
+      lp.gather_block = gather->block;
+      which = "wgmma_gather";
+    }
     RETURN_IF_ERROR(BeginSpan());
-    RETURN_IF_ERROR(LaunchDenseLogits(lp, props_.major, props_.minor, stream_, &which, max_path_));
+    if (gather != nullptr) {
+      RETURN_IF_ERROR(LaunchDenseLogitsWgmma(lp, stream_));
+    } else {
+      RETURN_IF_ERROR(LaunchDenseLogits(lp, props_.major, props_.minor, stream_, &which, max_path_));
+    }
     if (("+" + paths + "+").find(std::string("+") + which + "+") == std::string::npos) {
       paths += (paths.empty() ? "" : "+") + std::string(which);
     }

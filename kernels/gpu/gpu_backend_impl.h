@@ -222,8 +222,9 @@ class GpuBackend : public Backend {
                           bool nested) ABSL_NO_THREAD_SAFETY_ANALYSIS;
   absl::Status ConsumerImpl(const PageLayout& layout, PoolHandle pool,
                             const StepRows& rows, StepContext* ctx, const QInput& q,
-                            int32_t topk, const CandidateSpec& spec, int32_t* out,
-                            LayerTimings* timings, bool nested) ABSL_NO_THREAD_SAFETY_ANALYSIS;
+                            int32_t topk, const CandidateSpec& spec, ConsumerMode mode,
+                            int32_t* out, LayerTimings* timings, bool nested)
+      ABSL_NO_THREAD_SAFETY_ANALYSIS;
   absl::Status BlockImpl(const PageLayout& layout, PoolHandle pool, const StepRows& rows,
                          StepContext* ctx, const BlockQInput& q, const BlockSpec& spec,
                          int32_t* out, LayerTimings* timings, bool nested)
@@ -268,13 +269,27 @@ class GpuBackend : public Backend {
   absl::StatusOr<Step*> CandidateStep(const PageLayout& layout,
                                       const StepRows& rows, StepContext* ctx,
                                       const Pool& pool);
+  // A consumer's gather walk: the pool's slots scored instead of the rows'
+  // entries (LogitsParams::gather_*), through these groups and units (one
+  // row each; `ranges` per sub-chunk of the step's plan).
+  struct GatherWalk {
+    const LogitsGroup* groups;
+    const LogitsUnit* units;
+    const std::vector<std::pair<int32_t, int32_t>>* ranges;
+    const int32_t* blocks;   // the pool: [rows, stride] block ids
+    const int32_t* entries;  // [rows] its entries below n_r
+    int32_t stride;
+    int32_t block;
+  };
   // The dense walk of DenseTopk and the candidate layers: per sub-chunk of
   // the step's plan, uploads the sub-chunk's Q, enqueues its logits into
-  // logits_, then `after` enqueues the rest of the sub-chunk's work.
+  // logits_ (only the pool's, at their slots, with `gather`), then `after`
+  // enqueues the rest of the sub-chunk's work.
   absl::Status DenseWalk(const Pool& p, const PageLayout& layout,
                          const uint8_t* pool, Step* step, const QInput& q,
                          LayerTimings* timings,
-                         absl::FunctionRef<absl::Status(const SubChunk&)> after)
+                         absl::FunctionRef<absl::Status(const SubChunk&)> after,
+                         const GatherWalk* gather = nullptr)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Top-k of `rows` rows of `logits` (row lengths on the device) in pieces
   // that fit out_; after each piece's kernels `piece_done(first, count)`

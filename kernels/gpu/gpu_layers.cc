@@ -44,7 +44,7 @@ absl::StatusOr<LayerTimings> GpuBackend::RunLayer(PoolHandle pool_h, StepContext
       break;
     case LayerKind::kCandidateConsumer:
       RETURN_IF_ERROR(ConsumerImpl(layout, pool_h, rows, ctx, work.q, work.topk, work.candidate,
-                                   work.out, &timings, true));
+                                   work.mode, work.out, &timings, true));
       break;
     case LayerKind::kBlock:
       RETURN_IF_ERROR(
@@ -179,16 +179,16 @@ absl::Status GpuBackend::SourceImpl(const PageLayout& layout, PoolHandle pool_h,
 absl::StatusOr<LayerTimings> GpuBackend::CandidateConsumer(
     const PageLayout& layout, PoolHandle pool_h, const StepRows& rows,
     StepContext* ctx, const QInput& q, int32_t topk, const CandidateSpec& spec,
-    ConsumerMode /*mode*/, int32_t* out) {
+    ConsumerMode mode, int32_t* out) {
   LayerTimings t;
-  RETURN_IF_ERROR(ConsumerImpl(layout, pool_h, rows, ctx, q, topk, spec, out, &t, /*nested=*/false));
+  RETURN_IF_ERROR(ConsumerImpl(layout, pool_h, rows, ctx, q, topk, spec, mode, out, &t, /*nested=*/false));
   return t;
 }
 
 absl::Status GpuBackend::ConsumerImpl(const PageLayout& layout, PoolHandle pool_h,
                                       const StepRows& rows, StepContext* ctx, const QInput& q,
-                                      int32_t topk, const CandidateSpec& spec, int32_t* out,
-                                      LayerTimings* timings, bool nested) {
+                                      int32_t topk, const CandidateSpec& spec, ConsumerMode mode,
+                                      int32_t* out, LayerTimings* timings, bool nested) {
   ASSIGN_OR_RETURN(const Pool p, FindPool(pool_h, layout));
   uint8_t* const pool = p.data;
   ASSIGN_OR_RETURN(Step * step, CandidateStep(layout, rows, ctx, p));
@@ -217,9 +217,52 @@ absl::Status GpuBackend::ConsumerImpl(const PageLayout& layout, PoolHandle pool_
   const int64_t pool_entries = k * spec.block_size;
   CallScope call(this, nested);
   RETURN_IF_ERROR(call.Begin());
+  // The length gate (SPEC §5; never visible in results): gather the pool
+  // when the widest row sees more than gate_ratio x its entries and the
+  // gather walk takes the call (FP8 on the sm_90a wgmma kernel, H 16/32/64),
+  // else mask a dense walk. kGather / kMasked force the choice where the
+  // walk exists.
+  const int32_t max_visible = *std::max_element(rows.row_visible.begin(), rows.row_visible.end());
+  LogitsParams probe{};
+  probe.layout = layout;
+  probe.num_heads = q.num_heads;
+  probe.max_group_rows = 1;
+  const bool can_gather = max_path_ >= 2 && WgmmaLogitsSupported(probe, props_.major, props_.minor);
+  const bool gather =
+      can_gather && mode != ConsumerMode::kMasked &&
+      (mode == ConsumerMode::kGather || max_visible > std::max<int64_t>(spec.gate_ratio, 1) * pool_entries);
+  GatherWalk walk{};
+  if (gather) {
+    Step::CandPool* mp = step->MutablePool(spec.set);
+    if (mp->gather_mem == nullptr) {
+      // Made once per step and set: the rows and the pool size fix it.
+      std::vector<LogitsGroup> groups;
+      std::vector<LogitsUnit> units;
+      std::vector<std::pair<int32_t, int32_t>> ranges;
+      for (const SubChunk& sc : step->plan().chunks) {
+        const int32_t u0 = static_cast<int32_t>(units.size());
+        PlanGather(rows, sc.row_begin, sc.row_end, pool_entries, props_.multiProcessorCount, &groups, &units);
+        ranges.emplace_back(u0, static_cast<int32_t>(units.size()));
+      }
+      const int64_t ub = static_cast<int64_t>(units.size() * sizeof(LogitsUnit));
+      const int64_t gb = static_cast<int64_t>(groups.size() * sizeof(LogitsGroup));
+      ASSIGN_OR_RETURN(uint8_t* mem, step->arena()->Allocate(std::max<int64_t>(ub + gb, 64), "gather walk"));
+      mp->gather_mem = mem;
+      mp->gather_host_units = std::move(units);
+      mp->gather_host_groups = std::move(groups);
+      mp->gather_ranges = std::move(ranges);
+      mp->gather_units = reinterpret_cast<const LogitsUnit*>(mem);
+      mp->gather_groups = reinterpret_cast<const LogitsGroup*>(mem + ub);
+      if (ub > 0) RETURN_IF_ERROR(Upload(mem, mp->gather_host_units.data(), ub));
+      if (gb > 0) RETURN_IF_ERROR(Upload(mem + ub, mp->gather_host_groups.data(), gb));
+    }
+    walk = {mp->gather_groups, mp->gather_units, &mp->gather_ranges, cands->blocks, cands->entries,
+            spec.topk_blocks, spec.block_size};
+  }
   RETURN_IF_ERROR(DenseWalk(p, layout, pool, step, q, timings, [&](const SubChunk& sc) {
     const int64_t rb = sc.row_begin, nr = sc.row_end - sc.row_begin;
     PoolGatherParams gp{};
+    gp.counts_only = gather;
     gp.logits = logits_;
     gp.stride = sc.stride;
     gp.blocks = cands->blocks + rb * k;
@@ -247,7 +290,7 @@ absl::Status GpuBackend::ConsumerImpl(const PageLayout& layout, PoolHandle pool_
                         RETURN_IF_ERROR(LaunchRemapPool(rp, stream_));
                         return Emit(out + (rb + a) * topk, out_, m * topk * 4);
                       });
-  }));
+  }, gather ? &walk : nullptr));
   RETURN_IF_ERROR(call.End());
   return absl::OkStatus();
 }
@@ -317,8 +360,13 @@ absl::Status GpuBackend::BlockImpl(const PageLayout& layout, PoolHandle pool_h,
     bp.scores = logits_;
     bp.width = width;
     bp.causal = aux_;
+    // Tensor cores where the device, Hi and layout allow (set_max_logits_path
+    // 0 keeps the portable kernel, for tests).
+    const bool mma = max_path_ >= 1 && BlockScoresMmaSupported(bp, props_.major, props_.minor);
+    last_path_ = mma ? "block_mma" : "block_portable";
     RETURN_IF_ERROR(BeginSpan());
-    RETURN_IF_ERROR(LaunchBlockScores(bp, stream_));
+    RETURN_IF_ERROR(mma ? LaunchBlockScoresMma(bp, props_.multiProcessorCount, stream_)
+                        : LaunchBlockScores(bp, stream_));
     RETURN_IF_ERROR(EndSpan(&timings->logits_us));
     // One head's rows at a time: out is [Hi, num_rows, k].
     for (int64_t h = 0; h < heads; ++h) {

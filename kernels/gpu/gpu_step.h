@@ -29,7 +29,10 @@ class GpuBackend::Step : public StepContext {
         max_page_(max_page) {}
   ~Step() override {
     arena_->Release(meta_);
-    for (auto& [set, pool] : pools_) arena_->Release(pool.mem);
+    for (auto& [set, pool] : pools_) {
+      arena_->Release(pool.mem);
+      if (pool.gather_mem != nullptr) arena_->Release(pool.gather_mem);
+    }
   }
 
   // Candidate pools of the step's sets, in device memory from the arena
@@ -41,6 +44,16 @@ class GpuBackend::Step : public StepContext {
     int32_t* blocks = nullptr;
     int32_t* entries = nullptr;
     std::vector<int32_t> row_visible;  // the rows the source ran on
+    // The consumers' gather walk, made by the first consumer of the step
+    // that gathers (it depends only on the rows and the pool size): device
+    // groups and units in one arena allocation, and the unit range of each
+    // sub-chunk of the step's plan.
+    uint8_t* gather_mem = nullptr;
+    const LogitsGroup* gather_groups = nullptr;
+    const LogitsUnit* gather_units = nullptr;
+    std::vector<std::pair<int32_t, int32_t>> gather_ranges;
+    std::vector<LogitsGroup> gather_host_groups;  // their host images (the
+    std::vector<LogitsUnit> gather_host_units;    // uploads read them)
   };
   // Publishes `pool` under `set` (replacing and releasing an earlier one).
   void PutPool(int32_t set, CandPool pool) {
@@ -48,6 +61,7 @@ class GpuBackend::Step : public StepContext {
     auto it = pools_.find(set);
     if (it != pools_.end()) {
       arena_->Release(it->second.mem);
+      if (it->second.gather_mem != nullptr) arena_->Release(it->second.gather_mem);
       it->second = std::move(pool);
     } else {
       pools_.emplace(set, std::move(pool));
@@ -56,6 +70,13 @@ class GpuBackend::Step : public StepContext {
   // A copy of the pool of `set`, or null when its source has not run.
   // REQUIRES: the step's layers run one at a time (the engine's order).
   const CandPool* GetPool(int32_t set) const {
+    absl::MutexLock lock(&pools_mu_);
+    auto it = pools_.find(set);
+    return it == pools_.end() ? nullptr : &it->second;
+  }
+  // The pool of `set` to attach its gather walk to, or null.
+  // REQUIRES: as GetPool.
+  CandPool* MutablePool(int32_t set) {
     absl::MutexLock lock(&pools_mu_);
     auto it = pools_.find(set);
     return it == pools_.end() ? nullptr : &it->second;

@@ -83,6 +83,15 @@ struct LogitsParams {
   const float* weights;      // [rows, H] fp32
   float* logits;             // [rows, stride]; row r valid on [0, n_r)
   int64_t stride;
+  // Consumer gather (LaunchDenseLogitsWgmma only, groups of one row, no
+  // tensor map): a unit's entries are pool slots of its row. Slot j of step
+  // row r is entry gather_blocks[r * gather_stride + j / gather_block] *
+  // gather_block + j % gather_block for j < gather_entries[r]; its logit is
+  // written at column j (compact rows), and n_r is gather_entries[r].
+  const int32_t* gather_blocks = nullptr;
+  const int32_t* gather_entries = nullptr;
+  int32_t gather_stride = 0;
+  int32_t gather_block = 0;
 };
 
 // The fastest path the device, format, layout and H allow: "wgmma_ws" or
@@ -98,9 +107,10 @@ absl::Status LaunchDenseLogitsPortable(const LogitsParams& p, Stream stream);
 // True when LaunchDenseLogitsMma accepts `p` on a device of this capability.
 bool MmaLogitsSupported(const LogitsParams& p, int cc_major, int cc_minor);
 absl::Status LaunchDenseLogitsMma(const LogitsParams& p, Stream stream);
-// Hopper warpgroup-MMA FP8 path (sm_90a). Pools of layouts that pass
-// WgmmaTmaSupported get a tensor map (use_tma) and stream K through the
-// bulk tensor copy engine; other layouts through cp.async.
+// Hopper warpgroup-MMA FP8 path (sm_90a), H = 16, 32 or 64. Pools of
+// layouts that pass WgmmaTmaSupported get a tensor map (use_tma) and stream
+// K through the bulk tensor copy engine; other layouts, and the consumer's
+// gather walk (LaunchDenseLogitsWgmma), through cp.async.
 bool WgmmaTmaSupported(const PageLayout& layout);
 bool WgmmaLogitsSupported(const LogitsParams& p, int cc_major, int cc_minor);
 absl::Status LaunchDenseLogitsWgmma(const LogitsParams& p, Stream stream);
@@ -112,9 +122,9 @@ bool WgmmaWsEnabled();
 bool WgmmaWsSupported(const LogitsParams& p);
 absl::Status LaunchDenseLogitsWgmmaWs(const LogitsParams& p, Stream stream);
 // Hopper warpgroup-MMA MXFP4 path (sm_90a, logits_mxfp4_ws.cu): linear
-// pages of a multiple of 64 entries, D = 128, H = 64, groups of <= 2 rows
-// (decode); K streamed by bulk copies and widened to e5m2 in registers. On
-// by default; env INDEXER_GPU_WGMMA_MXFP4=0 turns it off.
+// pages of a multiple of 64 entries, D = 128, H = 16, 32 or 64, groups of
+// <= 2 rows (decode); K streamed by bulk copies and widened to e5m2 in
+// registers. On by default; env INDEXER_GPU_WGMMA_MXFP4=0 turns it off.
 bool WgmmaMxfp4Enabled();
 bool WgmmaMxfp4Supported(const LogitsParams& p, int cc_major, int cc_minor);
 absl::Status LaunchDenseLogitsWgmmaMxfp4(const LogitsParams& p, Stream stream);
@@ -192,6 +202,9 @@ struct PoolGatherParams {
   int32_t block_size;
   int32_t topk;
   int32_t* slot_count;       // [rows] out
+  // The logits are already compact (the gather walk wrote them at their
+  // slots): only slot_count is written.
+  bool counts_only = false;
 };
 absl::Status LaunchGatherPool(const PoolGatherParams& p, Stream stream);
 
@@ -227,6 +240,12 @@ struct BlockScoreParams {
   int32_t* causal;           // [Hi, num_rows] out
 };
 absl::Status LaunchBlockScores(const BlockScoreParams& p, Stream stream);
+// The same scores on tensor cores (hopper/block_scores_mma.cu: mma.sync
+// fp16 with Q split in two fp16 parts, sm_89+ builds): MXFP4, D = 128,
+// Hi <= 8, 4-byte value chunks. Within the block path's tolerance of the
+// portable kernel's fp32 sums, not bit-identical to them.
+bool BlockScoresMmaSupported(const BlockScoreParams& p, int cc_major, int cc_minor);
+absl::Status LaunchBlockScoresMma(const BlockScoreParams& p, int32_t num_sms, Stream stream);
 
 }  // namespace gpu
 }  // namespace indexer

@@ -8,7 +8,9 @@
 //   consumer: dense logits -> GatherPool (the pool's logits compacted to the
 //             front of the row, in place) -> top-k over the slots ->
 //             RemapPool (slot -> entry position; whole pools of <= topk
-//             entries listed directly).
+//             entries listed directly). The gather walk instead scores only
+//             the pool, straight into compact rows (logits_wgmma.cu), and
+//             GatherPool then only counts the slots.
 //   block:    BlockScores (per head, row, page: max of scale * q . k,
 //             sentinels for init / local blocks) -> top-k per (head, row).
 // Portable (CUDA and HIP): no wave-width assumption beyond kWarpSize.
@@ -163,6 +165,7 @@ __global__ void __launch_bounds__(kPathThreads) GatherPoolKernel(const PoolGathe
     return;
   }
   if (threadIdx.x == 0) p.slot_count[r] = c;
+  if (p.counts_only) return;
   const int32_t* blocks = p.blocks + static_cast<int64_t>(r) * p.topk_blocks;
   float* row = p.logits + static_cast<int64_t>(r) * p.stride;
   for (int32_t base = 0; base < c; base += kPathThreads) {

@@ -97,5 +97,20 @@ absl::StatusOr<StepPlan> PlanStep(const StepRows& rows,
   return plan;
 }
 
+void PlanGather(const StepRows& rows, int32_t row_begin, int32_t row_end, int64_t pool_entries,
+                int32_t num_sms, std::vector<LogitsGroup>* groups, std::vector<LogitsUnit>* units) {
+  int64_t total = 0;
+  for (int32_t r = row_begin; r < row_end; ++r) total += std::min<int64_t>(rows.row_visible[r], pool_entries);
+  const int32_t unit = WsUnitEntries(total, num_sms);
+  for (int32_t r = row_begin; r < row_end; ++r) {
+    const int32_t extent = static_cast<int32_t>(std::min<int64_t>(rows.row_visible[r], pool_entries));
+    const int32_t gi = static_cast<int32_t>(groups->size());
+    groups->push_back({rows.row_seq[r], r, 1, extent});
+    for (int32_t e = 0; e < extent; e += unit) {
+      units->push_back({gi, e, std::min(e + unit, extent), rows.row_seq[r], r, 1, -1});
+    }
+  }
+}
+
 }  // namespace gpu
 }  // namespace indexer

@@ -85,5 +85,13 @@ struct StepPlan {
 absl::StatusOr<StepPlan> PlanStep(const StepRows& rows,
                                   const PlanLimits& limits);
 
+// The candidate consumer's gather walk over step rows [row_begin, row_end):
+// one group per row over its pool slots [0, min(n_r, pool_entries)) (the
+// pool may hold fewer; the kernel bounds them on the device), cut into
+// units of WsUnitEntries slots. Appends to *groups and *units; the units'
+// group indices count from the start of *groups.
+void PlanGather(const StepRows& rows, int32_t row_begin, int32_t row_end, int64_t pool_entries,
+                int32_t num_sms, std::vector<LogitsGroup>* groups, std::vector<LogitsUnit>* units);
+
 }  // namespace gpu
 }  // namespace indexer

@@ -223,21 +223,36 @@ Ceilings MeasureCeilings() {
   return c;
 }
 
+// What one timed call runs: the dense path, a candidate source (dense
+// top-k plus the pools), a candidate consumer (its set's pools built once by
+// an untimed source call first; the length gate's choice, or the masked
+// walk forced), or the MiniMax block path.
+enum class BenchKind { kDense, kSource, kConsumer, kConsumerMasked, kBlock };
+
 struct BenchShape {
   std::string name;
   KvFormat format;
   int32_t batch;
   int32_t q_len;     // next_n (decode) or prefill rows
-  int32_t entries;   // entries of each sequence after the step
-  int32_t topk = 2048;
+  int32_t entries;   // entries of each sequence after the step (visible to its last row)
+  int32_t topk = 2048;  // tokens, or blocks (kBlock)
   std::string target;
   int max_path = 2;  // logits path cap: 0 portable, 1 mma.sync, 2 wgmma
+  int32_t heads = 64;      // H (Hi for kBlock)
+  int32_t ratio = 1;       // compress ratio: a sequence holds entries x ratio tokens
+  BenchKind kind = BenchKind::kDense;
+  int32_t page = 64;       // entries per page (kBlock: the block)
+  int32_t cand_block = 8;  // candidate_block_size
+  int32_t cand_topk = 2048;  // candidate_topk_blocks (the pool)
 };
 
 struct Result {
   BenchShape shape;
   std::string path;
   double logits_us, topk_us, layer_us, call_us, gbs, tflops;
+  // The bytes the layer must read (K it scores, Q, weights, logits) at the
+  // measured copy bandwidth: the logits kernel's floor.
+  double copy_floor_us = 0;
   // --host: kernel time of the write, host wall time of WriteEntries and of
   // WriteEntries + DenseTopk (medians).
   double write_us = 0, write_call_us = 0, host_us = 0;
@@ -246,7 +261,8 @@ struct Result {
 Result RunShape(const BenchShape& bs, const Ceilings& ceil, int iters,
                 void* flush, size_t flush_bytes, bool clean_flush, bool host,
                 bool sync_flush) {
-  const int32_t kHeads = 64, kPage = 64;
+  const int32_t kHeads = bs.heads, kPage = bs.page;
+  const bool block = bs.kind == BenchKind::kBlock;
   const PageLayout layout = *PageLayout::Make(bs.format, 128, kPage);
   auto made = gpu::GpuBackend::Create(0);
   CHECK_OK(made);
@@ -266,14 +282,15 @@ Result RunShape(const BenchShape& bs, const Ceilings& ceil, int iters,
   std::vector<int32_t> perm(pages);
   std::iota(perm.begin(), perm.end(), 0);
   std::shuffle(perm.begin(), perm.end(), rng);
-  std::vector<int64_t> old_tokens(bs.batch, bs.entries - bs.q_len), q_lens(bs.batch, bs.q_len);
+  std::vector<int64_t> old_tokens(bs.batch, static_cast<int64_t>(bs.entries) * bs.ratio - bs.q_len),
+      q_lens(bs.batch, bs.q_len);
   std::vector<std::vector<int32_t>> seq_pages;
   for (int32_t s = 0; s < bs.batch; ++s) {
     seq_pages.emplace_back(perm.begin() + s * per_seq, perm.begin() + (s + 1) * per_seq);
   }
   // The server's chunks under a 512 MiB logits budget (vLLM's default).
   const StepRows rows =
-      BuildStepRowsFromPages(old_tokens, q_lens, seq_pages, 1, int64_t{512} << 20);
+      BuildStepRowsFromPages(old_tokens, q_lens, seq_pages, bs.ratio, int64_t{512} << 20);
   auto ctx_or = be->PrepareStep(layout, rows);
   CHECK_OK(ctx_or);
   std::unique_ptr<StepContext> ctx = std::move(*ctx_or);
@@ -295,7 +312,41 @@ Result RunShape(const BenchShape& bs, const Ceilings& ceil, int iters,
   q.values = qv.data();
   q.scales = qs.empty() ? nullptr : qs.data();
   q.weights = w.data();
-  std::vector<int32_t> out(static_cast<size_t>(rows.num_rows) * bs.topk);
+  // The block path's Q: [rows, Hi, D] fp32.
+  std::vector<float> bqf(block ? static_cast<size_t>(nq) * 128 : 0);
+  std::normal_distribution<float> normal(0.f, 1.f);
+  for (auto& x : bqf) x = normal(rng);
+  BlockQInput bq;
+  bq.num_heads = kHeads;
+  bq.q = bqf.data();
+  BlockSpec bspec;
+  bspec.topk_blocks = bs.topk;
+  bspec.init_blocks = 0;
+  bspec.local_blocks = 1;
+  CandidateSpec cspec;
+  cspec.block_size = bs.cand_block;
+  cspec.topk_blocks = bs.cand_topk;
+  std::vector<int32_t> out(static_cast<size_t>(rows.num_rows) * bs.topk * (block ? kHeads : 1));
+  // The consumer's pools: one source call on other Q, before any timing.
+  auto run = [&]() -> absl::StatusOr<LayerTimings> {
+    switch (bs.kind) {
+      case BenchKind::kDense:
+        return be->DenseTopk(layout, pool, rows, ctx.get(), q, bs.topk, out.data());
+      case BenchKind::kSource:
+        return be->CandidateSource(layout, pool, rows, ctx.get(), q, bs.topk, cspec, out.data());
+      case BenchKind::kConsumer:
+      case BenchKind::kConsumerMasked:
+        return be->CandidateConsumer(layout, pool, rows, ctx.get(), q, bs.topk, cspec,
+                                     bs.kind == BenchKind::kConsumer ? ConsumerMode::kAuto : ConsumerMode::kMasked,
+                                     out.data());
+      case BenchKind::kBlock:
+        return be->BlockTopk(layout, pool, rows, ctx.get(), bq, bspec, out.data());
+    }
+    return absl::InternalError("bench kind");
+  };
+  if (bs.kind == BenchKind::kConsumer || bs.kind == BenchKind::kConsumerMasked) {
+    CHECK_OK(be->CandidateSource(layout, pool, rows, ctx.get(), q, bs.topk, cspec, out.data()));
+  }
   // --host: the step's new K entries, rewritten at the same positions by
   // every call.
   std::vector<float> kf(host ? static_cast<size_t>(rows.NewEntries()) * 128 : 0);
@@ -327,7 +378,7 @@ Result RunShape(const BenchShape& bs, const Ceilings& ceil, int iters,
     const absl::StatusOr<double> w =
         host ? be->WriteEntries(layout, pool, rows, ctx.get(), k) : absl::StatusOr<double>(0.0);
     const auto t1 = std::chrono::steady_clock::now();
-    auto t = be->DenseTopk(layout, pool, rows, ctx.get(), q, bs.topk, out.data());
+    auto t = run();
     const auto t2 = std::chrono::steady_clock::now();
     const double call = std::chrono::duration<double, std::micro>(t2 - t1).count();
     CHECK_OK(w);
@@ -352,15 +403,23 @@ Result RunShape(const BenchShape& bs, const Ceilings& ceil, int iters,
   // Bytes: each row group reads its sequence's K once; Q and the logits.
   double k_bytes = 0, flops = 0, logit_bytes = 0;
   const int32_t groups_per_seq = (bs.q_len + gpu::kMaxGroupRows - 1) / gpu::kMaxGroupRows;
-  k_bytes = static_cast<double>(bs.batch) * groups_per_seq * bs.entries * layout.entry_bytes();
+  // A consumer must read only its pool (cand_topk x cand_block entries of
+  // the row's visible ones): its floor and GB/s count those bytes, so the
+  // masked walk's whole-context read shows as the gap it is.
+  const int64_t scored = bs.kind == BenchKind::kConsumer || bs.kind == BenchKind::kConsumerMasked
+                             ? std::min<int64_t>(bs.entries, int64_t{bs.cand_topk} * bs.cand_block)
+                             : bs.entries;
+  k_bytes = static_cast<double>(bs.batch) * groups_per_seq * scored * layout.entry_bytes();
   for (int32_t n : rows.row_visible) {
-    flops += 2.0 * n * kHeads * 128;
-    logit_bytes += 4.0 * n;
+    const double m = std::min<double>(n, static_cast<double>(scored));
+    flops += 2.0 * m * kHeads * 128;
+    logit_bytes += block ? 4.0 * kHeads * ((n + kPage - 1) / kPage) : 4.0 * m;
   }
-  const double bytes = k_bytes + logit_bytes + static_cast<double>(qv.size() + qs.size() + 4 * w.size());
+  const double q_bytes = block ? 4.0 * bqf.size() : static_cast<double>(qv.size() + qs.size() + 4 * w.size());
+  const double bytes = k_bytes + logit_bytes + q_bytes;
   r.gbs = bytes / (r.logits_us * 1e-6) / 1e9;
   r.tflops = flops / (r.logits_us * 1e-6) / 1e12;
-  (void)ceil;
+  r.copy_floor_us = ceil.copy_gbs > 0 ? bytes / (ceil.copy_gbs * 1e9) * 1e6 : 0;
   return r;
 }
 
@@ -485,6 +544,58 @@ int main(int argc, char** argv) {
   shapes.push_back({"prefill fp8 4k rows n=32k", f8, 1, 4096, 32768, 2048, ">= 800 TFLOP/s"});
   shapes.push_back({"prefill mxfp4 4k rows n=32k", mx, 1, 4096, 32768, 2048, ""});
   if (!quick) shapes.push_back({"prefill fp8 16k rows n=32k", f8, 1, 16384, 32768, 2048, ""});
+  // Index heads 32 and 16 on the dense path (the tensor-core kernels take H
+  // as a template constant); the (portable) and (mma.sync) rows are the
+  // paths H = 32 ran before and the fallback.
+  for (int32_t h : {32, 16}) {
+    const std::string hs = "H=" + std::to_string(h) + " ";
+    shapes.push_back({"decode fp8 " + hs + "B=64 next_n=1 n=32k", f8, 64, 1, 32768, 2048, "", 2, h});
+    shapes.push_back({"decode fp8 " + hs + "B=128 next_n=1 n=128k", f8, 128, 1, 131072, 2048, "", 2, h});
+    shapes.push_back({"decode mxfp4 " + hs + "B=64 next_n=1 n=32k", mx, 64, 1, 32768, 2048, "", 2, h});
+  }
+  shapes.push_back({"decode fp8 H=32 B=64 next_n=2 n=32k", f8, 64, 2, 32768, 2048, "", 2, 32});
+  shapes.push_back({"decode fp8 H=32 B=64 next_n=1 n=32k (mma.sync)", f8, 64, 1, 32768, 2048, "", 1, 32});
+  shapes.push_back({"decode fp8 H=32 B=64 next_n=1 n=32k (portable)", f8, 64, 1, 32768, 2048, "", 0, 32});
+  shapes.push_back({"decode mxfp4 H=32 B=64 next_n=1 n=32k (portable)", mx, 64, 1, 32768, 2048, "", 0, 32});
+  // DeepSeek-V4.1 (H 32, r 4, top 512; pools of 2048 blocks of 8 entries):
+  // dense, the candidate source and a consumer at 32k and 128k visible
+  // entries. The consumer's floor counts its pool's bytes only.
+  for (int32_t n : {32768, 131072}) {
+    for (int32_t b : {8, 64}) {
+      if (quick && b != 64) continue;
+      const std::string tail = " H=32 r=4 top=512 B=" + std::to_string(b) + " n=" + std::to_string(n / 1024) + "k";
+      std::string cons_target;
+      if (n == 131072 && b == 64) cons_target = "layer <= 0.25x dense";
+      for (KvFormat f : {f8, mx}) {
+        if (f == mx && (quick || b != 64)) continue;
+        const std::string fs = f == f8 ? "fp8" : "mxfp4";
+        shapes.push_back({"v4.1 dense " + fs + tail, f, b, 1, n, 512, "", 2, 32, 4, BenchKind::kDense});
+        shapes.push_back({"v4.1 source " + fs + tail, f, b, 1, n, 512, "", 2, 32, 4, BenchKind::kSource});
+        shapes.push_back({"v4.1 consumer " + fs + tail + " pool=2048x8", f, b, 1, n, 512, cons_target, 2, 32, 4,
+                          BenchKind::kConsumer});
+        if (f == f8 && b == 64) {
+          shapes.push_back({"v4.1 consumer " + fs + tail + " pool=2048x8 (masked walk)", f, b, 1, n, 512, "", 2, 32,
+                            4, BenchKind::kConsumerMasked});
+        }
+      }
+    }
+  }
+  // MiniMax-M3 block path: Hi 4, MXFP4 pages of 128 entries (a block), top
+  // 16 blocks, the newest forced in; decode B 1/64/128 at 32k and 128k, and
+  // a 4k-row prefill chunk.
+  for (int32_t n : {32768, 131072}) {
+    for (int32_t b : {1, 64, 128}) {
+      if (quick && b == 1) continue;
+      shapes.push_back({"minimax block mxfp4 Hi=4 top=16 B=" + std::to_string(b) + " n=" + std::to_string(n / 1024) +
+                            "k",
+                        mx, b, 1, n, 16, b == 64 && n == 32768 ? ">= 70 % of copy" : "", 2, 4, 1,
+                        BenchKind::kBlock, 128});
+    }
+  }
+  if (!quick) {
+    shapes.push_back({"minimax block mxfp4 Hi=4 top=16 prefill 4k rows n=32k", mx, 1, 4096, 32768, 16, "", 2, 4, 1,
+                      BenchKind::kBlock, 128});
+  }
 
   std::vector<Result> results;
   for (const BenchShape& bs : shapes) {
@@ -510,8 +621,10 @@ int main(int argc, char** argv) {
       std::fflush(stdout);
       continue;
     }
-    std::printf("%-44s %-8s logits %9.1f us  %7.0f GB/s  %6.1f TFLOP/s  topk %8.1f us  layer %9.1f us  call %9.1f us\n",
-                bs.name.c_str(), r.path.c_str(), r.logits_us, r.gbs, r.tflops, r.topk_us, r.layer_us, r.call_us);
+    std::printf("%-44s %-8s logits %9.1f us  %7.0f GB/s  %6.1f TFLOP/s  floor %8.1f us  topk %8.1f us  layer %9.1f us  "
+                "call %9.1f us\n",
+                bs.name.c_str(), r.path.c_str(), r.logits_us, r.gbs, r.tflops, r.copy_floor_us, r.topk_us, r.layer_us,
+                r.call_us);
     std::fflush(stdout);
   }
 
@@ -527,21 +640,24 @@ int main(int argc, char** argv) {
                 "mma.sync m16n8k32 e4m3 %.0f TFLOP/s; wgmma m64n256k32 e4m3 %.0f TFLOP/s; "
                 "datasheet dense FP8 (wgmma) %.0f TFLOP/s.\n"
                 "Method: L2 flushed (1 GiB zeroed) before each call%s, backend CUDA events around the "
-                "logits and top-k kernels of one DenseTopk call, median of %d; H = 64, D = 128, "
-                "page 64 entries, top-k 2048, random block tables. layer = logits + top-k kernels; "
-                "call = host wall time of DenseTopk (Q upload, kernels, output download), the "
-                "flush waited for.\n\n",
+                "logits and top-k kernels of one call (DenseTopk, CandidateSource, CandidateConsumer or "
+                "BlockTopk), median of %d; H = 64, D = 128, page 64 entries, top-k 2048, r = 1 unless "
+                "the shape's name says otherwise; random block tables. layer = logits + top-k kernels "
+                "(a source's pool selection and a consumer's gather and remap count as top-k); "
+                "call = host wall time of the call (Q upload, kernels, output download), the "
+                "flush waited for. floor = the bytes the layer must read (K of the entries it scores: "
+                "a consumer's pool only; Q, weights, logits) at the measured copy bandwidth.\n\n",
                 prop.name, prop.multiProcessorCount, ceil.copy_gbs, ceil.mma_tflops, ceil.wgmma_tflops,
                 kDatasheetFp8Tflops,
                 sync_flush ? " and waited for (--sync-flush: host launch gaps count)"
                            : " and not waited for (the call queued behind it)",
                 iters);
   md += line;
-  md += "| shape | kernel | logits us | GB/s (% copy) | TFLOP/s (% mma.sync, % wgmma measured) | top-k us | layer us | call us | target |\n";
-  md += "|---|---|---:|---:|---:|---:|---:|---:|---|\n";
+  md += "| shape | kernel | logits us | floor us | GB/s (% copy) | TFLOP/s (% mma.sync, % wgmma measured) | top-k us | layer us | call us | target |\n";
+  md += "|---|---|---:|---:|---:|---:|---:|---:|---:|---|\n";
   for (const Result& r : results) {
-    std::snprintf(line, sizeof line, "| %s | %s | %.1f | %.0f (%.0f%%) | %.1f (%.0f%%, %.0f%%) | %.1f | %.1f | %.1f | %s |\n",
-                  r.shape.name.c_str(), r.path.c_str(), r.logits_us, r.gbs, 100 * r.gbs / ceil.copy_gbs,
+    std::snprintf(line, sizeof line, "| %s | %s | %.1f | %.1f | %.0f (%.0f%%) | %.1f (%.0f%%, %.0f%%) | %.1f | %.1f | %.1f | %s |\n",
+                  r.shape.name.c_str(), r.path.c_str(), r.logits_us, r.copy_floor_us, r.gbs, 100 * r.gbs / ceil.copy_gbs,
                   r.tflops, ceil.mma_tflops > 0 ? 100 * r.tflops / ceil.mma_tflops : 0.0,
                   ceil.wgmma_tflops > 0 ? 100 * r.tflops / ceil.wgmma_tflops : 0.0, r.topk_us, r.layer_us, r.call_us, r.shape.target.c_str());
     md += line;

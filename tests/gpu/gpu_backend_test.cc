@@ -26,16 +26,12 @@
 #include "kernels/gpu/gpu_backend_impl.h"
 #include "kernels/gpu/gpu_compat.h"
 #include "kernels/gpu/params.h"
+#include "tests/gpu/gpu_test_pair.h"
 #include "tests/gpu/gpu_test_reference.h"
 
 namespace indexer {
 namespace gpu_test {
 namespace {
-
-#define SKIP_WITHOUT_GPU()                                               \
-  if (GpuDeviceCount() == 0) {                                           \
-    GTEST_SKIP() << "no GPU: GpuDeviceCount() == 0 on this machine";     \
-  }
 
 struct Shape {
   KvFormat format;
@@ -73,58 +69,6 @@ PageLayout MakeLayout(const Shape& s) {
   EXPECT_TRUE(l.ok()) << l.status();
   return *l;
 }
-
-// Two backends with one pool each, same page numbering.
-struct Pair {
-  std::unique_ptr<CpuBackend> cpu;
-  std::unique_ptr<Backend> gpu;
-  PoolHandle cpu_pool;
-  PoolHandle gpu_pool;
-  int64_t pages = 0;
-};
-
-Pair MakePair(const PageLayout& layout, int64_t pages) {
-  Pair p;
-  p.cpu = std::make_unique<CpuBackend>(0);
-  auto g = MakeGpuBackend(0, 0);
-  EXPECT_TRUE(g.ok()) << g.status();
-  p.gpu = std::move(*g);
-  p.pages = pages;
-  p.cpu_pool = *p.cpu->AllocatePool(layout, pages);
-  auto gp = p.gpu->AllocatePool(layout, pages);
-  EXPECT_TRUE(gp.ok()) << gp.status();
-  p.gpu_pool = *gp;
-  return p;
-}
-
-// Raw pool bytes of the gpu pool.
-std::vector<uint8_t> GpuPoolBytes(const Pair& p, const PageLayout& layout) {
-  std::vector<uint8_t> host(static_cast<size_t>(p.pages * layout.page_bytes()));
-  EXPECT_EQ(gpu::CopyD2H(host.data(), p.gpu_pool.base, host.size(), nullptr), gpu::kSuccess);
-  EXPECT_EQ(gpu::StreamSynchronize(nullptr), gpu::kSuccess);
-  return host;
-}
-
-void ExpectPoolsEqual(const Pair& p, const PageLayout& layout) {
-  const std::vector<uint8_t> g = GpuPoolBytes(p, layout);
-  int64_t diffs = 0, first = -1;
-  for (size_t i = 0; i < g.size(); ++i) {
-    if (g[i] != p.cpu_pool.base[i]) {
-      if (first < 0) first = static_cast<int64_t>(i);
-      ++diffs;
-    }
-  }
-  EXPECT_EQ(diffs, 0) << "pool bytes differ, first at byte " << first
-                      << " (page " << first / std::max<int64_t>(1, layout.page_bytes())
-                      << "): gpu " << (first >= 0 ? int(g[first]) : 0)
-                      << " cpu " << (first >= 0 ? int(p.cpu_pool.base[first]) : 0);
-}
-
-RefRow RefLogits(const Pair& p, const PageLayout& layout, const StepRows& rows, const QData& q,
-                 int32_t r) {
-  return RefLogits(*p.cpu, p.cpu_pool, layout, rows, q, r);
-}
-
 
 class GpuDenseTest : public ::testing::TestWithParam<Shape> {};
 
@@ -269,6 +213,29 @@ std::vector<Shape> Shapes() {
       // 32 rows over ~30000 entries: every ring slot of the MXFP4 kernel
       // reused many times (for racecheck)
       {mx, 64, false, 16, 2, 2, 29000, 30000, 64, 1024, 2},
+      // H = 32 (DeepSeek-V4.1) and 16 on the tensor-core kernels, H a
+      // template constant: warp-specialized wgmma (N = 32 and 64 a warpgroup,
+      // teams of two for 3-4 rows; N = 16, 32, 64 at H = 16), the serial
+      // wgmma kernel (tiled pages), mma.sync, and MXFP4 wgmma (the per-block
+      // route's head slices of 32 and 16)
+      {f8, 64, false, 23, 1, 1, 0, 5000, 32, 512, 2},
+      {f8, 64, false, 23, 2, 2, 0, 5000, 32, 512, 2},
+      {f8, 64, false, 23, 3, 4, 0, 5000, 32, 512, 2},
+      {f8, 64, false, 1, 40, 40, 19000, 20000, 32, 1024, 2},
+      {f8, 128, false, 7, 1, 4, 100, 6000, 32, 512, 2},
+      {f8, 64, false, 23, 1, 4, 0, 5000, 16, 512, 2},
+      {f8, 128, false, 2, 40, 40, 19000, 20000, 16, 512, 2},
+      {f8, 64, true, 5, 1, 3, 0, 2000, 32, 256, 2},
+      {f8, 16, true, 3, 5, 70, 0, 3000, 16, 256, 2, K::kFloat32, true, 37},
+      {f8, 64, false, 23, 1, 4, 0, 5000, 32, 512, 1},
+      {f8, 16, true, 3, 5, 70, 0, 3000, 16, 256, 1, K::kFloat32, true, 37},
+      {mx, 64, false, 23, 1, 1, 0, 5000, 32, 512, 2},
+      {mx, 64, false, 23, 1, 2, 0, 5000, 32, 512, 2},
+      {mx, 128, false, 5, 1, 2, 100, 3000, 16, 256, 2},
+      {mx, 64, false, 16, 2, 2, 29000, 30000, 32, 1024, 2},
+      {mx, 64, true, 5, 1, 2, 0, 2000, 32, 256, 2},
+      {mx, 64, false, 23, 1, 4, 0, 5000, 16, 512, 1},
+      {mx, 64, false, 23, 1, 4, 0, 5000, 32, 512, 0},
   };
 }
 
@@ -291,6 +258,7 @@ struct AdversarialShape {
   int32_t page_entries;
   int32_t q_len_max;
   int max_path;
+  int32_t heads = 64;
 };
 
 class GpuMxfp4AdversarialTest : public ::testing::TestWithParam<AdversarialShape> {};
@@ -299,7 +267,7 @@ TEST_P(GpuMxfp4AdversarialTest, TopkMatchesReference) {
   SKIP_WITHOUT_GPU();
   const AdversarialShape sh = GetParam();
   const PageLayout layout = *PageLayout::Make(KvFormat::kMxfp4, 128, sh.page_entries);
-  const int32_t seqs = 8, heads = 64, topk = 128;
+  const int32_t seqs = 8, heads = sh.heads, topk = 128;
   std::mt19937 rng(99 + sh.page_entries + sh.q_len_max);
   std::uniform_int_distribution<int32_t> hist(700, 2600), ql(1, sh.q_len_max), byte(0, 255);
   std::vector<int32_t> old_e, new_e, q_lens, zeros(seqs, 0);
@@ -404,10 +372,12 @@ TEST_P(GpuMxfp4AdversarialTest, TopkMatchesReference) {
 INSTANTIATE_TEST_SUITE_P(Scales, GpuMxfp4AdversarialTest,
                          ::testing::Values(AdversarialShape{64, 1, 2}, AdversarialShape{128, 1, 2},
                                            AdversarialShape{64, 2, 2}, AdversarialShape{128, 2, 2},
-                                           AdversarialShape{64, 2, 1}, AdversarialShape{64, 2, 0}),
+                                           AdversarialShape{64, 2, 1}, AdversarialShape{64, 2, 0},
+                                           AdversarialShape{64, 2, 2, 32}, AdversarialShape{128, 1, 2, 16},
+                                           AdversarialShape{64, 2, 1, 32}),
                          [](const auto& info) {
                            return "E" + std::to_string(info.param.page_entries) + "_q" +
-                                  std::to_string(info.param.q_len_max) +
+                                  std::to_string(info.param.q_len_max) + "_H" + std::to_string(info.param.heads) +
                                   (info.param.max_path == 0 ? "_portable" : info.param.max_path == 1 ? "_mma" : "");
                          });
 
@@ -643,205 +613,6 @@ TEST(GpuBackendTest, DescribesDevice) {
   EXPECT_FALSE(MakeGpuBackend(GpuDeviceCount(), 0).ok());
 }
 
-
-// ---- candidate and block paths ---------------------------------------------
-
-// Sequences with `hist` old entries each and `q_len` new rows, pages
-// shuffled, K written to both backends (history, then the step's entries).
-struct Scenario {
-  Pair p;
-  StepRows rows;
-  std::unique_ptr<StepContext> cpu_ctx, gpu_ctx;
-};
-
-Scenario MakeScenario(std::mt19937& rng, const PageLayout& layout,
-                      const std::vector<int32_t>& hist,
-                      const std::vector<int32_t>& q_lens) {
-  Scenario sc;
-  const int32_t seqs = static_cast<int32_t>(hist.size()), pe = layout.page_entries;
-  std::vector<int32_t> new_e, zeros(seqs, 0);
-  std::vector<std::vector<int32_t>> pages(seqs);
-  int64_t total = 0;
-  for (int32_t s = 0; s < seqs; ++s) {
-    new_e.push_back(hist[s] + q_lens[s]);
-    total += PagesFor(new_e[s], pe);
-  }
-  std::vector<int32_t> perm(total + 3);
-  for (size_t i = 0; i < perm.size(); ++i) perm[i] = static_cast<int32_t>(i);
-  std::shuffle(perm.begin(), perm.end(), rng);
-  int64_t next = 0;
-  for (int32_t s = 0; s < seqs; ++s) {
-    for (int32_t i = 0; i < PagesFor(new_e[s], pe); ++i) pages[s].push_back(perm[next++]);
-  }
-  sc.p = MakePair(layout, static_cast<int64_t>(perm.size()));
-  const StepRows h = MakeStep(zeros, hist, zeros, pe, pages, 0);
-  KData hk = MakeK(rng, layout, h.NewEntries(), KInput::Kind::kFloat32, true);
-  EXPECT_TRUE(sc.p.cpu->WriteEntries(layout, sc.p.cpu_pool, h, nullptr, hk.input).ok());
-  EXPECT_TRUE(sc.p.gpu->WriteEntries(layout, sc.p.gpu_pool, h, nullptr, hk.input).ok());
-  sc.rows = MakeStep(hist, new_e, q_lens, pe, pages, 0);
-  KData nk = MakeK(rng, layout, sc.rows.NewEntries(), KInput::Kind::kFloat32, true);
-  sc.cpu_ctx = *sc.p.cpu->PrepareStep(layout, sc.rows);
-  auto g = sc.p.gpu->PrepareStep(layout, sc.rows);
-  EXPECT_TRUE(g.ok()) << g.status();
-  sc.gpu_ctx = std::move(*g);
-  EXPECT_TRUE(sc.p.cpu->WriteEntries(layout, sc.p.cpu_pool, sc.rows, sc.cpu_ctx.get(), nk.input).ok());
-  EXPECT_TRUE(sc.p.gpu->WriteEntries(layout, sc.p.gpu_pool, sc.rows, sc.gpu_ctx.get(), nk.input).ok());
-  return sc;
-}
-
-struct CandCase {
-  KvFormat format;
-  int32_t page_entries;
-  int32_t block_size;
-  int32_t topk_blocks;
-  int32_t topk;
-  bool pin;
-  std::vector<int32_t> hist;
-  std::vector<int32_t> q_lens;
-};
-
-class GpuCandidateTest : public ::testing::TestWithParam<CandCase> {};
-
-// Source and consumer on the gpu against a float64 reference, every row,
-// each under its logits path's tolerance: the source's own output by the
-// dense rule, the consumer's by ConsumerRowViolation (gpu_test_reference.h:
-// the SPEC §5 set check over the pool, known up to blocks at its cut).
-TEST_P(GpuCandidateTest, SourceAndConsumerMatchReference) {
-  SKIP_WITHOUT_GPU();
-  const CandCase c = GetParam();
-  const PageLayout layout = *PageLayout::Make(c.format, 128, c.page_entries);
-  std::mt19937 rng(99 + c.block_size * 13 + c.topk_blocks);
-  Scenario sc = MakeScenario(rng, layout, c.hist, c.q_lens);
-  const StepRows& rows = sc.rows;
-  CandidateSpec spec;
-  spec.block_size = c.block_size;
-  spec.topk_blocks = c.topk_blocks;
-  spec.pin_newest = c.pin;
-  const QData qs = MakeQ(rng, layout, rows.num_rows, 64);
-  const QData qc = MakeQ(rng, layout, rows.num_rows, 64);
-  const int64_t k = c.topk;
-  std::vector<int32_t> src(rows.num_rows * k), got(rows.num_rows * k, -7);
-  auto* backend = static_cast<gpu::GpuBackend*>(sc.p.gpu.get());
-
-  // A consumer before its source: FAILED_PRECONDITION.
-  EXPECT_EQ(sc.p.gpu->CandidateConsumer(layout, sc.p.gpu_pool, rows, sc.gpu_ctx.get(), qc.input, c.topk,
-                                        spec, ConsumerMode::kAuto, got.data()).status().code(),
-            absl::StatusCode::kFailedPrecondition);
-  auto ts = sc.p.gpu->CandidateSource(layout, sc.p.gpu_pool, rows, sc.gpu_ctx.get(), qs.input, c.topk,
-                                      spec, src.data());
-  ASSERT_TRUE(ts.ok()) << ts.status();
-  const std::string src_path = backend->last_logits_path();
-  auto tc = sc.p.gpu->CandidateConsumer(layout, sc.p.gpu_pool, rows, sc.gpu_ctx.get(), qc.input, c.topk,
-                                        spec, ConsumerMode::kAuto, got.data());
-  ASSERT_TRUE(tc.ok()) << tc.status();
-  const std::string cons_path = backend->last_logits_path();
-  std::printf("[   path   ] logits kernels: source %s, consumer %s\n", src_path.c_str(), cons_path.c_str());
-  const PathTolerance src_t = ToleranceFor(src_path, c.format), cons_t = ToleranceFor(cons_path, c.format);
-
-  int32_t borderline_rows = 0;
-  Margin src_m, cons_m;
-  for (int32_t r = 0; r < rows.num_rows; ++r) {
-    const int32_t n = rows.row_visible[r];
-    const std::string what = "row " + std::to_string(r) + " n " + std::to_string(n);
-    const RefRow src_ref = RefLogits(sc.p, layout, rows, qs, r);
-    const std::vector<double> tol = src_ref.Tol(src_t);
-    ExpectTopkRow(src.data() + r * k, n, c.topk, src_ref.logit, tol, "source " + what, &src_m);
-    if (HasFatalFailure()) return;
-    const RefRow cons_ref = RefLogits(sc.p, layout, rows, qc, r);
-    bool borderline = false;
-    double used = 0;
-    ASSERT_EQ(ConsumerRowViolation(got.data() + r * k, n, c.topk, spec, src_ref.logit, tol, cons_ref.logit,
-                                   cons_ref.Tol(cons_t), &borderline, &used),
-              "")
-        << "consumer " << what;
-    borderline_rows += borderline;
-    cons_m.Add(used, "consumer " + what);
-  }
-  std::printf("[   pools  ] %d rows, %d with borderline blocks\n", rows.num_rows, borderline_rows);
-  src_m.Print("source " + src_path);
-  cons_m.Print("consumer " + cons_path);
-}
-
-INSTANTIATE_TEST_SUITE_P(
-    Cases, GpuCandidateTest,
-    ::testing::Values(
-        // decode, pools a real subset, the newest pinned
-        CandCase{KvFormat::kFp8, 64, 8, 64, 256, true, {3000, 1200, 9000, 40}, {1, 1, 1, 1}},
-        // next_n 2, MXFP4, no pin, odd block size
-        CandCase{KvFormat::kMxfp4, 16, 3, 50, 64, false, {700, 2000, 31}, {2, 2, 2}},
-        // whole pools (<= topk entries) mixed with real ones; prefill rows
-        CandCase{KvFormat::kFp8, 16, 4, 16, 128, true, {100, 5000, 0}, {1, 3, 40}},
-        // a long row through the cooperative top-k, 2048 blocks of 8
-        CandCase{KvFormat::kFp8, 64, 8, 2048, 2048, true, {60000}, {1}}),
-    [](const auto& info) { return "c" + std::to_string(info.index); });
-
-// The block path on the gpu against a float64 reference of the block scores
-// (sentinels included): count, range, distinctness, -1 fill, and every
-// chosen block scores at least the reference's k-th.
-TEST(GpuBlockTest, BlockTopkMatchesReference) {
-  SKIP_WITHOUT_GPU();
-  struct Case {
-    int32_t page_entries, heads, topk, init, local;
-    std::vector<int32_t> hist, q_lens;
-  };
-  const std::vector<Case> cases = {
-      {128, 4, 16, 0, 1, {5000, 300, 20000}, {1, 1, 1}},
-      {32, 1, 4, 1, 2, {900, 100}, {2, 3}},
-      {16, 4, 6, 2, 1, {0, 2000}, {40, 1}},
-  };
-  for (const Case& c : cases) {
-    const PageLayout layout = *PageLayout::Make(KvFormat::kMxfp4, 128, c.page_entries);
-    std::mt19937 rng(5 + c.page_entries);
-    Scenario sc = MakeScenario(rng, layout, c.hist, c.q_lens);
-    const StepRows& rows = sc.rows;
-    std::normal_distribution<float> nd(0.f, 1.f);
-    std::vector<float> q(static_cast<size_t>(rows.num_rows) * c.heads * 128);
-    for (float& x : q) x = nd(rng);
-    BlockQInput bq;
-    bq.num_heads = c.heads;
-    bq.q = q.data();
-    BlockSpec spec;
-    spec.topk_blocks = c.topk;
-    spec.init_blocks = c.init;
-    spec.local_blocks = c.local;
-    std::vector<int32_t> got(static_cast<size_t>(c.heads) * rows.num_rows * c.topk, -7);
-    auto t = sc.p.gpu->BlockTopk(layout, sc.p.gpu_pool, rows, sc.gpu_ctx.get(), bq, spec, got.data());
-    ASSERT_TRUE(t.ok()) << t.status();
-    std::vector<uint8_t> entry(layout.entry_bytes());
-    for (int32_t r = 0; r < rows.num_rows; ++r) {
-      const int32_t n = rows.row_visible[r], s = rows.row_seq[r], pe = c.page_entries;
-      const int32_t causal = static_cast<int32_t>(PagesFor(n, pe));
-      std::vector<std::vector<double>> kd(n, std::vector<double>(128));
-      for (int32_t e = 0; e < n; ++e) {
-        ASSERT_TRUE(sc.p.cpu->ReadEntries(layout, sc.p.cpu_pool, rows.Page(s, e / pe), e % pe, 1,
-                                          entry.data()).ok());
-        for (int32_t d = 0; d < 128; ++d) kd[e][d] = Mxfp4Element(entry.data(), entry.data() + 64, d);
-      }
-      for (int32_t h = 0; h < c.heads; ++h) {
-        const float* qh = q.data() + (static_cast<int64_t>(r) * c.heads + h) * 128;
-        std::vector<double> score(causal, -INFINITY), tol(causal, 0);
-        for (int32_t e = 0; e < n; ++e) {
-          double dot = 0, mag = 0;
-          for (int32_t d = 0; d < 128; ++d) {
-            dot += qh[d] * kd[e][d];
-            mag += std::fabs(qh[d] * kd[e][d]);
-          }
-          dot *= spec.scale;
-          score[e / pe] = std::max(score[e / pe], dot);
-          // The kernel's block maximum may come from another entry of the
-          // block: the largest of their bounds covers it.
-          tol[e / pe] = std::max(tol[e / pe], std::ldexp(mag * spec.scale, -16));
-        }
-        for (int32_t b = std::max(0, causal - c.local); b < causal; ++b) score[b] = 1e29;
-        for (int32_t b = 0; b < std::min(causal, c.init); ++b) score[b] = 1e30;
-        const int32_t* row = got.data() + (static_cast<int64_t>(h) * rows.num_rows + r) * c.topk;
-        ExpectTopkRow(row, causal, c.topk, score, tol,
-                      "block head " + std::to_string(h) + " row " + std::to_string(r));
-        if (HasFatalFailure()) return;
-      }
-    }
-  }
-}
 
 }  // namespace
 }  // namespace gpu_test

@@ -182,7 +182,7 @@ inline PathTolerance ToleranceFor(const std::string& path, KvFormat format) {
       o = kFp32Tolerance;
     } else if (one == "mma") {
       o = format == KvFormat::kMxfp4 ? kFp32Tolerance : kTensorCoreTolerance;
-    } else if (one == "wgmma" || one == "wgmma_ws" || one == "wgmma_mxfp4") {
+    } else if (one == "wgmma" || one == "wgmma_ws" || one == "wgmma_mxfp4" || one == "wgmma_gather") {
       o = kTensorCoreTolerance;
     } else {
       ADD_FAILURE() << "no tolerance for logits path '" << one << "' (of '" << path << "')";

@@ -5,6 +5,8 @@
 #include <cstdint>
 #include <filesystem>
 #include <functional>
+#include <map>
+#include <set>
 #include <string>
 
 #include "gmock/gmock.h"
@@ -163,6 +165,67 @@ TEST(ConfigCheckTest, EveryProfileListensOnLoopback) {
     ++profiles;
   }
   EXPECT_GE(profiles, 5);
+}
+
+// The layer roles of every shipped profile, as runs "first-last role" (one
+// layer: "n role"). A profile added to deploy/configs must be pinned here.
+// V4.1's map is seed 002's: layer 20 writes the candidate pools of layers 24
+// to 36, every other layer is dense.
+std::string RoleRuns(const Model& m) {
+  std::string out;
+  int32_t n = m.num_layers();
+  for (int32_t b = 0; b < n;) {
+    int32_t e = b;
+    while (e + 1 < n && m.layer_role[e + 1].kind == m.layer_role[b].kind &&
+           m.layer_role[e + 1].set == m.layer_role[b].set) {
+      ++e;
+    }
+    if (!out.empty()) out += ", ";
+    out += std::to_string(b);
+    if (e > b) out += "-" + std::to_string(e);
+    out += std::string(" ") + LayerRoleName(m.layer_role[b].kind);
+    b = e + 1;
+  }
+  return out;
+}
+
+TEST(ConfigCheckTest, EveryShippedProfilePinsItsLayerRoles) {
+  const std::map<std::string, std::string> expected = {
+      {"demo", "0 dense, 1 candidate_source, 2 candidate_consumer, 3-4 dense, 5-6 block"},
+      {"deepseek-v3.2-fp8", "0-60 dense"},
+      {"deepseek-v4.1-fp8",
+       "0-19 dense, 20 candidate_source, 21-23 dense, 24-36 candidate_consumer, 37-60 dense"},
+      {"deepseek-v4.1-mxfp4",
+       "0-19 dense, 20 candidate_source, 21-23 dense, 24-36 candidate_consumer, 37-60 dense"},
+      {"minimax-m3-mxfp4", "0-61 block"},
+  };
+  std::set<std::string> seen;
+  for (const auto& entry : std::filesystem::directory_iterator(INDEXER_CONFIG_DIR)) {
+    if (entry.path().extension() != ".textproto") continue;
+    auto cfg = LoadConfigFile(entry.path().string());
+    ASSERT_TRUE(cfg.ok()) << cfg.status();
+    cfg->set_cache_mb(64);
+    auto m = BuildModel(*cfg);
+    ASSERT_TRUE(m.ok()) << entry.path() << ": " << m.status();
+    const std::string name = entry.path().stem().string();
+    EXPECT_EQ(m->config.profile(), name) << entry.path();
+    auto it = expected.find(name);
+    ASSERT_NE(it, expected.end()) << entry.path() << " has no pinned layer roles";
+    EXPECT_EQ(RoleRuns(*m), it->second) << entry.path();
+    seen.insert(name);
+  }
+  EXPECT_EQ(seen.size(), expected.size()) << "a pinned profile is missing from deploy/configs";
+  // Every consumer reads its own set's source, which runs before it.
+  auto v41 = LoadConfigFile(std::string(INDEXER_CONFIG_DIR) + "/deepseek-v4.1-fp8.textproto");
+  ASSERT_TRUE(v41.ok()) << v41.status();
+  v41->set_cache_mb(64);
+  auto m = BuildModel(*v41);
+  ASSERT_TRUE(m.ok()) << m.status();
+  ASSERT_EQ(m->candidate_sets.size(), 1u);
+  EXPECT_EQ(m->candidate_sets[0].source_layer, 20);
+  EXPECT_EQ(m->candidate_sets[0].consumers,
+            (std::vector<int32_t>{24, 25, 26, 27, 28, 29, 30, 31, 32, 33, 34, 35, 36}));
+  EXPECT_EQ(m->layer_role[30].set, 0);
 }
 
 }  // namespace

@@ -1,5 +1,6 @@
 // Hopper (sm_90a) MXFP4 dense logits, warp-specialized: the decode fast path
-// for linear MXFP4 pages of a multiple of 64 entries, H = 64, D = 128.
+// for linear MXFP4 pages of a multiple of 64 entries, H = 16, 32 or 64 (a
+// template constant), D = 128.
 //
 // Structure as logits_wgmma_ws.cu: a persistent grid, block b streams an
 // equal contiguous share of the plan's units as 64-entry K tiles through a
@@ -13,7 +14,7 @@
 // K is the wgmma A operand from REGISTERS: every math thread reads its
 // fragment bytes (16 packed bytes per entry row) and the entry's scale word
 // from the slot, releases the slot at once, and widens e2m1 to e5m2 with a
-// byte-permute table. Q (B operand, N = kRows * 64 heads) is widened once per
+// byte-permute table. Q (B operand, N = kRows * H heads) is widened once per
 // row group into a 128-byte-swizzled tile.
 //
 // Exactness (SPEC §3: sum_b 2^(eq_b + ek_b - 254) * P_b, P_b the exact 32-term
@@ -44,6 +45,7 @@
 #include "absl/strings/str_cat.h"
 #include "kernels/format/fp8.h"
 #include "kernels/format/mxfp4.h"
+#include "kernels/gpu/dispatch.h"
 #include "kernels/gpu/paged.h"
 #include "kernels/gpu/params.h"
 #include "kernels/gpu/hopper/wgmma_sm90.h"
@@ -54,7 +56,6 @@ namespace {
 
 constexpr int kMxTile = 64;                          // entries per K tile (wgmma M)
 constexpr int kMxDim = 128;                          // D
-constexpr int kMxHeads = 64;                         // H
 constexpr int kMxValueBytes = kMxTile * kMxDim / 2;  // packed e2m1 of a tile
 constexpr int kMxScaleBytes = kMxTile * kMxDim / 32; // e8m0 of a tile
 constexpr int kMxSlotBytes = kMxValueBytes + kMxScaleBytes;
@@ -65,9 +66,9 @@ constexpr uint32_t kMaxShift = 13;
 // powers and the weight products stay normal fp32.
 constexpr uint32_t kExpWindow = 60;
 
-template <int kRows, int kMath, int kStages>
+template <int kHeads, int kRows, int kMath, int kStages>
 struct MxConfig {
-  static constexpr int kN = kRows * kMxHeads;              // wgmma N
+  static constexpr int kN = kRows * kHeads;                // wgmma N
   static constexpr int kSlots = kMath * kStages;           // ring slots
   static constexpr int kThreads = kMath * kMxWgSize + kWarpSize;  // + producer warp
   static constexpr int kQBytes = kN * kMxDim;              // one warpgroup's widened Q
@@ -83,7 +84,7 @@ struct MxConfig {
   // registers and ceil(warps / 4) of the block's warps.
   static constexpr int kMaxRegs = 16384 / ((kThreads / kWarpSize + 3) / 4 * kWarpSize) / 8 * 8;
 
-  static_assert(kN == 64 || kN == 128, "wgmma N of 64 or 128 (kRows 1 or 2)");
+  static_assert(kN == 16 || kN == 32 || kN == 64 || kN == 128, "wgmma N of 16 to 128");
   static_assert(kN <= kMxWgSize, "Q staging: one thread per head");
   static_assert(kMath >= 1 && kMath <= 4, "1..4 math warpgroups (named barriers 1..kMath)");
   static_assert(kStages >= 2, "at least double-buffered per warpgroup");
@@ -128,11 +129,11 @@ __device__ __forceinline__ bool FastRow(const uint4& v, uint32_t sc, uint32_t em
 }
 #endif  // INDEXER_GPU_WGMMA
 
-template <int kRows, int kMath, int kStages>
-__global__ void __launch_bounds__((MxConfig<kRows, kMath, kStages>::kThreads))
-    INDEXER_MAXNREG((MxConfig<kRows, kMath, kStages>::kMaxRegs)) DenseLogitsWgmmaMxfp4Kernel(const INDEXER_GRID_CONSTANT LogitsParams p) {
+template <int kHeads, int kRows, int kMath, int kStages>
+__global__ void __launch_bounds__((MxConfig<kHeads, kRows, kMath, kStages>::kThreads))
+    INDEXER_MAXNREG((MxConfig<kHeads, kRows, kMath, kStages>::kMaxRegs)) DenseLogitsWgmmaMxfp4Kernel(const INDEXER_GRID_CONSTANT LogitsParams p) {
 #if INDEXER_GPU_WGMMA
-  using C = MxConfig<kRows, kMath, kStages>;
+  using C = MxConfig<kHeads, kRows, kMath, kStages>;
   constexpr int kN = C::kN, kSlots = C::kSlots;
   static_assert(kMxWgSize == 128, "wgmma runs on warpgroups of 128 threads");
   extern __shared__ uint8_t smem_raw[];
@@ -255,8 +256,8 @@ __global__ void __launch_bounds__((MxConfig<kRows, kMath, kStages>::kThreads))
       const LogitsGroup g = p.step.groups[ti.x];
       g_rows = g.num_rows;
       g_row0 = g.row_begin - p.row_base;
-      const int64_t q0 = static_cast<int64_t>(g.row_begin - p.row_base) * kMxHeads;
-      const int nh = g.num_rows * kMxHeads;
+      const int64_t q0 = static_cast<int64_t>(g.row_begin - p.row_base) * kHeads;
+      const int nh = g.num_rows * kHeads;
       // Phase 1, thread h = head h: largest exponent over the nonzero
       // blocks, each block's shift from it, and whether all are in range.
       bool bad = false;
@@ -371,13 +372,7 @@ __global__ void __launch_bounds__((MxConfig<kRows, kMath, kStages>::kThreads))
 #pragma unroll
       for (int j = 0; j < 4; ++j) {
         // +32 bytes per slice: +2 in the descriptor's 16-byte address units.
-        if constexpr (kN == 64) {
-          if (j == 0) WgmmaE5m2RegAN64First(acc, a[0], desc_q);
-          else WgmmaE5m2RegAN64(acc, a[j], desc_q + 2 * j);
-        } else {
-          if (j == 0) WgmmaE5m2RegAN128First(acc, a[0], desc_q);
-          else WgmmaE5m2RegAN128(acc, a[j], desc_q + 2 * j);
-        }
+        WgmmaE5m2RegA<kN>(acc, a[j], desc_q + 2 * j, j == 0);
       }
       WgmmaCommit();
       WgmmaWaitAll();
@@ -385,24 +380,25 @@ __global__ void __launch_bounds__((MxConfig<kRows, kMath, kStages>::kThreads))
       const float rs1 = format_internal::ExactPow2(static_cast<int32_t>(emax1) - 127);
 #pragma unroll
       for (int r = 0; r < kRows; ++r) {
-        const float2 sums = ReluWeightedHeadSums(acc, w_s, r, t);
+        const float2 sums = ReluWeightedHeadSums<kHeads>(acc, w_s, r, t);
         store(r, sums.x * rs0, sums.y * rs1);
       }
     } else {
       // ---- per-block route: chain b sees block b only (the quad's lane b
       // keeps its bytes, unscaled; the others give zeros), per query row r
-      // and half hf of its heads (N = 32 keeps the registers down) ---------
+      // and slice hf of its heads (N = kPb <= 32 keeps the registers down) --
+      constexpr int kPb = kHeads < 32 ? kHeads : 32;
       const uint2 lut = E5m2Table(0u);
 #pragma unroll 1
       for (int r = 0; r < kRows; ++r) {
         float s0 = 0.f, s1 = 0.f;
 #pragma unroll 1
-        for (int hf = 0; hf < 2; ++hf) {
-          const int h0 = r * kMxHeads + hf * 32;  // first head (column) of the half
+        for (int hf = 0; hf < kHeads / kPb; ++hf) {
+          const int h0 = r * kHeads + hf * kPb;  // first head (column) of the slice
           const uint64_t desc_h = desc_q + ((h0 * kMxDim) >> 4);
-          float tot[16];
+          float tot[kPb / 2];
 #pragma unroll
-          for (int i = 0; i < 16; ++i) tot[i] = 0.f;
+          for (int i = 0; i < kPb / 2; ++i) tot[i] = 0.f;
 #pragma unroll 1
           for (int b = 0; b < 4; ++b) {
             uint32_t ab[4][4];
@@ -414,18 +410,17 @@ __global__ void __launch_bounds__((MxConfig<kRows, kMath, kStages>::kThreads))
               ab[j][2] = WidenE2m1x4(w0 >> 16, lut);
               ab[j][3] = WidenE2m1x4(w1 >> 16, lut);
             }
-            float part[16];
+            float part[kPb / 2];
             WgmmaFence();
-            WgmmaE5m2RegAN32First(part, ab[0], desc_h);
 #pragma unroll
-            for (int j = 1; j < 4; ++j) WgmmaE5m2RegAN32(part, ab[j], desc_h + 2 * j);
+            for (int j = 0; j < 4; ++j) WgmmaE5m2RegA<kPb>(part, ab[j], desc_h + 2 * j, j == 0);
             WgmmaCommit();
             WgmmaWaitAll();
             // P_b exact in part; scaled by powers of two, then summed in fp32.
             const float sk0 = format_internal::ExactPow2(static_cast<int32_t>((sc0 >> (8 * b)) & 0xffu) - 127);
             const float sk1 = format_internal::ExactPow2(static_cast<int32_t>((sc1 >> (8 * b)) & 0xffu) - 127);
 #pragma unroll
-            for (int i = 0; i < 4; ++i) {
+            for (int i = 0; i < kPb / 8; ++i) {
               const float* sq = sq_s + (h0 + 8 * i + 2 * t) * 4 + b;
               const float f0 = sq[0], f1 = sq[4];  // columns 8i + 2t, + 1
               tot[4 * i + 0] = fmaf(part[4 * i + 0], sk0 * f0, tot[4 * i + 0]);
@@ -435,7 +430,7 @@ __global__ void __launch_bounds__((MxConfig<kRows, kMath, kStages>::kThreads))
             }
           }
 #pragma unroll
-          for (int i = 0; i < 4; ++i) {
+          for (int i = 0; i < kPb / 8; ++i) {
             const float2 w = *reinterpret_cast<const float2*>(w_s + h0 + 8 * i + 2 * t);
             s0 = fmaf(tot[4 * i] + fabsf(tot[4 * i]), w.x, fmaf(tot[4 * i + 1] + fabsf(tot[4 * i + 1]), w.y, s0));
             s1 = fmaf(tot[4 * i + 2] + fabsf(tot[4 * i + 2]), w.x, fmaf(tot[4 * i + 3] + fabsf(tot[4 * i + 3]), w.y, s1));
@@ -452,11 +447,11 @@ __global__ void __launch_bounds__((MxConfig<kRows, kMath, kStages>::kThreads))
 #endif  // INDEXER_GPU_WGMMA
 }
 
-template <int kRows, int kMath>
+template <int kHeads, int kRows, int kMath>
 absl::Status LaunchMx(const LogitsParams& p, Stream stream) {
   constexpr int kStages = kRows == 1 ? 3 : 4;
-  using C = MxConfig<kRows, kMath, kStages>;
-  auto* kernel = &DenseLogitsWgmmaMxfp4Kernel<kRows, kMath, kStages>;
+  using C = MxConfig<kHeads, kRows, kMath, kStages>;
+  auto* kernel = &DenseLogitsWgmmaMxfp4Kernel<kHeads, kRows, kMath, kStages>;
   // Once per process: the shared-memory limit and the blocks per SM (host
   // calls that would otherwise sit between the timing events).
   static const absl::StatusOr<int> per_sm = [&]() -> absl::StatusOr<int> {
@@ -495,7 +490,7 @@ bool WgmmaMxfp4Supported(const LogitsParams& p, int cc_major, int cc_minor) {
   const PageLayout& l = p.layout;
   return cc_major == 9 && cc_minor == 0 && l.format == KvFormat::kMxfp4 && l.head_dim == kMxDim &&
          !l.tiled() && l.page_entries % kMxTile == 0 && l.page_bytes() % 16 == 0 &&
-         p.num_heads == kMxHeads && p.max_group_rows >= 1 && p.max_group_rows <= 2 &&
+         MmaHeadsSupported(p.num_heads) && p.max_group_rows >= 1 && p.max_group_rows <= 2 &&
          p.q_scales != nullptr;
 #endif
 }
@@ -518,13 +513,16 @@ absl::Status LaunchDenseLogitsWgmmaMxfp4(const LogitsParams& p, Stream stream) {
   if (!WgmmaMxfp4Supported(p, 9, 0)) {
     return absl::InvalidArgumentError(absl::StrCat(
         "MXFP4 wgmma logits: expected linear MXFP4 pages of a multiple of 64 entries, D = 128, "
-        "H = 64 and groups of <= 2 rows, got ", p.layout.DebugString(), ", H ", p.num_heads,
+        "H = 16, 32 or 64 and groups of <= 2 rows, got ", p.layout.DebugString(), ", H ", p.num_heads,
         ", ", p.max_group_rows, " rows"));
   }
-  if (p.max_group_rows <= 1) {
-    return MxWarpgroups(1) == 3 ? LaunchMx<1, 3>(p, stream) : LaunchMx<1, 4>(p, stream);
-  }
-  return MxWarpgroups(2) == 2 ? LaunchMx<2, 2>(p, stream) : LaunchMx<2, 3>(p, stream);
+  return DispatchMmaHeads(p.num_heads, [&](auto h) -> absl::Status {
+    constexpr int kHeads = decltype(h)::value;
+    if (p.max_group_rows <= 1) {
+      return MxWarpgroups(1) == 3 ? LaunchMx<kHeads, 1, 3>(p, stream) : LaunchMx<kHeads, 1, 4>(p, stream);
+    }
+    return MxWarpgroups(2) == 2 ? LaunchMx<kHeads, 2, 2>(p, stream) : LaunchMx<kHeads, 2, 3>(p, stream);
+  });
 #endif
 }
 

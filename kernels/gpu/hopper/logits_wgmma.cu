@@ -6,15 +6,20 @@
 // kStages-deep cp.async pipeline into shared memory in the 128-byte swizzle
 // (each lane copies 16-byte chunks found through PageLayout, so any layout
 // whose value chunks are 16-byte aligned works); the group's Q rows sit in
-// shared memory as one B operand of N = kRows * 64 heads.
+// shared memory as one B operand of N = kRows * H heads (H = 16, 32 or 64,
+// a template constant).
 //   wgmma m64nNk32 x 4:  C[64 entries, N] = K[64, 128] . Q[N, 128]^T
 //   epilogue:             logit[e] = kscale[e] * sum_h w[h] * ReLU(C[e, h])
 // Tensor-mapped pools run the warp-specialized form in logits_wgmma_ws.cu
 // instead; this kernel keeps the layouts the tensor map cannot read (and
-// the tensor-mapped ones when INDEXER_GPU_WGMMA_WS=0, for A/B runs).
+// the tensor-mapped ones when INDEXER_GPU_WGMMA_WS=0, for A/B runs), and the
+// candidate consumer's gather walk: its tiles' rows are pool slots found
+// entry by entry, its logits land at the slots (compact rows).
 #include "kernels/gpu/gpu_compat.h"  // first: the runtime defines __device__ & co.
 
 #include <algorithm>
+
+#include "absl/strings/str_cat.h"
 
 #include "kernels/gpu/dispatch.h"
 #include "kernels/gpu/paged.h"
@@ -28,23 +33,22 @@ namespace {
 constexpr int kWgThreads = 128;  // one warpgroup
 constexpr int kWgTile = 64;      // entries per K tile (wgmma M)
 constexpr int kWgDim = 128;      // D: one 128-byte swizzle row per entry
-constexpr int kWgHeads = 64;
 constexpr int kStages = 4;
 constexpr int kTileBytes = kWgTile * kWgDim;  // 8 KiB
 
-template <int kRows>
+template <int kHeads, int kRows>
 constexpr int WgSmemBytes() {
   // Q tile | kStages K tiles | kStages x 64 kscales | weights | 1 KiB align.
-  return kRows * kWgHeads * kWgDim + kStages * kTileBytes + kStages * kWgTile * 4 +
-         kRows * kWgHeads * 4 + 1024;
+  return kRows * kHeads * kWgDim + kStages * kTileBytes + kStages * kWgTile * 4 +
+         kRows * kHeads * 4 + 1024;
 }
 
-template <int kRows>
+template <int kHeads, int kRows>
 __global__ void __launch_bounds__(kWgThreads)
     DenseLogitsWgmmaKernel(const INDEXER_GRID_CONSTANT LogitsParams p) {
 #if INDEXER_GPU_WGMMA
-  constexpr int kN = kRows * kWgHeads;
-  static_assert(kN == 64 || kN == 128 || kN == 256, "wgmma N of 64, 128 or 256");
+  constexpr int kN = kRows * kHeads;
+  static_assert(kN >= 16 && kN <= 256 && (kN & (kN - 1)) == 0, "wgmma N of 16 to 256");
   static_assert(kWgThreads == 4 * kWarpSize, "one warpgroup of four warps");
   static_assert(kWgTile * (kWgDim / 16) % kWgThreads == 0, "whole 16-byte chunks per thread");
   extern __shared__ uint8_t smem_raw[];
@@ -69,6 +73,8 @@ __global__ void __launch_bounds__(kWgThreads)
   // Whole tiles sit in one page when pages are whole tiles (units and
   // groups start at multiples of 64 entries).
   const bool page_tiles = l.page_entries % kWgTile == 0;
+  // Consumer gather (LogitsParams::gather_blocks): units walk pool slots.
+  const bool gather = p.gather_blocks != nullptr;
 
   // TMA: one thread copies a whole tile (8 KiB of values in the swizzle,
   // 256 B of scales) per stage, completing on the stage's barrier.
@@ -104,21 +110,30 @@ __global__ void __launch_bounds__(kWgThreads)
         }
         return;
       }
-      const EntryRef tile_ref = LocateEntry(l, p.pool, block_row, base);
+      // Gather: the tile's rows are pool slots of the unit's one row, each
+      // found through the row's pool blocks; the pool's entries bound them
+      // (slots past it copy nothing and read position 0's address).
+      const int32_t cap = gather ? min(u.e_end, p.gather_entries[u.row_begin]) : u.e_end;
+      const int32_t* pool_row = gather ? p.gather_blocks + static_cast<int64_t>(u.row_begin) * p.gather_stride : nullptr;
+      auto position = [&](int32_t slot, bool valid) {
+        if (!gather) return valid ? slot : base;
+        return valid ? pool_row[slot / p.gather_block] * p.gather_block + slot % p.gather_block : 0;
+      };
+      const EntryRef tile_ref = LocateEntry(l, p.pool, block_row, gather ? 0 : base);
 #pragma unroll
       for (int j = 0; j < kWgTile * (kWgDim / 16) / kWgThreads; ++j) {
         const int q = j * kWgThreads + tid;
         const int e = q / (kWgDim / 16), c = q % (kWgDim / 16);
-        const bool valid = base + e < u.e_end;
+        const bool valid = base + e < cap;
         EntryRef ref = tile_ref;
-        if (!page_tiles) ref = LocateEntry(l, p.pool, block_row, valid ? base + e : base);
+        if (!page_tiles || gather) ref = LocateEntry(l, p.pool, block_row, position(base + e, valid));
         else if (valid) ref.e += e;
         CpAsync16(st + e * kWgDim + ((c ^ (e % 8)) * 16), ref.page + l.ValueOffset(ref.e, c * 16), valid);
       }
       if (tid < kWgTile) {
-        const bool valid = base + tid < u.e_end;
+        const bool valid = base + tid < cap;
         EntryRef ref = tile_ref;
-        if (!page_tiles) ref = LocateEntry(l, p.pool, block_row, valid ? base + tid : base);
+        if (!page_tiles || gather) ref = LocateEntry(l, p.pool, block_row, position(base + tid, valid));
         else if (valid) ref.e += tid;
         CpAsync4(ks_s + (n % kStages) * kWgTile + tid, ref.page + l.ScaleOffset(ref.e, 0), valid);
       }
@@ -148,18 +163,20 @@ __global__ void __launch_bounds__(kWgThreads)
     if (u.group != staged) {
       staged = u.group;
       g = p.step.groups[u.group];
-      const int64_t q0 = static_cast<int64_t>(g.row_begin - p.row_base) * kWgHeads;
+      const int64_t q0 = static_cast<int64_t>(g.row_begin - p.row_base) * kHeads;
       for (int q = tid; q < kN * (kWgDim / 16); q += kWgThreads) {
         const int h = q / (kWgDim / 16), c = q % (kWgDim / 16);
         uint4 v = make_uint4(0, 0, 0, 0);
-        if (h < g.num_rows * kWgHeads) v = *reinterpret_cast<const uint4*>(p.q_values + (q0 + h) * kWgDim + c * 16);
+        if (h < g.num_rows * kHeads) v = *reinterpret_cast<const uint4*>(p.q_values + (q0 + h) * kWgDim + c * 16);
         *reinterpret_cast<uint4*>(q_s + h * kWgDim + ((c ^ (h % 8)) * 16)) = v;
       }
       // Halved: the epilogue takes ReLU(x) * w as (x + |x|) * (w / 2), two
       // full-rate ops; exact, since doubling and halving are.
-      for (int h = tid; h < kN; h += kWgThreads) w_s[h] = h < g.num_rows * kWgHeads ? 0.5f * p.weights[q0 + h] : 0.f;
+      for (int h = tid; h < kN; h += kWgThreads) w_s[h] = h < g.num_rows * kHeads ? 0.5f * p.weights[q0 + h] : 0.f;
 #pragma unroll
-      for (int r = 0; r < kRows; ++r) n_r[r] = r < g.num_rows ? p.step.row_visible[g.row_begin + r] : 0;
+      for (int r = 0; r < kRows; ++r) {
+        n_r[r] = r >= g.num_rows ? 0 : gather ? p.gather_entries[g.row_begin + r] : p.step.row_visible[g.row_begin + r];
+      }
       FenceProxyAsyncShared();
     }
     issue_next(n + kStages - 1);
@@ -177,9 +194,7 @@ __global__ void __launch_bounds__(kWgThreads)
 #pragma unroll
     for (int k = 0; k < kWgDim / 32; ++k) {
       // +32 bytes per slice: +2 in the descriptor's 16-byte address units.
-      if constexpr (kN == 64) WgmmaE4m3N64(acc, desc_k + 2 * k, desc_q + 2 * k, k);
-      if constexpr (kN == 128) WgmmaE4m3N128(acc, desc_k + 2 * k, desc_q + 2 * k, k);
-      if constexpr (kN == 256) WgmmaE4m3N256(acc, desc_k + 2 * k, desc_q + 2 * k, k);
+      WgmmaE4m3<kN>(acc, desc_k + 2 * k, desc_q + 2 * k, k);
     }
     WgmmaCommit();
     WgmmaWaitAll();
@@ -189,7 +204,7 @@ __global__ void __launch_bounds__(kWgThreads)
     const float ks0 = ks_s[stage * kWgTile + e0], ks1 = ks_s[stage * kWgTile + e0 + 8];
 #pragma unroll
     for (int r = 0; r < kRows; ++r) {
-      const float2 sums = ReluWeightedHeadSums(acc, w_s, r, t);
+      const float2 sums = ReluWeightedHeadSums<kHeads>(acc, w_s, r, t);
       const float s0 = sums.x, s1 = sums.y;
       if (t == 0 && r < g.num_rows) {
         float* out = p.logits + static_cast<int64_t>(g.row_begin + r - p.row_base) * p.stride;
@@ -206,10 +221,10 @@ __global__ void __launch_bounds__(kWgThreads)
 #endif  // INDEXER_GPU_WGMMA
 }
 
-template <int kRows>
+template <int kHeads, int kRows>
 absl::Status LaunchWgmma(const LogitsParams& p, Stream stream) {
-  auto* kernel = &DenseLogitsWgmmaKernel<kRows>;
-  constexpr int kSmem = WgSmemBytes<kRows>();
+  auto* kernel = &DenseLogitsWgmmaKernel<kHeads, kRows>;
+  constexpr int kSmem = WgSmemBytes<kHeads, kRows>();
   // Once per process: the shared-memory limit and the blocks per SM (host
   // calls that would otherwise sit between the timing events).
   static const absl::StatusOr<int> per_sm = [&]() -> absl::StatusOr<int> {
@@ -238,7 +253,7 @@ bool WgmmaLogitsSupported(const LogitsParams& p, int cc_major, int cc_minor) {
 #else
   const PageLayout& l = p.layout;
   if (cc_major != 9 || cc_minor != 0) return false;  // built for sm_90a only
-  if (l.format != KvFormat::kFp8 || l.head_dim != kWgDim || p.num_heads != kWgHeads) return false;
+  if (l.format != KvFormat::kFp8 || l.head_dim != kWgDim || !MmaHeadsSupported(p.num_heads)) return false;
   if (p.max_group_rows > kMaxGroupRows) return false;
   // 16-byte value chunks and 4-byte scales, aligned, through the layout.
   if (l.page_bytes() % 16 != 0) return false;
@@ -249,9 +264,19 @@ bool WgmmaLogitsSupported(const LogitsParams& p, int cc_major, int cc_minor) {
 
 absl::Status LaunchDenseLogitsWgmma(const LogitsParams& p, Stream stream) {
   if (p.unit_end == p.unit_begin) return absl::OkStatus();
-  // Rows per block -> a template constant: N = 64, 128 or 256 heads.
+  if (p.gather_blocks != nullptr && (p.use_tma || p.max_group_rows != 1 || p.gather_entries == nullptr ||
+                                     p.gather_block < 1)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "wgmma gather walk: expected groups of 1 row, no tensor map, pool entries and a block size >= 1, got ",
+        p.max_group_rows, " rows, use_tma ", p.use_tma, ", block ", p.gather_block));
+  }
+  // Rows per block and heads -> template constants: N = rows x H heads.
   const int rows = p.max_group_rows <= 1 ? 1 : p.max_group_rows <= 2 ? 2 : 4;
-  return DispatchWgmmaRows(rows, [&](auto r) { return LaunchWgmma<decltype(r)::value>(p, stream); });
+  return DispatchWgmmaRows(rows, [&](auto r) {
+    return DispatchMmaHeads(p.num_heads, [&](auto h) {
+      return LaunchWgmma<decltype(h)::value, decltype(r)::value>(p, stream);
+    });
+  });
 }
 
 }  // namespace gpu

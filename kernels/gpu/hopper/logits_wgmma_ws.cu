@@ -12,14 +12,15 @@
 // The kMath math warpgroups form kMath / kTeam teams of kTeam warpgroups.
 // Teams take the tiles round robin (tile n -> team n % teams); all kTeam
 // warpgroups of a team read the SAME tile, warpgroup `role` multiplying it
-// by rows role * kRowsWg .. + kRowsWg - 1 of the row group (N = kRowsWg * 64
-// heads). So a group of up to kRowsWg * kTeam rows reads K once while each
-// warpgroup keeps a small accumulator (registers for more blocks per SM),
-// and one team's epilogue overlaps the other teams' and blocks' wgmma. Each
-// warpgroup holds its own rows of the group's Q (B operand) and weights,
-// restaged only when its group changes. A warpgroup releases a slot as soon
-// as its wgmma has read the tile and it has the tile's scales in registers
-// (the slot frees once every thread of the team arrived).
+// by rows role * kRowsWg .. + kRowsWg - 1 of the row group (N = kRowsWg * H
+// heads; H = 16, 32 or 64, a template constant). So a group of up to
+// kRowsWg * kTeam rows reads K once while each warpgroup keeps a small
+// accumulator (registers for more blocks per SM), and one team's epilogue
+// overlaps the other teams' and blocks' wgmma. Each warpgroup holds its own
+// rows of the group's Q (B operand) and weights, restaged only when its
+// group changes. A warpgroup releases a slot as soon as its wgmma has read
+// the tile and it has the tile's scales in registers (the slot frees once
+// every thread of the team arrived).
 //   wgmma m64nNk32 x 4:  C[64 entries, N] = K[64, 128] . Q[N, 128]^T
 //   epilogue:             logit[e] = kscale[e] * sum_h w[h] * ReLU(C[e, h])
 #include "kernels/gpu/gpu_compat.h"  // first: the runtime defines __device__ & co.
@@ -39,21 +40,21 @@ namespace {
 
 constexpr int kWsTile = 64;     // entries per K tile (wgmma M)
 constexpr int kWsDim = 128;     // D: one 128-byte swizzle row per entry
-constexpr int kWsHeads = 64;    // H
 constexpr int kWsTileBytes = kWsTile * kWsDim;
 constexpr int kWsScaleBytes = kWsTile * 4;
 constexpr int kWgSize = 4 * kWarpSize;  // a warpgroup: four warps
 
-// One configuration of the kernel: rows per warpgroup (wgmma N = 64 x),
-// warpgroups per team (sharing each tile), math warpgroups, ring slots and
-// the blocks per SM the register cap is set for.
-template <int kRowsWg_, int kTeam_, int kMath_, int kSlots_, int kMinBlocks_>
+// One configuration of the kernel: index heads H, rows per warpgroup
+// (wgmma N = kRowsWg x H), warpgroups per team (sharing each tile), math
+// warpgroups, ring slots and the blocks per SM the register cap is set for.
+template <int kHeads_, int kRowsWg_, int kTeam_, int kMath_, int kSlots_, int kMinBlocks_>
 struct WsConfig {
+  static constexpr int kHeads = kHeads_;
   static constexpr int kRowsWg = kRowsWg_, kTeam = kTeam_, kMath = kMath_;
   static constexpr int kSlots = kSlots_, kMinBlocks = kMinBlocks_;
   static constexpr int kTeams = kMath / kTeam;
   static constexpr int kGroupRows = kRowsWg * kTeam;          // rows a group may have
-  static constexpr int kN = kRowsWg * kWsHeads;               // wgmma N
+  static constexpr int kN = kRowsWg * kHeads;                 // wgmma N
   static constexpr int kThreads = kMath * kWgSize + kWarpSize;  // + producer warp
   static constexpr int kQBytes = kN * kWsDim;                 // one warpgroup's Q rows
   // Shared memory from a 1024-byte aligned base: K slots | Q per warpgroup
@@ -64,7 +65,7 @@ struct WsConfig {
   static constexpr int kOffW = kOffScale + kSlots * kWsScaleBytes;
   static constexpr int kSmem = kOffW + kMath * kN * 4 + 1024;
 
-  static_assert(kN == 64 || kN == 128, "wgmma N of 64 or 128 (1 or 2 rows per warpgroup)");
+  static_assert(kN == 16 || kN == 32 || kN == 64 || kN == 128, "wgmma N of 16 to 128");
   static_assert(kMath >= 1 && kMath <= 4, "1..4 math warpgroups (named barriers 1..kMath)");
   static_assert(kTeam >= 1 && kMath % kTeam == 0, "whole teams");
   static_assert(kGroupRows <= kMaxGroupRows, "no more rows than a plan group holds");
@@ -79,6 +80,7 @@ __global__ void __launch_bounds__(C::kThreads, C::kMinBlocks)
     DenseLogitsWgmmaWsKernel(const INDEXER_GRID_CONSTANT LogitsParams p) {
 #if INDEXER_GPU_WGMMA
   constexpr int kN = C::kN, kSlots = C::kSlots, kTeams = C::kTeams, kRowsWg = C::kRowsWg;
+  constexpr int kHeads = C::kHeads;
   constexpr int kWarpsWg = kWgSize / kWarpSize;
   static_assert(kWgSize == 128, "wgmma runs on warpgroups of 128 threads");
   extern __shared__ uint8_t smem_raw[];
@@ -191,17 +193,17 @@ __global__ void __launch_bounds__(C::kThreads, C::kMinBlocks)
     my_rows = min(max(u.num_rows - first, 0), kRowsWg);
     row0 = u.row_begin + first - p.row_base;
     if (my_rows > 0) {
-      const int64_t q0 = static_cast<int64_t>(row0) * kWsHeads;
+      const int64_t q0 = static_cast<int64_t>(row0) * kHeads;
 #pragma unroll 1
       for (int q = wt; q < kN * (kWsDim / 16); q += kWgSize) {
         const int h = q / (kWsDim / 16), c = q % (kWsDim / 16);
         uint4 v = make_uint4(0, 0, 0, 0);
-        if (h < my_rows * kWsHeads) v = *reinterpret_cast<const uint4*>(p.q_values + (q0 + h) * kWsDim + c * 16);
+        if (h < my_rows * kHeads) v = *reinterpret_cast<const uint4*>(p.q_values + (q0 + h) * kWsDim + c * 16);
         *reinterpret_cast<uint4*>(q_s + h * kWsDim + ((c ^ (h % 8)) * 16)) = v;
       }
       // Halved: ReLU(x) * w is taken as (x + |x|) * (w / 2), two full-rate
       // ops; exact, since doubling and halving are.
-      for (int h = wt; h < kN; h += kWgSize) w_s[h] = h < my_rows * kWsHeads ? 0.5f * p.weights[q0 + h] : 0.f;
+      for (int h = wt; h < kN; h += kWgSize) w_s[h] = h < my_rows * kHeads ? 0.5f * p.weights[q0 + h] : 0.f;
     }
 #pragma unroll
     for (int r = 0; r < kRowsWg; ++r) n_r[r] = r < my_rows ? p.step.row_visible[p.row_base + row0 + r] : 0;
@@ -215,13 +217,8 @@ __global__ void __launch_bounds__(C::kThreads, C::kMinBlocks)
 #pragma unroll
     for (int k = 0; k < kWsDim / 32; ++k) {
       // +32 bytes per slice: +2 in the descriptor's 16-byte address units.
-      if constexpr (kN == 64) {
-        if (k == 0) WgmmaE4m3N64First(acc, desc_k, desc_q);
-        else WgmmaE4m3N64(acc, desc_k + 2 * k, desc_q + 2 * k, 1);
-      } else {
-        if (k == 0) WgmmaE4m3N128First(acc, desc_k, desc_q);
-        else WgmmaE4m3N128(acc, desc_k + 2 * k, desc_q + 2 * k, 1);
-      }
+      if (k == 0) WgmmaE4m3First<kN>(acc, desc_k, desc_q);
+      else WgmmaE4m3<kN>(acc, desc_k + 2 * k, desc_q + 2 * k, 1);
     }
     WgmmaCommit();
   };
@@ -238,7 +235,7 @@ __global__ void __launch_bounds__(C::kThreads, C::kMinBlocks)
     MbarArrive(&empty[slot]);
 #pragma unroll
     for (int r = 0; r < kRowsWg; ++r) {
-      const float2 sums = ReluWeightedHeadSums(acc, w_s, r, t);
+      const float2 sums = ReluWeightedHeadSums<kHeads>(acc, w_s, r, t);
       if (r < my_rows) {
         // Every lane of the quad holds both sums: two lanes store.
         float* out = p.logits + static_cast<int64_t>(row0 + r) * p.stride;
@@ -294,25 +291,48 @@ absl::Status LaunchWs(const LogitsParams& p, Stream stream) {
   return absl::OkStatus();
 }
 
-// Configurations: <rows per warpgroup, warpgroups per team, math
-// warpgroups, slots, blocks per SM>. One row: N = 64, two warpgroups on
-// separate tiles, three blocks per SM (72 registers, 67 KiB).
-using WsRows1 = WsConfig<1, 1, 2, 6, 3>;
+// Configurations: <heads, rows per warpgroup, warpgroups per team, math
+// warpgroups, slots, blocks per SM>, picked by H and the group's rows.
+template <int kHeads, int kRows>
+struct WsPick;
+// H = 64. One row: N = 64, two warpgroups on separate tiles, three blocks
+// per SM (72 registers, 67 KiB).
+template <>
+struct WsPick<64, 1> { using C = WsConfig<64, 1, 1, 2, 6, 3>; };
 // Two rows (next_n 2): both warpgroups on every tile, one row each, so the
 // registers and blocks per SM stay those of one row. (Measured against one
 // N = 128 warpgroup per tile at two blocks per SM, B=64 n=32k: 139 vs 142 us
 // and 134 vs 160 us; against two such teams in one block per SM: 139 vs 208.)
-using WsRows2 = WsConfig<1, 2, 2, 6, 3>;
+template <>
+struct WsPick<64, 2> { using C = WsConfig<64, 1, 2, 2, 6, 3>; };
 // Three or four rows (next_n 3-4, prefill groups): a team of two
 // warpgroups of N = 128, two blocks per SM (96 registers). (Prefill 4k x 32k:
 // 700 TFLOP/s; two such teams in one block per SM 580, a team of four N = 64
 // warpgroups in one block 587, the serial N = 256 kernel 519.)
-using WsRows4 = WsConfig<2, 2, 2, 8, 2>;
+template <>
+struct WsPick<64, 4> { using C = WsConfig<64, 2, 2, 2, 8, 2>; };
+// H = 32 and 16: a warpgroup takes as many of the group's rows as keep
+// N <= 64, so every configuration has H = 64's one-row footprint (N = 64,
+// three blocks per SM) or less: separate tiles while N allows, a team of
+// two (one tile, two row halves) past it.
+template <>
+struct WsPick<32, 1> { using C = WsConfig<32, 1, 1, 2, 6, 3>; };  // N = 32
+template <>
+struct WsPick<32, 2> { using C = WsConfig<32, 2, 1, 2, 6, 3>; };  // N = 64
+template <>
+struct WsPick<32, 4> { using C = WsConfig<32, 2, 2, 2, 6, 3>; };  // N = 64, teams of 2
+template <>
+struct WsPick<16, 1> { using C = WsConfig<16, 1, 1, 2, 6, 3>; };  // N = 16
+template <>
+struct WsPick<16, 2> { using C = WsConfig<16, 2, 1, 2, 6, 3>; };  // N = 32
+template <>
+struct WsPick<16, 4> { using C = WsConfig<16, 4, 1, 2, 6, 3>; };  // N = 64
 
 }  // namespace
 
 bool WgmmaWsSupported(const LogitsParams& p) {
-  return p.use_tma && p.max_group_rows <= kMaxGroupRows && WgmmaTmaSupported(p.layout);
+  return p.use_tma && p.max_group_rows <= kMaxGroupRows && MmaHeadsSupported(p.num_heads) &&
+         WgmmaTmaSupported(p.layout);
 }
 
 bool WgmmaWsEnabled() {
@@ -337,14 +357,9 @@ absl::Status LaunchDenseLogitsWgmmaWs(const LogitsParams& p, Stream stream) {
   }
   return DispatchWgmmaRows(p.max_group_rows <= 1 ? 1 : p.max_group_rows <= 2 ? 2 : 4,
                            [&](auto r) -> absl::Status {
-    constexpr int kRows = decltype(r)::value;
-    if constexpr (kRows == 1) {
-      return LaunchWs<WsRows1>(p, stream);
-    } else if constexpr (kRows == 2) {
-      return LaunchWs<WsRows2>(p, stream);
-    } else {
-      return LaunchWs<WsRows4>(p, stream);
-    }
+    return DispatchMmaHeads(p.num_heads, [&](auto h) -> absl::Status {
+      return LaunchWs<typename WsPick<decltype(h)::value, decltype(r)::value>::C>(p, stream);
+    });
   });
 #endif
 }

@@ -1,7 +1,8 @@
 // Hopper warpgroup MMA (sm_90a) for the FP8 and MXFP4 logits kernels:
 // shared-memory matrix descriptors for K-major tiles in the 128-byte
-// swizzle, the m64nNk32 e4m3 wgmma for N = 64, 128, 256, the e5m2 wgmma with
-// A from registers for N = 32, 64, 128, and the fences around them.
+// swizzle, the m64nNk32 e4m3 wgmma for N = 16, 32, 64, 128, 256, the e5m2
+// wgmma with A from registers for N = 16, 32, 64, 128 (N = rows x H, so
+// H = 16, 32 and 64 all map), and the fences around them.
 // Device code for INDEXER_GPU_WGMMA passes only; include after gpu_compat.h.
 #pragma once
 
@@ -299,6 +300,110 @@ __device__ __forceinline__ void WgmmaE5m2RegAN128(float (&d)[64], const uint32_t
 }
 
 
+// ---- narrow N for H = 16 and 32 (N = rows x H) --------------------------
+// d[8] (+)= A[64x32] * B[32x16]; scale_d == 0 overwrites d.
+__device__ __forceinline__ void WgmmaE4m3N16(float (&d)[8], uint64_t desc_a,
+                                             uint64_t desc_b, int scale_d) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %10, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n16k32.f32.e4m3.e4m3 "
+      "{%0, %1, %2, %3, %4, %5, %6, %7}, %8, %9, p, 1, 1;\n}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7])
+      : "l"(desc_a), "l"(desc_b), "r"(scale_d));
+}
+
+// d[8] = A[64x32] * B[32x16]: the first k-slice, overwriting d (outputs
+// only, so d is not live before it).
+__device__ __forceinline__ void WgmmaE4m3N16First(float (&d)[8], uint64_t desc_a,
+                                                  uint64_t desc_b) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %10, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n16k32.f32.e4m3.e4m3 "
+      "{%0, %1, %2, %3, %4, %5, %6, %7}, %8, %9, p, 1, 1;\n}\n"
+      : "=f"(d[0]), "=f"(d[1]), "=f"(d[2]), "=f"(d[3]), "=f"(d[4]), "=f"(d[5]), "=f"(d[6]), "=f"(d[7])
+      : "l"(desc_a), "l"(desc_b), "r"(0));
+}
+
+// d[16] (+)= A[64x32] * B[32x32]; scale_d == 0 overwrites d.
+__device__ __forceinline__ void WgmmaE4m3N32(float (&d)[16], uint64_t desc_a,
+                                             uint64_t desc_b, int scale_d) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %18, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n32k32.f32.e4m3.e4m3 "
+      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15}, %16, %17, p, 1, 1;\n}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+        "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15])
+      : "l"(desc_a), "l"(desc_b), "r"(scale_d));
+}
+
+// d[16] = A[64x32] * B[32x32]: the first k-slice, overwriting d (outputs
+// only, so d is not live before it).
+__device__ __forceinline__ void WgmmaE4m3N32First(float (&d)[16], uint64_t desc_a,
+                                                  uint64_t desc_b) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %18, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n32k32.f32.e4m3.e4m3 "
+      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15}, %16, %17, p, 1, 1;\n}\n"
+      : "=f"(d[0]), "=f"(d[1]), "=f"(d[2]), "=f"(d[3]), "=f"(d[4]), "=f"(d[5]), "=f"(d[6]), "=f"(d[7]),
+        "=f"(d[8]), "=f"(d[9]), "=f"(d[10]), "=f"(d[11]), "=f"(d[12]), "=f"(d[13]), "=f"(d[14]), "=f"(d[15])
+      : "l"(desc_a), "l"(desc_b), "r"(0));
+}
+
+// d[8] = A[64x32] * B[32x16], e5m2, A from registers: the first k-slice,
+// overwriting d (outputs only, so d is not live before it).
+__device__ __forceinline__ void WgmmaE5m2RegAN16First(float (&d)[8], const uint32_t (&a)[4],
+                                                      uint64_t desc_b) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %13, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n16k32.f32.e5m2.e5m2 "
+      "{%0, %1, %2, %3, %4, %5, %6, %7}, {%8, %9, %10, %11}, %12, p, 1, 1;\n}\n"
+      : "=f"(d[0]), "=f"(d[1]), "=f"(d[2]), "=f"(d[3]), "=f"(d[4]), "=f"(d[5]), "=f"(d[6]), "=f"(d[7])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(0));
+}
+
+// d[8] += A[64x32] * B[32x16], e5m2, A from registers.
+__device__ __forceinline__ void WgmmaE5m2RegAN16(float (&d)[8], const uint32_t (&a)[4],
+                                                 uint64_t desc_b) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %13, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n16k32.f32.e5m2.e5m2 "
+      "{%0, %1, %2, %3, %4, %5, %6, %7}, {%8, %9, %10, %11}, %12, p, 1, 1;\n}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(1));
+}
+
+// ---- wgmma by N (a template constant: N = rows x H heads) ------------------
+// C (+)= K . Q^T, both operands in shared memory; scale_d == 0 overwrites.
+template <int kN>
+__device__ __forceinline__ void WgmmaE4m3(float (&d)[kN / 2], uint64_t desc_a, uint64_t desc_b,
+                                          int scale_d) {
+  static_assert(kN == 16 || kN == 32 || kN == 64 || kN == 128 || kN == 256, "wgmma N");
+  if constexpr (kN == 16) WgmmaE4m3N16(d, desc_a, desc_b, scale_d);
+  if constexpr (kN == 32) WgmmaE4m3N32(d, desc_a, desc_b, scale_d);
+  if constexpr (kN == 64) WgmmaE4m3N64(d, desc_a, desc_b, scale_d);
+  if constexpr (kN == 128) WgmmaE4m3N128(d, desc_a, desc_b, scale_d);
+  if constexpr (kN == 256) WgmmaE4m3N256(d, desc_a, desc_b, scale_d);
+}
+// The first k-slice, overwriting d (d not live before it).
+template <int kN>
+__device__ __forceinline__ void WgmmaE4m3First(float (&d)[kN / 2], uint64_t desc_a, uint64_t desc_b) {
+  static_assert(kN == 16 || kN == 32 || kN == 64 || kN == 128, "wgmma N (first slice)");
+  if constexpr (kN == 16) WgmmaE4m3N16First(d, desc_a, desc_b);
+  if constexpr (kN == 32) WgmmaE4m3N32First(d, desc_a, desc_b);
+  if constexpr (kN == 64) WgmmaE4m3N64First(d, desc_a, desc_b);
+  if constexpr (kN == 128) WgmmaE4m3N128First(d, desc_a, desc_b);
+}
+// e5m2 with A from registers: first slice (overwrites) or accumulate.
+template <int kN>
+__device__ __forceinline__ void WgmmaE5m2RegA(float (&d)[kN / 2], const uint32_t (&a)[4],
+                                              uint64_t desc_b, bool first) {
+  static_assert(kN == 16 || kN == 32 || kN == 64 || kN == 128, "wgmma N (e5m2, A in registers)");
+  if constexpr (kN == 16) first ? WgmmaE5m2RegAN16First(d, a, desc_b) : WgmmaE5m2RegAN16(d, a, desc_b);
+  if constexpr (kN == 32) first ? WgmmaE5m2RegAN32First(d, a, desc_b) : WgmmaE5m2RegAN32(d, a, desc_b);
+  if constexpr (kN == 64) first ? WgmmaE5m2RegAN64First(d, a, desc_b) : WgmmaE5m2RegAN64(d, a, desc_b);
+  if constexpr (kN == 128) first ? WgmmaE5m2RegAN128First(d, a, desc_b) : WgmmaE5m2RegAN128(d, a, desc_b);
+}
+
 // Barrier `id` over `threads` threads (as NamedBarrierSync) that also
 // returns whether `pred` held in any of them.
 __device__ __forceinline__ bool NamedBarrierOr(int id, int threads, bool pred) {
@@ -310,16 +415,20 @@ __device__ __forceinline__ bool NamedBarrierOr(int id, int threads, bool pred) {
   return r != 0;
 }
 
-// Indexer epilogue over a wgmma fp32 accumulator of 64 heads per query row
-// (row r holds the n8 column groups 8r..8r+7; lane quad t holds columns
-// 2t, 2t+1 of each group): sum_h w[h] * ReLU(q_h . k) for the thread's two
-// entries as (x + |x|) * w / 2 (w_s holds the halved weights), reduced over
-// the quad. acc: [4 * 8 * rows] per thread; w_s: [rows * 64].
+// Indexer epilogue over a wgmma fp32 accumulator of kH heads per query row
+// (row r holds the n8 column groups r * kH / 8 .. + kH / 8 - 1; lane quad t
+// holds columns 2t, 2t+1 of each group): sum_h w[h] * ReLU(q_h . k) for the
+// thread's two entries as (x + |x|) * w / 2 (w_s holds the halved weights),
+// reduced over the quad. acc: [4 * (kH / 8) * rows] per thread; w_s:
+// [rows * kH].
+template <int kH>
 __device__ __forceinline__ float2 ReluWeightedHeadSums(const float* acc, const float* w_s,
                                                        int r, int t) {
+  static_assert(kH % 8 == 0, "whole n8 column groups per row");
+  constexpr int kG = kH / 8;
   float s0 = 0.f, s1 = 0.f;
 #pragma unroll
-  for (int j = r * 8; j < r * 8 + 8; ++j) {
+  for (int j = r * kG; j < r * kG + kG; ++j) {
     const float2 w = *reinterpret_cast<const float2*>(w_s + j * 8 + 2 * t);
     s0 = fmaf(acc[4 * j] + fabsf(acc[4 * j]), w.x, fmaf(acc[4 * j + 1] + fabsf(acc[4 * j + 1]), w.y, s0));
     s1 = fmaf(acc[4 * j + 2] + fabsf(acc[4 * j + 2]), w.x, fmaf(acc[4 * j + 3] + fabsf(acc[4 * j + 3]), w.y, s1));

@@ -1,0 +1,353 @@
+// The gpu backend's other paths against float64 references on the same
+// inputs as the cpu backend: the tensor-core logits at H = 32 and 16 on odd
+// sizes, the candidate source and consumer (its gather and masked walks
+// alike) and the MiniMax block path (tensor-core and portable scores).
+// Part of the gpu_backend_test binary; skips without a GPU.
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <memory>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "gtest/gtest.h"
+#include "kernels/backend.h"
+#include "kernels/format/mxfp4.h"
+#include "kernels/gpu/gpu_backend.h"
+#include "kernels/gpu/gpu_backend_impl.h"
+#include "kernels/gpu/gpu_compat.h"
+#include "kernels/gpu/plan.h"
+#include "tests/gpu/gpu_test_pair.h"
+#include "tests/gpu/gpu_test_reference.h"
+
+namespace indexer {
+namespace gpu_test {
+namespace {
+
+// H = 32 and 16 on the tensor-core kernels at odd sizes: rows of one entry,
+// of a page and of a page + 1, short rows under the top-k, next_n 2 and a
+// long row, each against the float64 reference; on an sm_90 device the
+// kernel that ran is the tensor-core one the layout allows (not portable).
+struct NarrowCase {
+  KvFormat format;
+  bool tiled;
+  int32_t heads;
+  int max_path;
+};
+
+class GpuNarrowHeadsTest : public ::testing::TestWithParam<NarrowCase> {};
+
+TEST_P(GpuNarrowHeadsTest, OddSizesMatchReference) {
+  SKIP_WITHOUT_GPU();
+  const NarrowCase c = GetParam();
+  // Tiled: the gfx942 preshuffle (16 entries x 16 bytes), as GpuDenseTest.
+  const PageLayout layout =
+      c.tiled ? *PageLayout::Make(c.format, 128, 64, 16, 16, c.format == KvFormat::kMxfp4 ? 2 : 1)
+              : *PageLayout::Make(c.format, 128, 64);
+  std::mt19937 rng(31 + c.heads + c.max_path);
+  const std::vector<int32_t> hist = {0, 1, 63, 64, 65, 127, 129, 4000, 30};
+  const std::vector<int32_t> q_lens = {1, 1, 1, 1, 1, 2, 2, 1, 2};
+  Scenario sc = MakeScenario(rng, layout, hist, q_lens);
+  ExpectPoolsEqual(sc.p, layout);
+  const StepRows& rows = sc.rows;
+  auto* backend = static_cast<gpu::GpuBackend*>(sc.p.gpu.get());
+  backend->set_max_logits_path(c.max_path);
+  const int32_t topk = 64;
+  const QData q = MakeQ(rng, layout, rows.num_rows, c.heads);
+  std::vector<int32_t> got(static_cast<size_t>(rows.num_rows) * topk, -7);
+  auto t = sc.p.gpu->DenseTopk(layout, sc.p.gpu_pool, rows, sc.gpu_ctx.get(), q.input, topk, got.data());
+  ASSERT_TRUE(t.ok()) << t.status();
+  const std::string path = backend->last_logits_path();
+  std::printf("[   path   ] logits kernel: %s\n", path.c_str());
+  gpu::DeviceProp prop;
+  ASSERT_EQ(gpu::GetDeviceProperties(&prop, 0), gpu::kSuccess);
+  if (prop.major == 9 && prop.minor == 0 && std::getenv("INDEXER_GPU_WGMMA_WS") == nullptr &&
+      std::getenv("INDEXER_GPU_WGMMA_MXFP4") == nullptr) {
+    const char* want = c.max_path == 1 ? "mma"
+                       : c.format == KvFormat::kFp8 ? (c.tiled ? "wgmma" : "wgmma_ws")
+                                                    : (c.tiled ? "mma" : "wgmma_mxfp4");
+    EXPECT_EQ(path, want);
+  }
+  const PathTolerance tol = ToleranceFor(path, c.format);
+  Margin m;
+  for (int32_t r = 0; r < rows.num_rows; ++r) {
+    const int32_t n = rows.row_visible[r];
+    const RefRow ref = RefLogits(sc.p, layout, rows, q, r);
+    ExpectTopkRow(got.data() + static_cast<int64_t>(r) * topk, n, topk, ref.logit, ref.Tol(tol),
+                  "gpu (" + path + ") row " + std::to_string(r) + " n " + std::to_string(n), &m);
+    if (HasFatalFailure()) return;
+  }
+  m.Print(path);
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Heads, GpuNarrowHeadsTest,
+    ::testing::Values(NarrowCase{KvFormat::kFp8, false, 32, 2}, NarrowCase{KvFormat::kFp8, false, 16, 2},
+                      NarrowCase{KvFormat::kFp8, true, 32, 2}, NarrowCase{KvFormat::kFp8, true, 16, 2},
+                      NarrowCase{KvFormat::kFp8, false, 32, 1}, NarrowCase{KvFormat::kMxfp4, false, 32, 2},
+                      NarrowCase{KvFormat::kMxfp4, false, 16, 2}, NarrowCase{KvFormat::kMxfp4, true, 32, 2},
+                      NarrowCase{KvFormat::kMxfp4, false, 16, 1}),
+    [](const auto& info) {
+      const NarrowCase& c = info.param;
+      return std::string(c.format == KvFormat::kFp8 ? "fp8" : "mxfp4") + (c.tiled ? "_tiled" : "") + "_H" +
+             std::to_string(c.heads) + (c.max_path == 1 ? "_mma" : "");
+    });
+
+struct CandCase {
+  KvFormat format;
+  int32_t page_entries;
+  int32_t block_size;
+  int32_t topk_blocks;
+  int32_t topk;
+  bool pin;
+  std::vector<int32_t> hist;
+  std::vector<int32_t> q_lens;
+  int32_t heads = 64;
+};
+
+class GpuCandidateTest : public ::testing::TestWithParam<CandCase> {};
+
+// Source and consumer on the gpu against a float64 reference, every row,
+// each under its logits path's tolerance: the source's own output by the
+// dense rule, the consumer's by ConsumerRowViolation (gpu_test_reference.h:
+// the SPEC §5 set check over the pool, known up to blocks at its cut).
+TEST_P(GpuCandidateTest, SourceAndConsumerMatchReference) {
+  SKIP_WITHOUT_GPU();
+  const CandCase c = GetParam();
+  const PageLayout layout = *PageLayout::Make(c.format, 128, c.page_entries);
+  std::mt19937 rng(99 + c.block_size * 13 + c.topk_blocks);
+  Scenario sc = MakeScenario(rng, layout, c.hist, c.q_lens);
+  const StepRows& rows = sc.rows;
+  CandidateSpec spec;
+  spec.block_size = c.block_size;
+  spec.topk_blocks = c.topk_blocks;
+  spec.pin_newest = c.pin;
+  const QData qs = MakeQ(rng, layout, rows.num_rows, c.heads);
+  const QData qc = MakeQ(rng, layout, rows.num_rows, c.heads);
+  const int64_t k = c.topk;
+  std::vector<int32_t> src(rows.num_rows * k), got(rows.num_rows * k, -7);
+  auto* backend = static_cast<gpu::GpuBackend*>(sc.p.gpu.get());
+
+  // A consumer before its source: FAILED_PRECONDITION.
+  EXPECT_EQ(sc.p.gpu->CandidateConsumer(layout, sc.p.gpu_pool, rows, sc.gpu_ctx.get(), qc.input, c.topk,
+                                        spec, ConsumerMode::kAuto, got.data()).status().code(),
+            absl::StatusCode::kFailedPrecondition);
+  auto ts = sc.p.gpu->CandidateSource(layout, sc.p.gpu_pool, rows, sc.gpu_ctx.get(), qs.input, c.topk,
+                                      spec, src.data());
+  ASSERT_TRUE(ts.ok()) << ts.status();
+  const std::string src_path = backend->last_logits_path();
+  auto tc = sc.p.gpu->CandidateConsumer(layout, sc.p.gpu_pool, rows, sc.gpu_ctx.get(), qc.input, c.topk,
+                                        spec, ConsumerMode::kAuto, got.data());
+  ASSERT_TRUE(tc.ok()) << tc.status();
+  const std::string cons_path = backend->last_logits_path();
+  std::printf("[   path   ] logits kernels: source %s, consumer %s\n", src_path.c_str(), cons_path.c_str());
+  const PathTolerance src_t = ToleranceFor(src_path, c.format), cons_t = ToleranceFor(cons_path, c.format);
+
+  int32_t borderline_rows = 0;
+  Margin src_m, cons_m;
+  for (int32_t r = 0; r < rows.num_rows; ++r) {
+    const int32_t n = rows.row_visible[r];
+    const std::string what = "row " + std::to_string(r) + " n " + std::to_string(n);
+    const RefRow src_ref = RefLogits(sc.p, layout, rows, qs, r);
+    const std::vector<double> tol = src_ref.Tol(src_t);
+    ExpectTopkRow(src.data() + r * k, n, c.topk, src_ref.logit, tol, "source " + what, &src_m);
+    if (HasFatalFailure()) return;
+    const RefRow cons_ref = RefLogits(sc.p, layout, rows, qc, r);
+    bool borderline = false;
+    double used = 0;
+    ASSERT_EQ(ConsumerRowViolation(got.data() + r * k, n, c.topk, spec, src_ref.logit, tol, cons_ref.logit,
+                                   cons_ref.Tol(cons_t), &borderline, &used),
+              "")
+        << "consumer " << what;
+    borderline_rows += borderline;
+    cons_m.Add(used, "consumer " + what);
+  }
+  std::printf("[   pools  ] %d rows, %d with borderline blocks\n", rows.num_rows, borderline_rows);
+  src_m.Print("source " + src_path);
+  cons_m.Print("consumer " + cons_path);
+
+  // The gather walk (the pool's slots only) and the masked walk return the
+  // same rows (SPEC §5: the length gate is never visible in results); on an
+  // sm_90 device FP8 consumers gather when asked to.
+  std::vector<int32_t> masked(got.size(), -7), gathered(got.size(), -7);
+  auto tm = sc.p.gpu->CandidateConsumer(layout, sc.p.gpu_pool, rows, sc.gpu_ctx.get(), qc.input, c.topk, spec,
+                                        ConsumerMode::kMasked, masked.data());
+  ASSERT_TRUE(tm.ok()) << tm.status();
+  const std::string masked_path = backend->last_logits_path();
+  auto tg = sc.p.gpu->CandidateConsumer(layout, sc.p.gpu_pool, rows, sc.gpu_ctx.get(), qc.input, c.topk, spec,
+                                        ConsumerMode::kGather, gathered.data());
+  ASSERT_TRUE(tg.ok()) << tg.status();
+  const std::string gather_path = backend->last_logits_path();
+  std::printf("[   path   ] consumer masked %s, gather %s\n", masked_path.c_str(), gather_path.c_str());
+  EXPECT_EQ(masked_path.find("gather"), std::string::npos);
+  gpu::DeviceProp prop;
+  ASSERT_EQ(gpu::GetDeviceProperties(&prop, 0), gpu::kSuccess);
+  if (prop.major == 9 && prop.minor == 0 && c.format == KvFormat::kFp8) EXPECT_EQ(gather_path, "wgmma_gather");
+  for (int32_t r = 0; r < rows.num_rows; ++r) {
+    std::vector<int32_t> a(masked.begin() + r * k, masked.begin() + (r + 1) * k);
+    std::vector<int32_t> b(gathered.begin() + r * k, gathered.begin() + (r + 1) * k);
+    std::vector<int32_t> d(got.begin() + r * k, got.begin() + (r + 1) * k);
+    std::sort(a.begin(), a.end());
+    std::sort(b.begin(), b.end());
+    std::sort(d.begin(), d.end());
+    ASSERT_EQ(a, b) << "row " << r << ": gather and masked walks differ";
+    ASSERT_EQ(a, d) << "row " << r << ": the length gate's choice differs from the masked walk";
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Cases, GpuCandidateTest,
+    ::testing::Values(
+        // decode, pools a real subset, the newest pinned
+        CandCase{KvFormat::kFp8, 64, 8, 64, 256, true, {3000, 1200, 9000, 40}, {1, 1, 1, 1}},
+        // next_n 2, MXFP4, no pin, odd block size
+        CandCase{KvFormat::kMxfp4, 16, 3, 50, 64, false, {700, 2000, 31}, {2, 2, 2}},
+        // whole pools (<= topk entries) mixed with real ones; prefill rows
+        CandCase{KvFormat::kFp8, 16, 4, 16, 128, true, {100, 5000, 0}, {1, 3, 40}},
+        // a long row through the cooperative top-k, 2048 blocks of 8
+        CandCase{KvFormat::kFp8, 64, 8, 2048, 2048, true, {60000}, {1}},
+        // V4.1's geometry at H = 32 (tensor-core logits): blocks of 8, top
+        // 512, pools of 128 blocks; one entry, a page + 1, next_n 2, and
+        // pools smaller than the top-k (48 blocks = 384 entries)
+        CandCase{KvFormat::kFp8, 64, 8, 128, 512, true, {20000, 0, 64, 3000}, {1, 1, 1, 2}, 32},
+        CandCase{KvFormat::kFp8, 64, 8, 48, 512, true, {9000, 300, 64}, {2, 2, 1}, 32},
+        CandCase{KvFormat::kMxfp4, 64, 8, 128, 512, true, {20000, 0, 1000}, {1, 1, 2}, 32},
+        CandCase{KvFormat::kFp8, 64, 8, 64, 256, true, {3000, 1200, 9000, 40}, {1, 1, 1, 1}, 16}),
+    [](const auto& info) { return "c" + std::to_string(info.index); });
+
+// The block path on the gpu against a float64 reference of the block scores
+// (sentinels included): count, range, distinctness, -1 fill, and every
+// chosen block scores at least the reference's k-th. Both kernels: the
+// tensor-core one (max path 2: mma.sync fp16, Hi <= 8) and the portable
+// one (0); odd sizes: rows of one entry, of a page + 1, fewer causal blocks
+// than the top-k, Hi 5 and 8 (two column tiles), Hi 9 (portable), tiled
+// pages.
+TEST(GpuBlockTest, BlockTopkMatchesReference) {
+  SKIP_WITHOUT_GPU();
+  struct Case {
+    int32_t page_entries, heads, topk, init, local;
+    std::vector<int32_t> hist, q_lens;
+    bool tiled = false;
+  };
+  const std::vector<Case> cases = {
+      {128, 4, 16, 0, 1, {5000, 300, 20000}, {1, 1, 1}},
+      {32, 1, 4, 1, 2, {900, 100}, {2, 3}},
+      {16, 4, 6, 2, 1, {0, 2000}, {40, 1}},
+      {128, 4, 16, 0, 1, {0, 128, 127, 1000, 3000}, {1, 1, 2, 1, 1}},
+      {128, 5, 8, 1, 1, {4000, 129}, {1, 2}},
+      {64, 8, 5, 0, 0, {3000, 70}, {1, 1}},
+      {64, 9, 5, 0, 1, {2000}, {2}},
+      {64, 4, 6, 0, 1, {2500, 64}, {1, 1}, true},
+  };
+  for (const Case& c : cases) {
+    for (int max_path : {2, 0}) {
+      const PageLayout layout = c.tiled ? *PageLayout::Make(KvFormat::kMxfp4, 128, c.page_entries, 16, 16, 2)
+                                        : *PageLayout::Make(KvFormat::kMxfp4, 128, c.page_entries);
+      std::mt19937 rng(5 + c.page_entries + c.heads);
+      Scenario sc = MakeScenario(rng, layout, c.hist, c.q_lens);
+      static_cast<gpu::GpuBackend*>(sc.p.gpu.get())->set_max_logits_path(max_path);
+      const StepRows& rows = sc.rows;
+      std::normal_distribution<float> nd(0.f, 1.f);
+      std::vector<float> q(static_cast<size_t>(rows.num_rows) * c.heads * 128);
+      for (float& x : q) x = nd(rng);
+      BlockQInput bq;
+      bq.num_heads = c.heads;
+      bq.q = q.data();
+      BlockSpec spec;
+      spec.topk_blocks = c.topk;
+      spec.init_blocks = c.init;
+      spec.local_blocks = c.local;
+      std::vector<int32_t> got(static_cast<size_t>(c.heads) * rows.num_rows * c.topk, -7);
+      auto t = sc.p.gpu->BlockTopk(layout, sc.p.gpu_pool, rows, sc.gpu_ctx.get(), bq, spec, got.data());
+      ASSERT_TRUE(t.ok()) << t.status();
+      const std::string path = static_cast<gpu::GpuBackend*>(sc.p.gpu.get())->last_logits_path();
+      std::printf("[   path   ] block scores: %s (Hi %d, E %d)\n", path.c_str(), c.heads, c.page_entries);
+      gpu::DeviceProp prop;
+      ASSERT_EQ(gpu::GetDeviceProperties(&prop, 0), gpu::kSuccess);
+      if (prop.major * 10 + prop.minor >= 89) {
+        EXPECT_EQ(path, max_path >= 1 && c.heads <= 8 ? "block_mma" : "block_portable");
+      }
+      std::vector<uint8_t> entry(layout.entry_bytes());
+      for (int32_t r = 0; r < rows.num_rows; ++r) {
+        const int32_t n = rows.row_visible[r], s = rows.row_seq[r], pe = c.page_entries;
+        const int32_t causal = static_cast<int32_t>(PagesFor(n, pe));
+        std::vector<std::vector<double>> kd(n, std::vector<double>(128));
+        for (int32_t e = 0; e < n; ++e) {
+          ASSERT_TRUE(sc.p.cpu->ReadEntries(layout, sc.p.cpu_pool, rows.Page(s, e / pe), e % pe, 1,
+                                            entry.data()).ok());
+          for (int32_t d = 0; d < 128; ++d) kd[e][d] = Mxfp4Element(entry.data(), entry.data() + 64, d);
+        }
+        for (int32_t h = 0; h < c.heads; ++h) {
+          const float* qh = q.data() + (static_cast<int64_t>(r) * c.heads + h) * 128;
+          std::vector<double> score(causal, -INFINITY), tol(causal, 0);
+          for (int32_t e = 0; e < n; ++e) {
+            double dot = 0, mag = 0;
+            for (int32_t d = 0; d < 128; ++d) {
+              dot += qh[d] * kd[e][d];
+              mag += std::fabs(qh[d] * kd[e][d]);
+            }
+            dot *= spec.scale;
+            score[e / pe] = std::max(score[e / pe], dot);
+            // The kernel's block maximum may come from another entry of the
+            // block: the largest of their bounds covers it.
+            tol[e / pe] = std::max(tol[e / pe], std::ldexp(mag * spec.scale, -16));
+          }
+          for (int32_t b = std::max(0, causal - c.local); b < causal; ++b) score[b] = 1e29;
+          for (int32_t b = 0; b < std::min(causal, c.init); ++b) score[b] = 1e30;
+          const int32_t* row = got.data() + (static_cast<int64_t>(h) * rows.num_rows + r) * c.topk;
+          ExpectTopkRow(row, causal, c.topk, score, tol,
+                        path + " head " + std::to_string(h) + " row " + std::to_string(r));
+          if (HasFatalFailure()) return;
+        }
+      }
+    }
+  }
+}
+
+// The gather walk's plan (host only, no GPU needed): one group of one row
+// per row, units covering [0, min(n_r, pool entries)) of each row in order,
+// each unit naming its row and sequence; rows that see nothing get none.
+TEST(GpuPlanTest, GatherCoversEachRowsPoolSlots) {
+  const std::vector<int32_t> old_e = {0, 0, 40000, 100, 7}, new_e = {1, 17000, 40002, 164, 7};
+  const std::vector<int32_t> q_lens = {1, 1, 2, 1, 0};
+  std::vector<std::vector<int32_t>> pages(old_e.size());
+  int32_t next = 0;
+  for (size_t s = 0; s < new_e.size(); ++s) {
+    for (int64_t i = 0; i < PagesFor(new_e[s], 64); ++i) pages[s].push_back(next++);
+  }
+  const StepRows rows = MakeStep(old_e, new_e, q_lens, 64, pages, 0);
+  const int64_t pool = 2048 * 8;
+  std::vector<gpu::LogitsGroup> groups;
+  std::vector<gpu::LogitsUnit> units;
+  gpu::PlanGather(rows, 0, rows.num_rows, pool, 132, &groups, &units);
+  ASSERT_EQ(static_cast<int32_t>(groups.size()), rows.num_rows);
+  size_t u = 0;
+  for (int32_t r = 0; r < rows.num_rows; ++r) {
+    const gpu::LogitsGroup& g = groups[r];
+    EXPECT_EQ(g.row_begin, r);
+    EXPECT_EQ(g.num_rows, 1);
+    EXPECT_EQ(g.seq, rows.row_seq[r]);
+    const int32_t extent = static_cast<int32_t>(std::min<int64_t>(rows.row_visible[r], pool));
+    EXPECT_EQ(g.extent, extent) << "row " << r;
+    int32_t at = 0;
+    while (u < units.size() && units[u].group == r) {
+      EXPECT_EQ(units[u].e_begin, at) << "row " << r;
+      EXPECT_GT(units[u].e_end, units[u].e_begin);
+      EXPECT_EQ(units[u].row_begin, r);
+      EXPECT_EQ(units[u].num_rows, 1);
+      EXPECT_EQ(units[u].seq, rows.row_seq[r]);
+      EXPECT_EQ(units[u].e_begin % 64, 0) << "units start at whole tiles";
+      at = units[u].e_end;
+      ++u;
+    }
+    EXPECT_EQ(at, extent) << "row " << r;
+  }
+  EXPECT_EQ(u, units.size());
+}
+
+}  // namespace
+}  // namespace gpu_test
+}  // namespace indexer

@@ -37,6 +37,7 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "kernels/gpu/amd/mfma_lanes.h"
 
 namespace indexer {
 namespace gpu {
@@ -59,6 +60,7 @@ inline constexpr Error kSuccess = hipSuccess;
 // gfx9 (CDNA: gfx942, gfx950) runs 64-lane wavefronts; RDNA is not a target.
 inline constexpr int kWarpSize = 64;
 inline constexpr const char* kRuntimeName = "hip";
+inline constexpr bool kRuntimeIsHip = true;
 inline const char* ErrorString(Error e) { return hipGetErrorString(e); }
 inline Error GetLastError() { return hipGetLastError(); }
 inline Error GetDeviceCount(int* n) { return hipGetDeviceCount(n); }
@@ -150,6 +152,7 @@ using DeviceProp = cudaDeviceProp;
 inline constexpr Error kSuccess = cudaSuccess;
 inline constexpr int kWarpSize = 32;
 inline constexpr const char* kRuntimeName = "cuda";
+inline constexpr bool kRuntimeIsHip = false;
 inline const char* ErrorString(Error e) { return cudaGetErrorString(e); }
 inline Error GetLastError() { return cudaGetLastError(); }
 inline Error GetDeviceCount(int* n) { return cudaGetDeviceCount(n); }
@@ -373,10 +376,119 @@ __device__ __forceinline__ uint64_t LanesBelow() {
   const int lane = LaneId();
   return lane == 0 ? 0 : (~uint64_t{0} >> (64 - lane));
 }
+
+// ---- wave64: the MFMA kernels (kernels/gpu/amd/) -------------------------
+// The MFMA kernels are written against 64-lane waves: a block is whole waves,
+// wave w = threads [64w, 64w + 64). On HIP (gfx9) a wave is the hardware
+// wavefront and each Mfma* call below is the instruction's builtin. On CUDA
+// a wave runs as two warps and each Mfma* call is the exact model of the
+// instruction in kernels/gpu/amd/mfma_model.h: same operand fragments in the
+// same lanes, accumulator fragments returned in the documented lanes
+// (kernels/gpu/amd/mfma_lanes.h cites the ISA tables). Everything that
+// crosses the two warps goes through the wave's WaveScratch (shared memory)
+// under a named barrier of the wave's 64 threads. Every lane of a wave must
+// make the same Wave*/Mfma* calls (as on the hardware, which runs them
+// wave-wide).
+inline constexpr int kWaveSize = 64;
+__device__ __forceinline__ int WaveLane() { return static_cast<int>(threadIdx.x) % kWaveSize; }
+__device__ __forceinline__ int WaveIndex() { return static_cast<int>(threadIdx.x) / kWaveSize; }
+struct MfmaAcc16 {  // the 16 accumulator GPRs of a 32x32 MFMA
+  float v[16];
+};
+struct MfmaAcc4 {  // the 4 accumulator GPRs of a 16x16 MFMA
+  float v[4];
+};
+#if defined(INDEXER_GPU_HIP)
+struct WaveScratch {  // the hardware exchanges lanes itself
+  int unused;
+};
+// The FP8 variant this device pass's matrix cores read (gfx942: e4m3fnuz;
+// gfx950: OCP e4m3).
+#if defined(__gfx942__)
+inline constexpr mfma::Fp8Kind kNativeFp8Kind = mfma::Fp8Kind::kFnuz;
+#else
+inline constexpr mfma::Fp8Kind kNativeFp8Kind = mfma::Fp8Kind::kFn;
+#endif
+// Orders the wave's shared-memory writes before its lanes' later reads.
+__device__ __forceinline__ void WaveSync(WaveScratch*) { WarpSync(); }
+__device__ __forceinline__ float WaveShflXor(float v, int mask, WaveScratch*) {
+  return __shfl_xor(v, mask, kWaveSize);
+}
+using MfmaV16f = float __attribute__((ext_vector_type(16)));
+using MfmaV4f = float __attribute__((ext_vector_type(4)));
+using MfmaV8i = int __attribute__((ext_vector_type(8)));
+// v_mfma_f32_32x32x16_fp8_fp8 (acc += A * B). kKind must be the device's
+// variant: a kernel instantiated for the other one traps.
+template <mfma::Fp8Kind kKind>
+__device__ __forceinline__ void MfmaFp8x32x32x16(uint64_t a, uint64_t b, MfmaAcc16& acc, WaveScratch*) {
+  if constexpr (kKind == kNativeFp8Kind) {
+    MfmaV16f c;
+    for (int i = 0; i < 16; ++i) c[i] = acc.v[i];
+    c = __builtin_amdgcn_mfma_f32_32x32x16_fp8_fp8(static_cast<long>(a), static_cast<long>(b), c, 0, 0, 0);
+    for (int i = 0; i < 16; ++i) acc.v[i] = c[i];
+  } else {
+    __builtin_trap();
+  }
+}
+// v_mfma_f32_16x16x32_fp8_fp8.
+template <mfma::Fp8Kind kKind>
+__device__ __forceinline__ void MfmaFp8x16x16x32(uint64_t a, uint64_t b, MfmaAcc4& acc, WaveScratch*) {
+  if constexpr (kKind == kNativeFp8Kind) {
+    MfmaV4f c;
+    for (int i = 0; i < 4; ++i) c[i] = acc.v[i];
+    c = __builtin_amdgcn_mfma_f32_16x16x32_fp8_fp8(static_cast<long>(a), static_cast<long>(b), c, 0, 0, 0);
+    for (int i = 0; i < 4; ++i) acc.v[i] = c[i];
+  } else {
+    __builtin_trap();
+  }
+}
+// v_mfma_scale_f32_32x32x64_f8f6f4 with FP4 (e2m1) A and B (cbsz = blgp =
+// 4): 32 nibbles per lane in a[0..3], the lane's E8M0 scale in byte 0 of
+// sa / sb (op_sel 0). gfx950 only: elsewhere (and where the compiler does
+// not know gfx950) it traps, and the launcher never selects it.
+__device__ __forceinline__ void MfmaScaleFp4x32x32x64(const uint32_t (&a)[4], const uint32_t (&b)[4], uint32_t sa,
+                                                      uint32_t sb, MfmaAcc16& acc, WaveScratch*) {
+#if defined(__gfx950__)
+  MfmaV8i av = {static_cast<int>(a[0]), static_cast<int>(a[1]), static_cast<int>(a[2]), static_cast<int>(a[3]), 0, 0, 0, 0};
+  MfmaV8i bv = {static_cast<int>(b[0]), static_cast<int>(b[1]), static_cast<int>(b[2]), static_cast<int>(b[3]), 0, 0, 0, 0};
+  MfmaV16f c;
+  for (int i = 0; i < 16; ++i) c[i] = acc.v[i];
+  c = __builtin_amdgcn_mfma_scale_f32_32x32x64_f8f6f4(av, bv, c, 4, 4, 0, static_cast<int>(sa), 0, static_cast<int>(sb));
+  for (int i = 0; i < 16; ++i) acc.v[i] = c[i];
+#else
+  (void)a, (void)b, (void)sa, (void)sb, (void)acc;
+  __builtin_trap();
+#endif
+}
+// v_mfma_scale_f32_16x16x128_f8f6f4 with FP4 A and B.
+__device__ __forceinline__ void MfmaScaleFp4x16x16x128(const uint32_t (&a)[4], const uint32_t (&b)[4], uint32_t sa,
+                                                       uint32_t sb, MfmaAcc4& acc, WaveScratch*) {
+#if defined(__gfx950__)
+  MfmaV8i av = {static_cast<int>(a[0]), static_cast<int>(a[1]), static_cast<int>(a[2]), static_cast<int>(a[3]), 0, 0, 0, 0};
+  MfmaV8i bv = {static_cast<int>(b[0]), static_cast<int>(b[1]), static_cast<int>(b[2]), static_cast<int>(b[3]), 0, 0, 0, 0};
+  MfmaV4f c;
+  for (int i = 0; i < 4; ++i) c[i] = acc.v[i];
+  c = __builtin_amdgcn_mfma_scale_f32_16x16x128_f8f6f4(av, bv, c, 4, 4, 0, static_cast<int>(sa), 0, static_cast<int>(sb));
+  for (int i = 0; i < 4; ++i) acc.v[i] = c[i];
+#else
+  (void)a, (void)b, (void)sa, (void)sb, (void)acc;
+  __builtin_trap();
+#endif
+}
+// True where Mfma* run on matrix cores (HIP), false where they are the model.
+inline constexpr bool kMfmaNative = true;
+#else
+inline constexpr bool kMfmaNative = false;
+#endif
 #endif  // device compiler
 
 }  // namespace gpu
 }  // namespace indexer
+
+// The CUDA instruction model of the Mfma* calls above (CUDA device code only).
+#if defined(INDEXER_GPU_CUDA) && defined(__CUDACC__)
+#include "kernels/gpu/amd/mfma_model.h"
+#endif
 
 // Checks one GPU runtime call; returns its status from the enclosing
 // function (absl::Status or StatusOr) with the call text and file:line.

@@ -46,11 +46,35 @@ struct Shape {
   int32_t hist_min, hist_max;     // entries before the step
   int32_t heads;
   int32_t topk;
-  int max_path;                   // logits path cap: 0 portable, 1 mma, 2 wgmma
+  int max_path;                   // logits path cap: 0 portable, 1 mma, 2 wgmma;
+                                  // 3 / 4: the MFMA kernels as gfx942 / gfx950
   KInput::Kind k_kind = KInput::Kind::kFloat32;
   bool ue8m0 = true;
   int32_t chunk_rows = 0;         // server chunks of this many rows (0: one)
 };
+
+std::string PathSuffix(int max_path) {
+  return max_path == 0                      ? "_portable"
+         : max_path == 1                    ? "_mma"
+         : max_path == gpu::kPathMfmaGfx942 ? "_mfma942"
+         : max_path == gpu::kPathMfmaGfx950 ? "_mfma950"
+                                            : "";
+}
+
+// A run at max_path kPathMfmaGfx942 / kPathMfmaGfx950 must have taken the
+// MFMA kernel wherever it takes the call (FP8 on both, MXFP4 on gfx950): the
+// instruction model on CUDA, the matrix cores on HIP.
+void ExpectMfmaPath(int max_path, KvFormat format, const std::string& path) {
+  if (max_path == gpu::kPathMfmaGfx942 || max_path == gpu::kPathMfmaGfx950) {
+    const bool takes = format == KvFormat::kFp8 || max_path == gpu::kPathMfmaGfx950;
+    const std::string arch = max_path == gpu::kPathMfmaGfx942 ? "gfx942" : "gfx950";
+    if (takes) {
+      EXPECT_TRUE(path == "mfma_model_" + arch || path == "mfma_" + arch) << path;
+    } else {
+      EXPECT_EQ(path, "portable");
+    }
+  }
+}
 
 std::string Name(const Shape& s) {
   return std::string(s.format == KvFormat::kFp8 ? "fp8" : "mxfp4") + "_E" +
@@ -58,7 +82,7 @@ std::string Name(const Shape& s) {
          std::to_string(s.seqs) + "_q" + std::to_string(s.q_len_min) + "to" +
          std::to_string(s.q_len_max) + "_n" + std::to_string(s.hist_max) +
          "_H" + std::to_string(s.heads) + "_k" + std::to_string(s.topk) +
-         (s.max_path == 0 ? "_portable" : s.max_path == 1 ? "_mma" : "") +
+         PathSuffix(s.max_path) +
          (s.k_kind == KInput::Kind::kBf16 ? "_bf16" : "") +
          (s.k_kind == KInput::Kind::kQuantized ? "_quantized" : "") +
          (s.ue8m0 ? "" : "_plain") +
@@ -188,6 +212,7 @@ TEST_P(GpuDenseTest, WritesBitExactAndTopkMatchesCpu) {
   ASSERT_TRUE(p.cpu->DenseTopk(layout, p.cpu_pool, rows, nullptr, q.input, sh.topk, want.data()).ok());
   const std::string path = static_cast<gpu::GpuBackend*>(p.gpu.get())->last_logits_path();
   std::printf("[   path   ] logits kernel: %s\n", path.c_str());
+  ExpectMfmaPath(sh.max_path, sh.format, path);
   // Each against the reference under its own arithmetic's tolerance.
   const PathTolerance cpu_t = ToleranceFor("cpu", sh.format), gpu_t = ToleranceFor(path, sh.format);
   Margin cpu_m, gpu_m;
@@ -273,6 +298,25 @@ std::vector<Shape> Shapes() {
 }
 
 INSTANTIATE_TEST_SUITE_P(Shapes, GpuDenseTest, ::testing::ValuesIn(Shapes()),
+                         [](const auto& info) { return Name(info.param); });
+
+// Every shape above through the wave64 MFMA kernels (on CUDA: the
+// instruction model of the compat seam): FP8 as gfx942 (e4m3fnuz operands)
+// and as gfx950 (OCP e4m3), MXFP4 as gfx950 (scaled FP4 MFMA).
+std::vector<Shape> MfmaShapes() {
+  std::vector<Shape> out;
+  std::set<std::string> names;
+  for (Shape s : Shapes()) {
+    for (int path : {gpu::kPathMfmaGfx942, gpu::kPathMfmaGfx950}) {
+      if (s.format == KvFormat::kMxfp4 && path == gpu::kPathMfmaGfx942) continue;
+      s.max_path = path;
+      if (names.insert(Name(s)).second) out.push_back(s);
+    }
+  }
+  return out;
+}
+
+INSTANTIATE_TEST_SUITE_P(Mfma, GpuDenseTest, ::testing::ValuesIn(MfmaShapes()),
                          [](const auto& info) { return Name(info.param); });
 
 // MXFP4 with adversarial block exponents (SPEC §3 dot products must stay
@@ -385,9 +429,11 @@ TEST_P(GpuMxfp4AdversarialTest, TopkMatchesReference) {
   std::printf("[   path   ] logits kernel: %s\n", path.c_str());
   gpu::DeviceProp prop;
   ASSERT_EQ(gpu::GetDeviceProperties(&prop, 0), gpu::kSuccess);
-  if (sh.max_path == 2 && prop.major == 9 && prop.minor == 0 && std::getenv("INDEXER_GPU_WGMMA_MXFP4") == nullptr) {
+  if (sh.max_path == 2 && prop.major == 9 && prop.minor == 0 && std::getenv("INDEXER_GPU_WGMMA_MXFP4") == nullptr &&
+      std::getenv("INDEXER_GPU_MFMA_MODEL") == nullptr) {
     EXPECT_EQ(path, "wgmma_mxfp4");
   }
+  ExpectMfmaPath(sh.max_path, KvFormat::kMxfp4, path);
   const PathTolerance gpu_t = ToleranceFor(path, KvFormat::kMxfp4);
   Margin m;
   for (int32_t r = 0; r < rows.num_rows; ++r) {
@@ -404,11 +450,13 @@ TEST_P(GpuMxfp4AdversarialTest, TopkMatchesReference) {
 INSTANTIATE_TEST_SUITE_P(Scales, GpuMxfp4AdversarialTest,
                          ::testing::Values(AdversarialShape{64, 1, 2}, AdversarialShape{128, 1, 2},
                                            AdversarialShape{64, 2, 2}, AdversarialShape{128, 2, 2},
-                                           AdversarialShape{64, 2, 1}, AdversarialShape{64, 2, 0}),
+                                           AdversarialShape{64, 2, 1}, AdversarialShape{64, 2, 0},
+                                           AdversarialShape{64, 1, gpu::kPathMfmaGfx950},
+                                           AdversarialShape{128, 2, gpu::kPathMfmaGfx950}),
                          [](const auto& info) {
                            return "E" + std::to_string(info.param.page_entries) + "_q" +
                                   std::to_string(info.param.q_len_max) +
-                                  (info.param.max_path == 0 ? "_portable" : info.param.max_path == 1 ? "_mma" : "");
+                                  PathSuffix(info.param.max_path);
                          });
 
 // A tiny logits workspace forces sub-chunks inside the server's chunks
@@ -698,6 +746,7 @@ struct CandCase {
   bool pin;
   std::vector<int32_t> hist;
   std::vector<int32_t> q_lens;
+  int max_path = 2;  // logits path (Shape::max_path)
 };
 
 class GpuCandidateTest : public ::testing::TestWithParam<CandCase> {};
@@ -722,6 +771,7 @@ TEST_P(GpuCandidateTest, SourceAndConsumerMatchReference) {
   const int64_t k = c.topk;
   std::vector<int32_t> src(rows.num_rows * k), got(rows.num_rows * k, -7);
   auto* backend = static_cast<gpu::GpuBackend*>(sc.p.gpu.get());
+  backend->set_max_logits_path(c.max_path);
 
   // A consumer before its source: FAILED_PRECONDITION.
   EXPECT_EQ(sc.p.gpu->CandidateConsumer(layout, sc.p.gpu_pool, rows, sc.gpu_ctx.get(), qc.input, c.topk,
@@ -736,6 +786,8 @@ TEST_P(GpuCandidateTest, SourceAndConsumerMatchReference) {
   ASSERT_TRUE(tc.ok()) << tc.status();
   const std::string cons_path = backend->last_logits_path();
   std::printf("[   path   ] logits kernels: source %s, consumer %s\n", src_path.c_str(), cons_path.c_str());
+  ExpectMfmaPath(c.max_path, c.format, src_path);
+  if (!cons_path.empty()) ExpectMfmaPath(c.max_path, c.format, cons_path);
   const PathTolerance src_t = ToleranceFor(src_path, c.format), cons_t = ToleranceFor(cons_path, c.format);
 
   int32_t borderline_rows = 0;
@@ -772,8 +824,13 @@ INSTANTIATE_TEST_SUITE_P(
         // whole pools (<= topk entries) mixed with real ones; prefill rows
         CandCase{KvFormat::kFp8, 16, 4, 16, 128, true, {100, 5000, 0}, {1, 3, 40}},
         // a long row through the cooperative top-k, 2048 blocks of 8
-        CandCase{KvFormat::kFp8, 64, 8, 2048, 2048, true, {60000}, {1}}),
-    [](const auto& info) { return "c" + std::to_string(info.index); });
+        CandCase{KvFormat::kFp8, 64, 8, 2048, 2048, true, {60000}, {1}},
+        // the same through the MFMA kernels (FP8 as gfx942, MXFP4 as gfx950)
+        CandCase{KvFormat::kFp8, 64, 8, 64, 256, true, {3000, 1200, 9000, 40}, {1, 1, 1, 1}, gpu::kPathMfmaGfx942},
+        CandCase{KvFormat::kMxfp4, 16, 3, 50, 64, false, {700, 2000, 31}, {2, 2, 2}, gpu::kPathMfmaGfx950},
+        CandCase{KvFormat::kFp8, 16, 4, 16, 128, true, {100, 5000, 0}, {1, 3, 40}, gpu::kPathMfmaGfx950},
+        CandCase{KvFormat::kFp8, 64, 8, 2048, 2048, true, {60000}, {1}, gpu::kPathMfmaGfx942}),
+    [](const auto& info) { return "c" + std::to_string(info.index) + PathSuffix(info.param.max_path); });
 
 // The block path on the gpu against a float64 reference of the block scores
 // (sentinels included): count, range, distinctness, -1 fill, and every

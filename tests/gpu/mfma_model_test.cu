@@ -265,7 +265,7 @@ std::vector<float> RunOnDevice(const Problem& p, int probs) {
   std::vector<float> got(static_cast<size_t>(probs) * d.m * d.n);
   EXPECT_EQ(CopyD2H(got.data(), out, got.size() * 4, nullptr), kSuccess);
   EXPECT_EQ(StreamSynchronize(nullptr), kSuccess);
-  for (void* x : {a, b, sa, sb, hi, c, out}) Free(x);
+  for (void* x : {a, b, sa, sb, hi, c, out}) (void)Free(x);
   return got;
 }
 
@@ -351,7 +351,7 @@ TEST(MfmaModelTest, WaveShflXorEveryMask) {
   std::vector<float> got(static_cast<size_t>(waves) * 6 * kWaveSize);
   ASSERT_EQ(CopyD2H(got.data(), out, got.size() * 4, nullptr), kSuccess);
   ASSERT_EQ(StreamSynchronize(nullptr), kSuccess);
-  Free(out);
+  (void)Free(out);
   for (int w = 0; w < waves; ++w) {
     for (int bit = 0; bit < 6; ++bit) {
       for (int lane = 0; lane < kWaveSize; ++lane) {

@@ -5,6 +5,9 @@
 //
 // Feature macros, the only ones kernels may test:
 //   INDEXER_GPU_HIP / INDEXER_GPU_CUDA   which runtime this build targets
+//   INDEXER_GPU_WAVE64_MODEL             CUDA: kWarpSize 64, warp calls
+//                                        modelled across two warps (set
+//                                        per source by the build)
 //   INDEXER_GPU_MMA_FP8                  1 in a device pass that has the
 //                                        m16n8k32 e4m3 mma.sync (sm_89+)
 //   INDEXER_GPU_WGMMA                    1 in an sm_90a device pass (wgmma,
@@ -12,6 +15,7 @@
 #pragma once
 
 #include <cstdint>
+#include <cstring>
 #include <string>
 
 #if defined(__HIP_PLATFORM_AMD__) || defined(__HIP__) || defined(__HIPCC__)
@@ -150,7 +154,16 @@ using Stream = cudaStream_t;
 using Event = cudaEvent_t;
 using DeviceProp = cudaDeviceProp;
 inline constexpr Error kSuccess = cudaSuccess;
+#if defined(INDEXER_GPU_WAVE64_MODEL)
+// The wave64 model (CUDA, the portable kernels only; CMake option
+// INDEXER_GPU_WAVE64_MODEL): "warps" of 64 threads, as on gfx9, each two
+// hardware warps whose shuffles, ballots and syncs below go through shared
+// memory. Runs the portable kernels on an NVIDIA GPU as a wave64 device
+// would schedule their lanes (tests of their wave-width independence).
+inline constexpr int kWarpSize = 64;
+#else
 inline constexpr int kWarpSize = 32;
+#endif
 inline constexpr const char* kRuntimeName = "cuda";
 inline constexpr bool kRuntimeIsHip = false;
 inline const char* ErrorString(Error e) { return cudaGetErrorString(e); }
@@ -302,10 +315,41 @@ __device__ __forceinline__ int LaneId() {
 __device__ __forceinline__ int WarpId() {
   return static_cast<int>(threadIdx.x) / kWarpSize;
 }
+#if defined(INDEXER_GPU_WAVE64_MODEL)
+// Threads per block the wave64 model covers (blocks are whole 64-thread
+// "warps"; named barrier 1 + warp, so at most 15 of them).
+inline constexpr int kWave64ModelThreads = 512;
+__device__ __forceinline__ uint64_t* Wave64Exchange() {
+  __shared__ uint64_t x[kWave64ModelThreads];
+  return x;
+}
+// All 64 threads of this thread's "warp" meet; shared-memory writes before
+// are visible after.
+__device__ __forceinline__ void Wave64Barrier() {
+  asm volatile("bar.sync %0, %1;" ::"r"(1 + static_cast<int>(threadIdx.x) / 64), "r"(64) : "memory");
+}
+// v of lane `src` (0..63) of this thread's "warp".
+template <class T>
+__device__ __forceinline__ T Wave64Read(T v, int src) {
+  static_assert(sizeof(T) <= 8, "up to 8-byte lanes");
+  uint64_t* x = Wave64Exchange();
+  uint64_t bits = 0;
+  memcpy(&bits, &v, sizeof(T));
+  x[threadIdx.x] = bits;
+  Wave64Barrier();
+  const uint64_t got = x[(threadIdx.x & ~63u) + src];
+  Wave64Barrier();
+  T r;
+  memcpy(&r, &got, sizeof(T));
+  return r;
+}
+#endif
 template <class T>
 __device__ __forceinline__ T ShflXor(T v, int mask) {
 #if defined(INDEXER_GPU_HIP)
   return __shfl_xor(v, mask, kWarpSize);
+#elif defined(INDEXER_GPU_WAVE64_MODEL)
+  return Wave64Read(v, LaneId() ^ mask);
 #else
   return __shfl_xor_sync(0xffffffffu, v, mask, kWarpSize);
 #endif
@@ -314,6 +358,8 @@ template <class T>
 __device__ __forceinline__ T ShflDown(T v, int delta) {
 #if defined(INDEXER_GPU_HIP)
   return __shfl_down(v, delta, kWarpSize);
+#elif defined(INDEXER_GPU_WAVE64_MODEL)
+  return Wave64Read(v, LaneId() + delta < kWarpSize ? LaneId() + delta : LaneId());  // HIP's rule
 #else
   return __shfl_down_sync(0xffffffffu, v, delta, kWarpSize);
 #endif
@@ -322,6 +368,8 @@ template <class T>
 __device__ __forceinline__ T ShflIdx(T v, int lane) {
 #if defined(INDEXER_GPU_HIP)
   return __shfl(v, lane, kWarpSize);
+#elif defined(INDEXER_GPU_WAVE64_MODEL)
+  return Wave64Read(v, lane & (kWarpSize - 1));
 #else
   return __shfl_sync(0xffffffffu, v, lane, kWarpSize);
 #endif
@@ -330,6 +378,11 @@ __device__ __forceinline__ T ShflIdx(T v, int lane) {
 __device__ __forceinline__ uint64_t Ballot(bool pred) {
 #if defined(INDEXER_GPU_HIP)
   return static_cast<uint64_t>(__ballot(pred));
+#elif defined(INDEXER_GPU_WAVE64_MODEL)
+  // Each half's 32-bit ballot, exchanged.
+  const uint64_t half = __ballot_sync(0xffffffffu, pred);
+  const uint64_t other = Wave64Read(half, LaneId() ^ 32);
+  return LaneId() < 32 ? (half | other << 32) : (other | half << 32);
 #else
   return static_cast<uint64_t>(__ballot_sync(0xffffffffu, pred));
 #endif
@@ -367,6 +420,8 @@ __device__ __forceinline__ void WarpSync() {
   __builtin_amdgcn_fence(__ATOMIC_RELEASE, "wavefront");
   __builtin_amdgcn_wave_barrier();
   __builtin_amdgcn_fence(__ATOMIC_ACQUIRE, "wavefront");
+#elif defined(INDEXER_GPU_WAVE64_MODEL)
+  Wave64Barrier();
 #else
   __syncwarp();
 #endif

@@ -169,8 +169,9 @@ __global__ void __launch_bounds__(kMfmaThreads) DenseLogitsMfmaKernel(const Logi
             const uint64_t a = *reinterpret_cast<const uint64_t*>(qh + s * L8::kK + a0.col);
             MfmaFp8x32x32x16<kKind>(a, b8[s], acc, ws);
           } else {
-            uint32_t a[4];
-            std::memcpy(a, qh + (s * L4::kK + a0.col) / 2, 16);
+            // 4-byte aligned: heads are kQb = 68 bytes apart from a 16-byte base.
+            const uint32_t* qa = reinterpret_cast<const uint32_t*>(qh + (s * L4::kK + a0.col) / 2);
+            const uint32_t a[4] = {qa[0], qa[1], qa[2], qa[3]};
             const uint32_t sa = qh[kMfmaDim / 2 + s * (L4::kK / 32) + s0.col];
             MfmaScaleFp4x32x32x64(a, b4[s], sa, bs[s], acc, ws);
           }

@@ -19,11 +19,13 @@
 // one entry (lanes l and l ^ 32 hold the same entry); each lane weighs its
 // heads, one cross-half exchange sums the entry's 64 heads, lanes 0..31 write.
 //
-// gfx942 reads the cache's OCP e4m3 bytes as e4m3fnuz: the same bits are
+// gfx942 reads an OCP e4m3 cache's bytes as e4m3fnuz: the same bits are
 // half the OCP value (bias 8, not 7; subnormals likewise) except 0x80, OCP
 // -0 but the fnuz NaN. So 0x80 bytes of Q and K become 0x00 and the dot is
 // scaled by 4 (exact). OCP NaN codes (0x7f, 0xff) never reach the kernel
-// (quantized K is checked on write; Q codes are the client's).
+// (quantized K is checked on write; Q codes are the client's). An e4m3fnuz
+// cache is read as it is on gfx942; gfx950 (OCP operands) does not take it
+// (0x7f is 240 there and NaN to the matrix core): portable.
 #include "kernels/gpu/gpu_compat.h"  // first: the runtime defines __device__ & co.
 
 #include <cstdlib>
@@ -46,6 +48,14 @@ constexpr int kMfmaMaxHeads = 64;
 static_assert(kMfmaWaves < 16, "named barriers 1..15 (the CUDA model)");
 
 enum class MfmaArch : int { kGfx942 = 942, kGfx950 = 950 };
+
+// Whether an FP8 cache holds e4m3fnuz codes. Every cache is OCP e4m3 until
+// PageLayout carries the cache's variant (branch amdbuild: PageLayout::fp8);
+// then this is `l.fp8 == Fp8Variant::kE4m3fnuz`, the one line to change.
+inline bool MfmaCacheFnuz(const PageLayout& l) {
+  (void)l;
+  return false;
+}
 
 using L8 = mfma::Fp8x32x32x16;
 using L4 = mfma::Fp4x32x32x64;
@@ -88,9 +98,11 @@ __device__ __forceinline__ void LoadValueBytes(const PageLayout& l, EntryRef ref
   }
 }
 
-template <KvFormat kFmt, MfmaArch kArch>
+template <KvFormat kFmt, MfmaArch kArch, bool kCacheFnuz>
 __global__ void __launch_bounds__(kMfmaThreads) DenseLogitsMfmaKernel(const LogitsParams p) {
   constexpr bool kFp8 = kFmt == KvFormat::kFp8;
+  // OCP codes read by gfx942's fnuz matrix cores: -0 cleared, dot x 4.
+  constexpr bool kFnToFnuz = kFp8 && kArch == MfmaArch::kGfx942 && !kCacheFnuz;
   constexpr mfma::Fp8Kind kKind = kArch == MfmaArch::kGfx942 ? mfma::Fp8Kind::kFnuz : mfma::Fp8Kind::kFn;
   constexpr int kQb = QHeadBytes<kFmt>();
   constexpr int kSteps = kMfmaDim / (kFp8 ? L8::kK : L4::kK);  // MFMAs along D
@@ -111,7 +123,7 @@ __global__ void __launch_bounds__(kMfmaThreads) DenseLogitsMfmaKernel(const Logi
     const int64_t qh = static_cast<int64_t>(u.row_begin + r - p.row_base) * heads + h;
     uint8_t v = kFp8 ? 0 : (b < kMfmaDim / 2 ? 0 : 127);  // padded heads: zero values, unit scales
     if (h < heads) v = b < vb ? p.q_values[qh * vb + b] : p.q_scales[qh * (kMfmaDim / 32) + (b - vb)];
-    if (kFp8 && kArch == MfmaArch::kGfx942 && v == 0x80) v = 0;
+    if (kFnToFnuz && v == 0x80) v = 0;
     q_s[i] = v;
   }
   for (int32_t i = threadIdx.x; i < nr * hp; i += blockDim.x) {
@@ -145,7 +157,7 @@ __global__ void __launch_bounds__(kMfmaThreads) DenseLogitsMfmaKernel(const Logi
 #pragma unroll
         for (int s = 0; s < kSteps; ++s) {
           LoadValueBytes(l, ref, s * L8::kK + b0.row, 8, reinterpret_cast<uint8_t*>(&b8[s]));
-          if (kArch == MfmaArch::kGfx942) b8[s] = ClearNegZeros(b8[s]);
+          if (kFnToFnuz) b8[s] = ClearNegZeros(b8[s]);
         }
       } else {
 #pragma unroll
@@ -185,16 +197,16 @@ __global__ void __launch_bounds__(kMfmaThreads) DenseLogitsMfmaKernel(const Logi
       const int32_t row = u.row_begin + r;
       if (lane < kEntryTile && valid && e < p.step.row_visible[row]) {
         float logit = part;
-        if constexpr (kFp8) logit *= kArch == MfmaArch::kGfx942 ? 4.f * kscale : kscale;
+        if constexpr (kFp8) logit *= kFnToFnuz ? 4.f * kscale : kscale;
         p.logits[static_cast<int64_t>(row - p.row_base) * p.stride + e] = logit;
       }
     }
   }
 }
 
-template <KvFormat kFmt, MfmaArch kArch>
+template <KvFormat kFmt, MfmaArch kArch, bool kCacheFnuz = false>
 absl::Status Launch(const LogitsParams& p, Stream stream) {
-  auto* kernel = &DenseLogitsMfmaKernel<kFmt, kArch>;
+  auto* kernel = &DenseLogitsMfmaKernel<kFmt, kArch, kCacheFnuz>;
   // Once per process, for the largest group (keeps host calls off the timed path).
   static const absl::Status limit = [&]() -> absl::Status {
     GPU_RETURN_IF_ERROR(SetMaxDynamicSmem(kernel, static_cast<int>(MfmaSmemBytes<kFmt>(kMfmaMaxHeads, kMaxGroupRows))));
@@ -226,7 +238,8 @@ bool MfmaLogitsSupported(const LogitsParams& p, int arch) {
   if (arch != 942 && arch != 950) return false;
   if (l.head_dim != kMfmaDim || p.num_heads < 1 || p.num_heads > kMfmaMaxHeads) return false;
   if (p.max_group_rows < 1 || p.max_group_rows > kMaxGroupRows) return false;
-  return l.format == KvFormat::kFp8 || arch == 950;  // FP4 matrix cores: gfx950
+  if (l.format == KvFormat::kFp8) return arch == 942 || !MfmaCacheFnuz(l);
+  return arch == 950;  // FP4 matrix cores: gfx950
 }
 
 int MfmaLogitsArch(const LogitsParams& p, int cc_major, int cc_minor, int max_path) {
@@ -251,12 +264,15 @@ absl::Status LaunchDenseLogitsMfma(const LogitsParams& p, int arch, Stream strea
   if (!MfmaLogitsSupported(p, arch)) {
     return absl::InvalidArgumentError(absl::StrCat(
         "mfma logits: expected D = 128, 1..64 heads, groups of 1..", kMaxGroupRows,
-        " rows and FP8 (gfx942, gfx950) or MXFP4 (gfx950), got D ", p.layout.head_dim, ", H ", p.num_heads,
+        " rows and FP8 (gfx942; gfx950 for OCP e4m3 caches) or MXFP4 (gfx950), got D ", p.layout.head_dim, ", H ", p.num_heads,
         ", group rows ", p.max_group_rows, ", arch gfx", arch));
   }
   if (p.unit_end == p.unit_begin) return absl::OkStatus();
   if (p.layout.format == KvFormat::kMxfp4) return Launch<KvFormat::kMxfp4, MfmaArch::kGfx950>(p, stream);
-  if (arch == 942) return Launch<KvFormat::kFp8, MfmaArch::kGfx942>(p, stream);
+  if (arch == 942) {
+    return MfmaCacheFnuz(p.layout) ? Launch<KvFormat::kFp8, MfmaArch::kGfx942, true>(p, stream)
+                                   : Launch<KvFormat::kFp8, MfmaArch::kGfx942>(p, stream);
+  }
   return Launch<KvFormat::kFp8, MfmaArch::kGfx950>(p, stream);
 }
 

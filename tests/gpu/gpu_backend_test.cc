@@ -682,6 +682,43 @@ TEST(GpuBackendTest, RejectsForeignPoolAndContext) {
             absl::StatusCode::kInvalidArgument);
 }
 
+// Which MFMA kernel LaunchDenseLogits takes (host only, no GPU): the shapes
+// the kernels take, per device; on CUDA only when a test or the env asks.
+TEST(MfmaPathTest, SelectsWhatEachDeviceTakes) {
+  gpu::LogitsParams p{};
+  p.layout = *PageLayout::Make(KvFormat::kFp8, 128, 64);
+  p.num_heads = 64;
+  p.max_group_rows = 4;
+  EXPECT_EQ(gpu::MfmaLogitsArch(p, 9, 0, gpu::kPathMfmaGfx942), 942);
+  EXPECT_EQ(gpu::MfmaLogitsArch(p, 9, 0, gpu::kPathMfmaGfx950), 950);
+  EXPECT_EQ(gpu::MfmaLogitsArch(p, 9, 4, 0), 0);  // portable asked for
+  if (gpu::kRuntimeIsHip) {
+    EXPECT_EQ(gpu::MfmaLogitsArch(p, 9, 4, 2), 942);
+    EXPECT_EQ(gpu::MfmaLogitsArch(p, 9, 5, 1), 950);
+    EXPECT_EQ(gpu::MfmaLogitsArch(p, 9, 0, 2), 0);  // gfx90a: no FP8 MFMA
+  } else if (std::getenv("INDEXER_GPU_MFMA_MODEL") == nullptr) {
+    EXPECT_EQ(gpu::MfmaLogitsArch(p, 9, 0, 2), 0);  // the H200 default stays wgmma
+    EXPECT_EQ(gpu::MfmaLogitsArch(p, 9, 0, 1), 0);
+  }
+  EXPECT_STREQ(gpu::MfmaPathName(942), gpu::kRuntimeIsHip ? "mfma_gfx942" : "mfma_model_gfx942");
+  // H 1..64 (zero-padded to whole 32-head tiles), D 128, groups of <= 4 rows.
+  p.num_heads = 8;
+  EXPECT_EQ(gpu::MfmaLogitsArch(p, 9, 0, gpu::kPathMfmaGfx942), 942);
+  p.num_heads = 65;
+  EXPECT_EQ(gpu::MfmaLogitsArch(p, 9, 0, gpu::kPathMfmaGfx942), 0);
+  p.num_heads = 64;
+  p.max_group_rows = gpu::kMaxGroupRows + 1;
+  EXPECT_EQ(gpu::MfmaLogitsArch(p, 9, 0, gpu::kPathMfmaGfx942), 0);
+  p.max_group_rows = 1;
+  p.layout = *PageLayout::Make(KvFormat::kFp8, 64, 64);
+  EXPECT_EQ(gpu::MfmaLogitsArch(p, 9, 0, gpu::kPathMfmaGfx942), 0);
+  // MXFP4: the scaled FP4 MFMA of gfx950; gfx942 has none.
+  p.layout = *PageLayout::Make(KvFormat::kMxfp4, 128, 64);
+  EXPECT_EQ(gpu::MfmaLogitsArch(p, 9, 0, gpu::kPathMfmaGfx950), 950);
+  EXPECT_EQ(gpu::MfmaLogitsArch(p, 9, 0, gpu::kPathMfmaGfx942), 0);
+  EXPECT_FALSE(gpu::LaunchDenseLogitsMfma(p, 942, nullptr).ok());
+}
+
 TEST(GpuBackendTest, DescribesDevice) {
   SKIP_WITHOUT_GPU();
   auto gpu = MakeGpuBackend(0, 0);

@@ -5,6 +5,9 @@
 //
 // Feature macros, the only ones kernels may test:
 //   INDEXER_GPU_HIP / INDEXER_GPU_CUDA   which runtime this build targets
+//   INDEXER_GPU_WAVE64_MODEL             CUDA: kWarpSize 64, warp calls
+//                                        modelled across two warps (set
+//                                        per source by the build)
 //   INDEXER_GPU_MMA_FP8                  1 in a device pass that has the
 //                                        m16n8k32 e4m3 mma.sync (sm_89+)
 //   INDEXER_GPU_WGMMA                    1 in an sm_90a device pass (wgmma,
@@ -12,6 +15,7 @@
 #pragma once
 
 #include <cstdint>
+#include <cstring>
 #include <string>
 
 #if defined(__HIP_PLATFORM_AMD__) || defined(__HIP__) || defined(__HIPCC__)
@@ -37,6 +41,7 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "kernels/gpu/amd/mfma_lanes.h"
 
 namespace indexer {
 namespace gpu {
@@ -59,6 +64,7 @@ inline constexpr Error kSuccess = hipSuccess;
 // gfx9 (CDNA: gfx942, gfx950) runs 64-lane wavefronts; RDNA is not a target.
 inline constexpr int kWarpSize = 64;
 inline constexpr const char* kRuntimeName = "hip";
+inline constexpr bool kRuntimeIsHip = true;
 inline const char* ErrorString(Error e) { return hipGetErrorString(e); }
 inline Error GetLastError() { return hipGetLastError(); }
 inline Error GetDeviceCount(int* n) { return hipGetDeviceCount(n); }
@@ -148,8 +154,18 @@ using Stream = cudaStream_t;
 using Event = cudaEvent_t;
 using DeviceProp = cudaDeviceProp;
 inline constexpr Error kSuccess = cudaSuccess;
+#if defined(INDEXER_GPU_WAVE64_MODEL)
+// The wave64 model (CUDA, the portable kernels only; CMake option
+// INDEXER_GPU_WAVE64_MODEL): "warps" of 64 threads, as on gfx9, each two
+// hardware warps whose shuffles, ballots and syncs below go through shared
+// memory. Runs the portable kernels on an NVIDIA GPU as a wave64 device
+// would schedule their lanes (tests of their wave-width independence).
+inline constexpr int kWarpSize = 64;
+#else
 inline constexpr int kWarpSize = 32;
+#endif
 inline constexpr const char* kRuntimeName = "cuda";
+inline constexpr bool kRuntimeIsHip = false;
 inline const char* ErrorString(Error e) { return cudaGetErrorString(e); }
 inline Error GetLastError() { return cudaGetLastError(); }
 inline Error GetDeviceCount(int* n) { return cudaGetDeviceCount(n); }
@@ -299,10 +315,41 @@ __device__ __forceinline__ int LaneId() {
 __device__ __forceinline__ int WarpId() {
   return static_cast<int>(threadIdx.x) / kWarpSize;
 }
+#if defined(INDEXER_GPU_WAVE64_MODEL)
+// Threads per block the wave64 model covers (blocks are whole 64-thread
+// "warps"; named barrier 1 + warp, so at most 15 of them).
+inline constexpr int kWave64ModelThreads = 512;
+__device__ __forceinline__ uint64_t* Wave64Exchange() {
+  __shared__ uint64_t x[kWave64ModelThreads];
+  return x;
+}
+// All 64 threads of this thread's "warp" meet; shared-memory writes before
+// are visible after.
+__device__ __forceinline__ void Wave64Barrier() {
+  asm volatile("bar.sync %0, %1;" ::"r"(1 + static_cast<int>(threadIdx.x) / 64), "r"(64) : "memory");
+}
+// v of lane `src` (0..63) of this thread's "warp".
+template <class T>
+__device__ __forceinline__ T Wave64Read(T v, int src) {
+  static_assert(sizeof(T) <= 8, "up to 8-byte lanes");
+  uint64_t* x = Wave64Exchange();
+  uint64_t bits = 0;
+  memcpy(&bits, &v, sizeof(T));
+  x[threadIdx.x] = bits;
+  Wave64Barrier();
+  const uint64_t got = x[(threadIdx.x & ~63u) + src];
+  Wave64Barrier();
+  T r;
+  memcpy(&r, &got, sizeof(T));
+  return r;
+}
+#endif
 template <class T>
 __device__ __forceinline__ T ShflXor(T v, int mask) {
 #if defined(INDEXER_GPU_HIP)
   return __shfl_xor(v, mask, kWarpSize);
+#elif defined(INDEXER_GPU_WAVE64_MODEL)
+  return Wave64Read(v, LaneId() ^ mask);
 #else
   return __shfl_xor_sync(0xffffffffu, v, mask, kWarpSize);
 #endif
@@ -311,6 +358,8 @@ template <class T>
 __device__ __forceinline__ T ShflDown(T v, int delta) {
 #if defined(INDEXER_GPU_HIP)
   return __shfl_down(v, delta, kWarpSize);
+#elif defined(INDEXER_GPU_WAVE64_MODEL)
+  return Wave64Read(v, LaneId() + delta < kWarpSize ? LaneId() + delta : LaneId());  // HIP's rule
 #else
   return __shfl_down_sync(0xffffffffu, v, delta, kWarpSize);
 #endif
@@ -319,6 +368,8 @@ template <class T>
 __device__ __forceinline__ T ShflIdx(T v, int lane) {
 #if defined(INDEXER_GPU_HIP)
   return __shfl(v, lane, kWarpSize);
+#elif defined(INDEXER_GPU_WAVE64_MODEL)
+  return Wave64Read(v, lane & (kWarpSize - 1));
 #else
   return __shfl_sync(0xffffffffu, v, lane, kWarpSize);
 #endif
@@ -327,6 +378,11 @@ __device__ __forceinline__ T ShflIdx(T v, int lane) {
 __device__ __forceinline__ uint64_t Ballot(bool pred) {
 #if defined(INDEXER_GPU_HIP)
   return static_cast<uint64_t>(__ballot(pred));
+#elif defined(INDEXER_GPU_WAVE64_MODEL)
+  // Each half's 32-bit ballot, exchanged.
+  const uint64_t half = __ballot_sync(0xffffffffu, pred);
+  const uint64_t other = Wave64Read(half, LaneId() ^ 32);
+  return LaneId() < 32 ? (half | other << 32) : (other | half << 32);
 #else
   return static_cast<uint64_t>(__ballot_sync(0xffffffffu, pred));
 #endif
@@ -364,6 +420,8 @@ __device__ __forceinline__ void WarpSync() {
   __builtin_amdgcn_fence(__ATOMIC_RELEASE, "wavefront");
   __builtin_amdgcn_wave_barrier();
   __builtin_amdgcn_fence(__ATOMIC_ACQUIRE, "wavefront");
+#elif defined(INDEXER_GPU_WAVE64_MODEL)
+  Wave64Barrier();
 #else
   __syncwarp();
 #endif
@@ -373,10 +431,119 @@ __device__ __forceinline__ uint64_t LanesBelow() {
   const int lane = LaneId();
   return lane == 0 ? 0 : (~uint64_t{0} >> (64 - lane));
 }
+
+// ---- wave64: the MFMA kernels (kernels/gpu/amd/) -------------------------
+// The MFMA kernels are written against 64-lane waves: a block is whole waves,
+// wave w = threads [64w, 64w + 64). On HIP (gfx9) a wave is the hardware
+// wavefront and each Mfma* call below is the instruction's builtin. On CUDA
+// a wave runs as two warps and each Mfma* call is the exact model of the
+// instruction in kernels/gpu/amd/mfma_model.h: same operand fragments in the
+// same lanes, accumulator fragments returned in the documented lanes
+// (kernels/gpu/amd/mfma_lanes.h cites the ISA tables). Everything that
+// crosses the two warps goes through the wave's WaveScratch (shared memory)
+// under a named barrier of the wave's 64 threads. Every lane of a wave must
+// make the same Wave*/Mfma* calls (as on the hardware, which runs them
+// wave-wide).
+inline constexpr int kWaveSize = 64;
+__device__ __forceinline__ int WaveLane() { return static_cast<int>(threadIdx.x) % kWaveSize; }
+__device__ __forceinline__ int WaveIndex() { return static_cast<int>(threadIdx.x) / kWaveSize; }
+struct MfmaAcc16 {  // the 16 accumulator GPRs of a 32x32 MFMA
+  float v[16];
+};
+struct MfmaAcc4 {  // the 4 accumulator GPRs of a 16x16 MFMA
+  float v[4];
+};
+#if defined(INDEXER_GPU_HIP)
+struct WaveScratch {  // the hardware exchanges lanes itself
+  int unused;
+};
+// The FP8 variant this device pass's matrix cores read (gfx942: e4m3fnuz;
+// gfx950: OCP e4m3).
+#if defined(__gfx942__)
+inline constexpr mfma::Fp8Kind kNativeFp8Kind = mfma::Fp8Kind::kFnuz;
+#else
+inline constexpr mfma::Fp8Kind kNativeFp8Kind = mfma::Fp8Kind::kFn;
+#endif
+// Orders the wave's shared-memory writes before its lanes' later reads.
+__device__ __forceinline__ void WaveSync(WaveScratch*) { WarpSync(); }
+__device__ __forceinline__ float WaveShflXor(float v, int mask, WaveScratch*) {
+  return __shfl_xor(v, mask, kWaveSize);
+}
+using MfmaV16f = float __attribute__((ext_vector_type(16)));
+using MfmaV4f = float __attribute__((ext_vector_type(4)));
+using MfmaV8i = int __attribute__((ext_vector_type(8)));
+// v_mfma_f32_32x32x16_fp8_fp8 (acc += A * B). kKind must be the device's
+// variant: a kernel instantiated for the other one traps.
+template <mfma::Fp8Kind kKind>
+__device__ __forceinline__ void MfmaFp8x32x32x16(uint64_t a, uint64_t b, MfmaAcc16& acc, WaveScratch*) {
+  if constexpr (kKind == kNativeFp8Kind) {
+    MfmaV16f c;
+    for (int i = 0; i < 16; ++i) c[i] = acc.v[i];
+    c = __builtin_amdgcn_mfma_f32_32x32x16_fp8_fp8(static_cast<long>(a), static_cast<long>(b), c, 0, 0, 0);
+    for (int i = 0; i < 16; ++i) acc.v[i] = c[i];
+  } else {
+    __builtin_trap();
+  }
+}
+// v_mfma_f32_16x16x32_fp8_fp8.
+template <mfma::Fp8Kind kKind>
+__device__ __forceinline__ void MfmaFp8x16x16x32(uint64_t a, uint64_t b, MfmaAcc4& acc, WaveScratch*) {
+  if constexpr (kKind == kNativeFp8Kind) {
+    MfmaV4f c;
+    for (int i = 0; i < 4; ++i) c[i] = acc.v[i];
+    c = __builtin_amdgcn_mfma_f32_16x16x32_fp8_fp8(static_cast<long>(a), static_cast<long>(b), c, 0, 0, 0);
+    for (int i = 0; i < 4; ++i) acc.v[i] = c[i];
+  } else {
+    __builtin_trap();
+  }
+}
+// v_mfma_scale_f32_32x32x64_f8f6f4 with FP4 (e2m1) A and B (cbsz = blgp =
+// 4): 32 nibbles per lane in a[0..3], the lane's E8M0 scale in byte 0 of
+// sa / sb (op_sel 0). gfx950 only: elsewhere (and where the compiler does
+// not know gfx950) it traps, and the launcher never selects it.
+__device__ __forceinline__ void MfmaScaleFp4x32x32x64(const uint32_t (&a)[4], const uint32_t (&b)[4], uint32_t sa,
+                                                      uint32_t sb, MfmaAcc16& acc, WaveScratch*) {
+#if defined(__gfx950__)
+  MfmaV8i av = {static_cast<int>(a[0]), static_cast<int>(a[1]), static_cast<int>(a[2]), static_cast<int>(a[3]), 0, 0, 0, 0};
+  MfmaV8i bv = {static_cast<int>(b[0]), static_cast<int>(b[1]), static_cast<int>(b[2]), static_cast<int>(b[3]), 0, 0, 0, 0};
+  MfmaV16f c;
+  for (int i = 0; i < 16; ++i) c[i] = acc.v[i];
+  c = __builtin_amdgcn_mfma_scale_f32_32x32x64_f8f6f4(av, bv, c, 4, 4, 0, static_cast<int>(sa), 0, static_cast<int>(sb));
+  for (int i = 0; i < 16; ++i) acc.v[i] = c[i];
+#else
+  (void)a, (void)b, (void)sa, (void)sb, (void)acc;
+  __builtin_trap();
+#endif
+}
+// v_mfma_scale_f32_16x16x128_f8f6f4 with FP4 A and B.
+__device__ __forceinline__ void MfmaScaleFp4x16x16x128(const uint32_t (&a)[4], const uint32_t (&b)[4], uint32_t sa,
+                                                       uint32_t sb, MfmaAcc4& acc, WaveScratch*) {
+#if defined(__gfx950__)
+  MfmaV8i av = {static_cast<int>(a[0]), static_cast<int>(a[1]), static_cast<int>(a[2]), static_cast<int>(a[3]), 0, 0, 0, 0};
+  MfmaV8i bv = {static_cast<int>(b[0]), static_cast<int>(b[1]), static_cast<int>(b[2]), static_cast<int>(b[3]), 0, 0, 0, 0};
+  MfmaV4f c;
+  for (int i = 0; i < 4; ++i) c[i] = acc.v[i];
+  c = __builtin_amdgcn_mfma_scale_f32_16x16x128_f8f6f4(av, bv, c, 4, 4, 0, static_cast<int>(sa), 0, static_cast<int>(sb));
+  for (int i = 0; i < 4; ++i) acc.v[i] = c[i];
+#else
+  (void)a, (void)b, (void)sa, (void)sb, (void)acc;
+  __builtin_trap();
+#endif
+}
+// True where Mfma* run on matrix cores (HIP), false where they are the model.
+inline constexpr bool kMfmaNative = true;
+#else
+inline constexpr bool kMfmaNative = false;
+#endif
 #endif  // device compiler
 
 }  // namespace gpu
 }  // namespace indexer
+
+// The CUDA instruction model of the Mfma* calls above (CUDA device code only).
+#if defined(INDEXER_GPU_CUDA) && defined(__CUDACC__)
+#include "kernels/gpu/amd/mfma_model.h"
+#endif
 
 // Checks one GPU runtime call; returns its status from the enclosing
 // function (absl::Status or StatusOr) with the call text and file:line.

@@ -227,7 +227,9 @@ absl::Status GpuBackend::ConsumerImpl(const PageLayout& layout, PoolHandle pool_
   probe.layout = layout;
   probe.num_heads = q.num_heads;
   probe.max_group_rows = 1;
-  const bool can_gather = max_path_ >= 2 && WgmmaLogitsSupported(probe, props_.major, props_.minor);
+  // Gather on the wgmma kernel only where wgmma is the cap (2): lower caps
+  // and the MFMA requests (3, 4) walk masked.
+  const bool can_gather = max_path_ == 2 && WgmmaLogitsSupported(probe, props_.major, props_.minor);
   const bool gather =
       can_gather && mode != ConsumerMode::kMasked &&
       (mode == ConsumerMode::kGather || max_visible > std::max<int64_t>(spec.gate_ratio, 1) * pool_entries);

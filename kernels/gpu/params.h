@@ -102,6 +102,22 @@ struct LogitsParams {
 absl::Status LaunchDenseLogits(const LogitsParams& p, int cc_major,
                                int cc_minor, Stream stream,
                                const char** which = nullptr, int max_path = 2);
+// The wave64 MFMA kernels (kernels/gpu/amd/logits_mfma.cu; `arch` 942 or
+// 950): FP8 on gfx942 (e4m3fnuz operands) and gfx950 (OCP e4m3), MXFP4 on
+// gfx950 (scaled FP4 MFMA); D = 128, H <= 64, any layout. On CUDA they run
+// through the instruction model of the compat seam. LaunchDenseLogits takes
+// them on a gfx942 / gfx950 device (max_path >= 1) and, on CUDA, for
+// max_path kPathMfmaGfx942 / kPathMfmaGfx950 (tests: as that device would,
+// portable where its MFMA kernel does not take `p`) or where env
+// INDEXER_GPU_MFMA_MODEL=gfx942|gfx950 is set (default max_path).
+inline constexpr int kPathMfmaGfx942 = 3;
+inline constexpr int kPathMfmaGfx950 = 4;
+bool MfmaLogitsSupported(const LogitsParams& p, int arch);
+// The arch (942, 950) whose MFMA kernel LaunchDenseLogits runs for `p`, 0 none.
+int MfmaLogitsArch(const LogitsParams& p, int cc_major, int cc_minor, int max_path);
+// "mfma_gfx942" / "mfma_gfx950" (HIP), "mfma_model_gfx942" / "mfma_model_gfx950" (CUDA).
+const char* MfmaPathName(int arch);
+absl::Status LaunchDenseLogitsMfma(const LogitsParams& p, int arch, Stream stream);
 // The portable kernel alone (any layout, H, D; HIP and CUDA).
 absl::Status LaunchDenseLogitsPortable(const LogitsParams& p, Stream stream);
 // True when LaunchDenseLogitsMma accepts `p` on a device of this capability.

@@ -42,11 +42,13 @@ struct Shape {
   int32_t hist_min, hist_max;     // entries before the step
   int32_t heads;
   int32_t topk;
-  int max_path;                   // logits path cap: 0 portable, 1 mma, 2 wgmma
+  int max_path;                   // logits path cap: 0 portable, 1 mma, 2 wgmma;
+                                  // 3 / 4: the MFMA kernels as gfx942 / gfx950
   KInput::Kind k_kind = KInput::Kind::kFloat32;
   bool ue8m0 = true;
   int32_t chunk_rows = 0;         // server chunks of this many rows (0: one)
 };
+
 
 std::string Name(const Shape& s) {
   return std::string(s.format == KvFormat::kFp8 ? "fp8" : "mxfp4") + "_E" +
@@ -54,7 +56,7 @@ std::string Name(const Shape& s) {
          std::to_string(s.seqs) + "_q" + std::to_string(s.q_len_min) + "to" +
          std::to_string(s.q_len_max) + "_n" + std::to_string(s.hist_max) +
          "_H" + std::to_string(s.heads) + "_k" + std::to_string(s.topk) +
-         (s.max_path == 0 ? "_portable" : s.max_path == 1 ? "_mma" : "") +
+         PathSuffix(s.max_path) +
          (s.k_kind == KInput::Kind::kBf16 ? "_bf16" : "") +
          (s.k_kind == KInput::Kind::kQuantized ? "_quantized" : "") +
          (s.ue8m0 ? "" : "_plain") +
@@ -132,6 +134,7 @@ TEST_P(GpuDenseTest, WritesBitExactAndTopkMatchesCpu) {
   ASSERT_TRUE(p.cpu->DenseTopk(layout, p.cpu_pool, rows, nullptr, q.input, sh.topk, want.data()).ok());
   const std::string path = static_cast<gpu::GpuBackend*>(p.gpu.get())->last_logits_path();
   std::printf("[   path   ] logits kernel: %s\n", path.c_str());
+  ExpectMfmaPath(sh.max_path, sh.format, path);
   // Each against the reference under its own arithmetic's tolerance.
   const PathTolerance cpu_t = ToleranceFor("cpu", sh.format), gpu_t = ToleranceFor(path, sh.format);
   Margin cpu_m, gpu_m;
@@ -240,6 +243,25 @@ std::vector<Shape> Shapes() {
 }
 
 INSTANTIATE_TEST_SUITE_P(Shapes, GpuDenseTest, ::testing::ValuesIn(Shapes()),
+                         [](const auto& info) { return Name(info.param); });
+
+// Every shape above through the wave64 MFMA kernels (on CUDA: the
+// instruction model of the compat seam): FP8 as gfx942 (e4m3fnuz operands)
+// and as gfx950 (OCP e4m3), MXFP4 as gfx950 (scaled FP4 MFMA).
+std::vector<Shape> MfmaShapes() {
+  std::vector<Shape> out;
+  std::set<std::string> names;
+  for (Shape s : Shapes()) {
+    for (int path : {gpu::kPathMfmaGfx942, gpu::kPathMfmaGfx950}) {
+      if (s.format == KvFormat::kMxfp4 && path == gpu::kPathMfmaGfx942) continue;
+      s.max_path = path;
+      if (names.insert(Name(s)).second) out.push_back(s);
+    }
+  }
+  return out;
+}
+
+INSTANTIATE_TEST_SUITE_P(Mfma, GpuDenseTest, ::testing::ValuesIn(MfmaShapes()),
                          [](const auto& info) { return Name(info.param); });
 
 // MXFP4 with adversarial block exponents (SPEC §3 dot products must stay
@@ -353,9 +375,11 @@ TEST_P(GpuMxfp4AdversarialTest, TopkMatchesReference) {
   std::printf("[   path   ] logits kernel: %s\n", path.c_str());
   gpu::DeviceProp prop;
   ASSERT_EQ(gpu::GetDeviceProperties(&prop, 0), gpu::kSuccess);
-  if (sh.max_path == 2 && prop.major == 9 && prop.minor == 0 && std::getenv("INDEXER_GPU_WGMMA_MXFP4") == nullptr) {
+  if (sh.max_path == 2 && prop.major == 9 && prop.minor == 0 && std::getenv("INDEXER_GPU_WGMMA_MXFP4") == nullptr &&
+      std::getenv("INDEXER_GPU_MFMA_MODEL") == nullptr) {
     EXPECT_EQ(path, "wgmma_mxfp4");
   }
+  ExpectMfmaPath(sh.max_path, KvFormat::kMxfp4, path);
   const PathTolerance gpu_t = ToleranceFor(path, KvFormat::kMxfp4);
   Margin m;
   for (int32_t r = 0; r < rows.num_rows; ++r) {
@@ -374,11 +398,13 @@ INSTANTIATE_TEST_SUITE_P(Scales, GpuMxfp4AdversarialTest,
                                            AdversarialShape{64, 2, 2}, AdversarialShape{128, 2, 2},
                                            AdversarialShape{64, 2, 1}, AdversarialShape{64, 2, 0},
                                            AdversarialShape{64, 2, 2, 32}, AdversarialShape{128, 1, 2, 16},
-                                           AdversarialShape{64, 2, 1, 32}),
+                                           AdversarialShape{64, 2, 1, 32},
+                                           AdversarialShape{64, 1, gpu::kPathMfmaGfx950},
+                                           AdversarialShape{128, 2, gpu::kPathMfmaGfx950}),
                          [](const auto& info) {
                            return "E" + std::to_string(info.param.page_entries) + "_q" +
                                   std::to_string(info.param.q_len_max) + "_H" + std::to_string(info.param.heads) +
-                                  (info.param.max_path == 0 ? "_portable" : info.param.max_path == 1 ? "_mma" : "");
+                                  PathSuffix(info.param.max_path);
                          });
 
 // A tiny logits workspace forces sub-chunks inside the server's chunks
@@ -602,6 +628,43 @@ TEST(GpuBackendTest, RejectsForeignPoolAndContext) {
             absl::StatusCode::kInvalidArgument);
   EXPECT_EQ((*gpu)->ReadEntries(layout, pool, 4, 0, 1, nullptr).code(),
             absl::StatusCode::kInvalidArgument);
+}
+
+// Which MFMA kernel LaunchDenseLogits takes (host only, no GPU): the shapes
+// the kernels take, per device; on CUDA only when a test or the env asks.
+TEST(MfmaPathTest, SelectsWhatEachDeviceTakes) {
+  gpu::LogitsParams p{};
+  p.layout = *PageLayout::Make(KvFormat::kFp8, 128, 64);
+  p.num_heads = 64;
+  p.max_group_rows = 4;
+  EXPECT_EQ(gpu::MfmaLogitsArch(p, 9, 0, gpu::kPathMfmaGfx942), 942);
+  EXPECT_EQ(gpu::MfmaLogitsArch(p, 9, 0, gpu::kPathMfmaGfx950), 950);
+  EXPECT_EQ(gpu::MfmaLogitsArch(p, 9, 4, 0), 0);  // portable asked for
+  if (gpu::kRuntimeIsHip) {
+    EXPECT_EQ(gpu::MfmaLogitsArch(p, 9, 4, 2), 942);
+    EXPECT_EQ(gpu::MfmaLogitsArch(p, 9, 5, 1), 950);
+    EXPECT_EQ(gpu::MfmaLogitsArch(p, 9, 0, 2), 0);  // gfx90a: no FP8 MFMA
+  } else if (std::getenv("INDEXER_GPU_MFMA_MODEL") == nullptr) {
+    EXPECT_EQ(gpu::MfmaLogitsArch(p, 9, 0, 2), 0);  // the H200 default stays wgmma
+    EXPECT_EQ(gpu::MfmaLogitsArch(p, 9, 0, 1), 0);
+  }
+  EXPECT_STREQ(gpu::MfmaPathName(942), gpu::kRuntimeIsHip ? "mfma_gfx942" : "mfma_model_gfx942");
+  // H 1..64 (zero-padded to whole 32-head tiles), D 128, groups of <= 4 rows.
+  p.num_heads = 8;
+  EXPECT_EQ(gpu::MfmaLogitsArch(p, 9, 0, gpu::kPathMfmaGfx942), 942);
+  p.num_heads = 65;
+  EXPECT_EQ(gpu::MfmaLogitsArch(p, 9, 0, gpu::kPathMfmaGfx942), 0);
+  p.num_heads = 64;
+  p.max_group_rows = gpu::kMaxGroupRows + 1;
+  EXPECT_EQ(gpu::MfmaLogitsArch(p, 9, 0, gpu::kPathMfmaGfx942), 0);
+  p.max_group_rows = 1;
+  p.layout = *PageLayout::Make(KvFormat::kFp8, 64, 64);
+  EXPECT_EQ(gpu::MfmaLogitsArch(p, 9, 0, gpu::kPathMfmaGfx942), 0);
+  // MXFP4: the scaled FP4 MFMA of gfx950; gfx942 has none.
+  p.layout = *PageLayout::Make(KvFormat::kMxfp4, 128, 64);
+  EXPECT_EQ(gpu::MfmaLogitsArch(p, 9, 0, gpu::kPathMfmaGfx950), 950);
+  EXPECT_EQ(gpu::MfmaLogitsArch(p, 9, 0, gpu::kPathMfmaGfx942), 0);
+  EXPECT_FALSE(gpu::LaunchDenseLogitsMfma(p, 942, nullptr).ok());
 }
 
 TEST(GpuBackendTest, DescribesDevice) {

@@ -106,6 +106,7 @@ struct CandCase {
   std::vector<int32_t> hist;
   std::vector<int32_t> q_lens;
   int32_t heads = 64;
+  int max_path = 2;  // logits path cap (gpu_backend_test's Shape::max_path)
 };
 
 class GpuCandidateTest : public ::testing::TestWithParam<CandCase> {};
@@ -130,6 +131,7 @@ TEST_P(GpuCandidateTest, SourceAndConsumerMatchReference) {
   const int64_t k = c.topk;
   std::vector<int32_t> src(rows.num_rows * k), got(rows.num_rows * k, -7);
   auto* backend = static_cast<gpu::GpuBackend*>(sc.p.gpu.get());
+  backend->set_max_logits_path(c.max_path);
 
   // A consumer before its source: FAILED_PRECONDITION.
   EXPECT_EQ(sc.p.gpu->CandidateConsumer(layout, sc.p.gpu_pool, rows, sc.gpu_ctx.get(), qc.input, c.topk,
@@ -144,6 +146,8 @@ TEST_P(GpuCandidateTest, SourceAndConsumerMatchReference) {
   ASSERT_TRUE(tc.ok()) << tc.status();
   const std::string cons_path = backend->last_logits_path();
   std::printf("[   path   ] logits kernels: source %s, consumer %s\n", src_path.c_str(), cons_path.c_str());
+  ExpectMfmaPath(c.max_path, c.format, src_path);
+  if (!cons_path.empty()) ExpectMfmaPath(c.max_path, c.format, cons_path);
   const PathTolerance src_t = ToleranceFor(src_path, c.format), cons_t = ToleranceFor(cons_path, c.format);
 
   int32_t borderline_rows = 0;
@@ -215,8 +219,16 @@ INSTANTIATE_TEST_SUITE_P(
         CandCase{KvFormat::kFp8, 64, 8, 128, 512, true, {20000, 0, 64, 3000}, {1, 1, 1, 2}, 32},
         CandCase{KvFormat::kFp8, 64, 8, 48, 512, true, {9000, 300, 64}, {2, 2, 1}, 32},
         CandCase{KvFormat::kMxfp4, 64, 8, 128, 512, true, {20000, 0, 1000}, {1, 1, 2}, 32},
-        CandCase{KvFormat::kFp8, 64, 8, 64, 256, true, {3000, 1200, 9000, 40}, {1, 1, 1, 1}, 16}),
-    [](const auto& info) { return "c" + std::to_string(info.index); });
+        CandCase{KvFormat::kFp8, 64, 8, 64, 256, true, {3000, 1200, 9000, 40}, {1, 1, 1, 1}, 16},
+        // the first four through the MFMA kernels (FP8 as gfx942, MXFP4 as gfx950)
+        CandCase{KvFormat::kFp8, 64, 8, 64, 256, true, {3000, 1200, 9000, 40}, {1, 1, 1, 1}, 64,
+                 gpu::kPathMfmaGfx942},
+        CandCase{KvFormat::kMxfp4, 16, 3, 50, 64, false, {700, 2000, 31}, {2, 2, 2}, 64,
+                 gpu::kPathMfmaGfx950},
+        CandCase{KvFormat::kFp8, 16, 4, 16, 128, true, {100, 5000, 0}, {1, 3, 40}, 64,
+                 gpu::kPathMfmaGfx950},
+        CandCase{KvFormat::kFp8, 64, 8, 2048, 2048, true, {60000}, {1}, 64, gpu::kPathMfmaGfx942}),
+    [](const auto& info) { return "c" + std::to_string(info.index) + PathSuffix(info.param.max_path); });
 
 // The block path on the gpu against a float64 reference of the block scores
 // (sentinels included): count, range, distinctness, -1 fill, and every

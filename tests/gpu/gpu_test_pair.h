@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <memory>
 #include <random>
+#include <string>
 #include <vector>
 
 #include "gtest/gtest.h"
@@ -16,6 +17,7 @@
 #include "kernels/cpu/cpu_backend.h"
 #include "kernels/gpu/gpu_backend.h"
 #include "kernels/gpu/gpu_compat.h"
+#include "kernels/gpu/params.h"
 #include "tests/gpu/gpu_test_reference.h"
 
 #define SKIP_WITHOUT_GPU()                                               \
@@ -118,6 +120,29 @@ inline Scenario MakeScenario(std::mt19937& rng, const PageLayout& layout,
   EXPECT_TRUE(sc.p.cpu->WriteEntries(layout, sc.p.cpu_pool, sc.rows, sc.cpu_ctx.get(), nk.input).ok());
   EXPECT_TRUE(sc.p.gpu->WriteEntries(layout, sc.p.gpu_pool, sc.rows, sc.gpu_ctx.get(), nk.input).ok());
   return sc;
+}
+
+inline std::string PathSuffix(int max_path) {
+  return max_path == 0                      ? "_portable"
+         : max_path == 1                    ? "_mma"
+         : max_path == gpu::kPathMfmaGfx942 ? "_mfma942"
+         : max_path == gpu::kPathMfmaGfx950 ? "_mfma950"
+                                            : "";
+}
+
+// A run at max_path kPathMfmaGfx942 / kPathMfmaGfx950 must have taken the
+// MFMA kernel wherever it takes the call (FP8 on both, MXFP4 on gfx950): the
+// instruction model on CUDA, the matrix cores on HIP.
+inline void ExpectMfmaPath(int max_path, KvFormat format, const std::string& path) {
+  if (max_path == gpu::kPathMfmaGfx942 || max_path == gpu::kPathMfmaGfx950) {
+    const bool takes = format == KvFormat::kFp8 || max_path == gpu::kPathMfmaGfx950;
+    const std::string arch = max_path == gpu::kPathMfmaGfx942 ? "gfx942" : "gfx950";
+    if (takes) {
+      EXPECT_TRUE(path == "mfma_model_" + arch || path == "mfma_" + arch) << path;
+    } else {
+      EXPECT_EQ(path, "portable");
+    }
+  }
 }
 
 }  // namespace gpu_test

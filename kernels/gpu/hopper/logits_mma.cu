@@ -265,6 +265,13 @@ absl::Status LaunchDenseLogits(const LogitsParams& p, int cc_major,
                                const char** which, int max_path) {
   const char* unused;
   if (which == nullptr) which = &unused;
+  if (const int arch = MfmaLogitsArch(p, cc_major, cc_minor, max_path); arch != 0) {
+    *which = MfmaPathName(arch);
+    return LaunchDenseLogitsMfma(p, arch, stream);
+  }
+  // An MFMA selection that its kernel does not take runs what that device
+  // would: the portable kernel.
+  if (max_path > 2) max_path = 0;
   if (max_path >= 2 && WgmmaMxfp4Enabled() && WgmmaMxfp4Supported(p, cc_major, cc_minor)) {
     *which = "wgmma_mxfp4";
     return LaunchDenseLogitsWgmmaMxfp4(p, stream);

@@ -13,7 +13,7 @@ command -v ccache >/dev/null && launcher=(-DCMAKE_CXX_COMPILER_LAUNCHER=ccache -
 cmake -S . -B build-gpu -G Ninja -DGPU=CUDA -DCUDA_ARCH=90a -DCMAKE_BUILD_TYPE=RelWithDebInfo "${launcher[@]}" >/dev/null
 cmake --build build-gpu -j"$(nproc)"
 rm -rf dev && mkdir -p dev/bin dev/lib
-for b in tests/gpu/gpu_backend_test tests/gpu/gpu_device_tensors_test tests/gpu/device_regions_test \
+for b in tests/gpu/gpu_backend_test tests/gpu/gpu_device_tensors_test tests/gpu/device_regions_test tests/gpu/mfma_model_test \
          tests/gpu/ipc_export_helper tests/integration/server_test tests/integration/serving_test \
          tests/integration/regions_test client/indexer-cli server/indexerd \
          tests/bench/indexer_gpu_bench tests/bench/grpc_echo_bench; do

@@ -92,15 +92,27 @@ absl::StatusOr<Backend::OpenedDeviceRegion> GpuBackend::OpenDeviceRegion(
         "device.ipc_handle: the handle does not open on ", kRuntimeName, ":", ordinal_, " (",
         ErrorString(e), "); expected the bytes of a live IPC memory handle"));
   }
-  // The runtime API reports no size for an opened handle, so offset + bytes
-  // beyond the exported allocation is not caught here (the driver's
-  // cuMemGetAddressRange could; not wired yet): the caller must name a span
-  // inside its allocation.
+  // The declared span must lie inside the exported allocation: reads or
+  // writes past it would reach other memory of the exporting process.
+  void* alloc = nullptr;
+  size_t alloc_bytes = 0;
+  const Error r = MemAddressRange(&alloc, &alloc_bytes, base);
+  if (r == kSuccess) {
+    const uint64_t avail =
+        alloc_bytes - static_cast<uint64_t>(static_cast<uint8_t*>(base) - static_cast<uint8_t*>(alloc));
+    if (offset > avail || bytes > avail - offset) {
+      (void)IpcCloseMemHandle(base);
+      return absl::InvalidArgumentError(absl::StrCat(
+          "device.bytes: offset ", offset, " + bytes ", bytes, " = ", offset + bytes,
+          "; expected at most the exported allocation's ", avail, " bytes"));
+    }
+  } else {
+    (void)GetLastError();  // not checkable on this driver: the caller's word
+  }
   OpenedDeviceRegion out;
   out.base = base;
   out.data = static_cast<uint8_t*>(base) + offset;
   out.device = absl::StrCat(kRuntimeName, ":", device, " ", where);
-  (void)bytes;
   return out;
 }
 

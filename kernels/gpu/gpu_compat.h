@@ -121,6 +121,13 @@ inline Error IpcOpenMemHandle(void** p, const IpcMemHandle& h) {
   return hipIpcOpenMemHandle(p, h, hipIpcMemLazyEnablePeerAccess);
 }
 inline Error IpcCloseMemHandle(void* p) { return hipIpcCloseMemHandle(p); }
+// The allocation holding device pointer `p`: its base and byte size.
+inline Error MemAddressRange(void** base, size_t* bytes, void* p) {
+  hipDeviceptr_t b = nullptr;
+  const Error e = hipMemGetAddressRange(&b, bytes, static_cast<hipDeviceptr_t>(p));
+  if (e == hipSuccess) *base = b;
+  return e;
+}
 // The device's 16 UUID bytes.
 inline Error DeviceUuid(unsigned char (&out)[16], int d) {
   hipUUID u;
@@ -218,6 +225,29 @@ inline Error IpcOpenMemHandle(void** p, const IpcMemHandle& h) {
   return cudaIpcOpenMemHandle(p, h, cudaIpcMemLazyEnablePeerAccess);
 }
 inline Error IpcCloseMemHandle(void* p) { return cudaIpcCloseMemHandle(p); }
+// The allocation holding device pointer `p`: its base and byte size. The
+// runtime API has no such call; the driver's cuMemGetAddressRange is
+// fetched through the runtime (no link against libcuda, which machines
+// without a driver lack). cudaErrorNotSupported when the driver lacks it.
+inline Error MemAddressRange(void** base, size_t* bytes, void* p) {
+  using Fn = int (*)(unsigned long long*, size_t*, unsigned long long);
+  static const Fn fn = [] {
+    void* f = nullptr;
+    cudaDriverEntryPointQueryResult q{};
+    if (cudaGetDriverEntryPointByVersion("cuMemGetAddressRange", &f, 12000, cudaEnableDefault, &q) !=
+            cudaSuccess ||
+        q != cudaDriverEntryPointSuccess) {
+      (void)cudaGetLastError();
+      return static_cast<Fn>(nullptr);
+    }
+    return reinterpret_cast<Fn>(f);
+  }();
+  if (fn == nullptr) return cudaErrorNotSupported;
+  unsigned long long b = 0;
+  if (fn(&b, bytes, reinterpret_cast<unsigned long long>(p)) != 0) return cudaErrorInvalidValue;
+  *base = reinterpret_cast<void*>(b);
+  return cudaSuccess;
+}
 // The device's 16 UUID bytes.
 inline Error DeviceUuid(unsigned char (&out)[16], int d) {
   cudaDeviceProp p;

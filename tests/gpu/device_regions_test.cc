@@ -95,6 +95,12 @@ TEST(DeviceRegionsTest, OpensAHandleOfAnotherProcess) {
   for (size_t i = 0; i < handle.size(); ++i) {
     handle[i] = static_cast<char>(std::stoi(hex.substr(2 * i, 2), nullptr, 16));
   }
+  // A span past the exported allocation (64 KiB, whatever the driver's
+  // rounding: 1 GiB is past it) is refused and leaves nothing open.
+  auto past = (*b)->OpenDeviceRegion(handle, uuid, "", 4096, uint64_t{1} << 30);
+  ASSERT_FALSE(past.ok());
+  EXPECT_EQ(past.status().code(), absl::StatusCode::kInvalidArgument) << past.status();
+  EXPECT_NE(past.status().message().find("device.bytes"), std::string::npos) << past.status();
   auto opened = (*b)->OpenDeviceRegion(handle, uuid, "", 4096, 1024);
   ASSERT_TRUE(opened.ok()) << opened.status();
   EXPECT_EQ(opened->data, static_cast<uint8_t*>(opened->base) + 4096);

@@ -14,6 +14,13 @@
 #             for FUZZ_SECONDS (default 60) from tests/fuzz/corpus
 #   soak      tests/soak/soak.sh for SOAK_SECONDS (default 60) against
 #             build/'s indexerd on the cpu backend
+#   k8s       deploy/k8s/check.py --self-test: yamllint, each overlay rendered,
+#             every object against the Kubernetes API models, the deployment's
+#             invariants, and proof that each check can fail (seconds)
+#   image     deploy/docker/build_cpu_image.sh: a Debian 12 base made by
+#             debootstrap, the CPU image built from it (podman), run read-only
+#             and its health check answered (needs root; not in the default
+#             run: README, "Tests and CI", has its time)
 #
 # Usage: deploy/test.sh [--stage NAME]... [--skip NAME]...
 # Each stage prints its wall time; a summary follows. The first failing
@@ -23,14 +30,16 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 root=$PWD
 
-all_stages=(deps test sanitize tsan fuzz soak)
+all_stages=(deps test sanitize tsan fuzz soak k8s image)
+# Stages run only when named with --stage.
+opt_in_stages=(image)
 only=()
 skip=()
 while (($#)); do
   case "$1" in
     --stage) only+=("$2"); shift 2 ;;
     --skip) skip+=("$2"); shift 2 ;;
-    -h|--help) sed -n '2,24p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,28p' "$0"; exit 0 ;;
     *) echo "test.sh: unknown argument '$1' (expected --stage NAME or --skip NAME)" >&2; exit 2 ;;
   esac
 done
@@ -91,6 +100,16 @@ stage_soak() {
   tests/soak/soak.sh build "${SOAK_SECONDS:-60}"
 }
 
+stage_k8s() {
+  deploy/deps.sh --k8s
+  /usr/bin/python3 deploy/k8s/check.py --self-test
+}
+
+stage_image() {
+  deploy/deps.sh --image
+  deploy/docker/build_cpu_image.sh
+}
+
 names=()
 times=()
 results=()
@@ -108,6 +127,7 @@ trap summary EXIT
 
 for s in "${all_stages[@]}"; do
   if ((${#only[@]})) && [[ " ${only[*]} " != *" $s "* ]]; then continue; fi
+  if ((!${#only[@]})) && [[ " ${opt_in_stages[*]} " == *" $s "* ]]; then continue; fi
   if [[ " ${skip[*]} " == *" $s "* ]]; then continue; fi
   echo "== stage $s"
   t0=$SECONDS

@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Builds the CPU image from a Debian 12 base made on this machine, runs it the
 # way a cluster would (read-only root, non-root user, /tmp a tmpfs) and checks
-# that its health check answers SERVING. No registry is needed: the base is
+# that its health check answers SERVING, that a demo run through every layer
+# agrees with the client's reference and that SIGTERM ends it with status 0.
+# No registry is needed: the base is
 # debootstrap'ed from the apt mirror this machine is configured with and
 # imported into the container engine.
 #
@@ -33,7 +35,7 @@ while (($#)); do
     --rebuild-base) rebuild_base=1; shift ;;
     --no-smoke) smoke=0; shift ;;
     --base-only) base_only=1; shift ;;
-    -h|--help) sed -n '2,21p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,22p' "$0"; exit 0 ;;
     *) echo "build_cpu_image.sh: unknown argument '$1'" >&2; exit 2 ;;
   esac
 done
@@ -46,9 +48,9 @@ command -v "$engine" >/dev/null ||
   { echo "build_cpu_image.sh: run as root (debootstrap and the rootful engine need it)" >&2; exit 1; }
 base_tag=${BASE_TAG:-localhost/debian-local:bookworm}
 
-# Podman in a container (this CI machine) often cannot mount overlayfs over
-# overlayfs; vfs always works (slower, more disk). An explicit
-# STORAGE_DRIVER wins.
+# Podman inside a container may not be able to mount overlayfs (it works on
+# the development machine); vfs always works (slower, more disk). An
+# explicit STORAGE_DRIVER wins.
 engine_args=()
 if [[ $engine == podman ]]; then
   driver=${STORAGE_DRIVER:-}

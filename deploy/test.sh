@@ -20,7 +20,7 @@
 #   image     deploy/docker/build_cpu_image.sh: a Debian 12 base made by
 #             debootstrap, the CPU image built from it (podman), run read-only,
 #             its health check answered, a checked demo run, SIGTERM exit 0
-#             (needs root)
+#             (as root: sudo when not)
 #
 # Usage: deploy/test.sh [--stage NAME]... [--skip NAME]...
 # Each stage prints its wall time; a summary follows. The first failing
@@ -103,9 +103,12 @@ stage_k8s() {
   /usr/bin/python3 deploy/k8s/check.py --self-test
 }
 
+# Root for debootstrap and rootful podman: sudo when not root, as deps does.
 stage_image() {
   deploy/deps.sh --image
-  deploy/docker/build_cpu_image.sh
+  local sudo=()
+  [[ $(id -u) -ne 0 ]] && sudo=(sudo)
+  "${sudo[@]}" deploy/docker/build_cpu_image.sh
 }
 
 names=()

@@ -20,7 +20,8 @@
    outlasts preStop + drain delay + drain, the pod runs as the image's
    non-root user on a read-only root, the metrics annotations match the
    metrics port, each overlay asks for its vendor's GPU and --device=gpu:0,
-   and the ConfigMap's profile is a shipped one, byte for byte.
+   and the ConfigMap's profile is a shipped one, byte for byte; the three
+   Dockerfiles agree with the manifests (user, port, health check, layout).
 
 --self-test breaks the rendered objects in the ways listed in MUTATIONS and
 fails unless every one is reported: the checks can fail.
@@ -415,11 +416,20 @@ def main():
                           capture_output=True, text=True)
     if lint.returncode:
         problems.append("yamllint:\n" + lint.stdout + lint.stderr)
+    # The images the overlays name: the user the manifests run as, the
+    # port they probe, the health check, the install layout.
     for dockerfile in ("Dockerfile.cpu", "Dockerfile.cuda", "Dockerfile.rocm"):
         text = open(os.path.join(ROOT, "deploy", "docker", dockerfile)).read()
-        if f"USER {IMAGE_UID}:{IMAGE_UID}" not in text:
-            problems.append(f"deploy/docker/{dockerfile}: expected USER {IMAGE_UID}:{IMAGE_UID} "
-                            "(the manifests' runAsUser)")
+        for want, why in ((f"USER {IMAGE_UID}:{IMAGE_UID}", "the manifests' runAsUser"),
+                          ("EXPOSE 50061", "the manifests' grpc port"),
+                          ("INDEXERD_CONFIG_DIR=/opt/indexerd/share/indexerd/configs",
+                           "collect_runtime.sh's layout"),
+                          ("INDEXERD_HEALTH_ADDR=127.0.0.1:50061", "the default --listen port")):
+            if want not in text:
+                problems.append(f"deploy/docker/{dockerfile}: expected {want} ({why})")
+        if not re.search(r"^HEALTHCHECK .*\\\n\s*CMD indexer-cli .* health", text, re.M):
+            problems.append(f"deploy/docker/{dockerfile}: expected a HEALTHCHECK running "
+                            "indexer-cli ... health")
 
     for name in OVERLAYS:
         d = os.path.join(HERE, "overlays", name)

@@ -51,9 +51,17 @@ daemon_start() {  # daemon_start LOGNAME ARGS... -> $DPID, $DADDR
   DLOG=/tmp/$name-indexerd.log
   indexerd "$@" --listen 127.0.0.1:0 --port-file "/tmp/$name.port" > "$DLOG" 2>&1 &
   DPID=$!
-  for _ in $(seq 240); do [[ -s /tmp/$name.port ]] && break; sleep 0.25; done
+  for _ in $(seq 240); do
+    [[ -s /tmp/$name.port ]] && break
+    kill -0 "$DPID" 2>/dev/null || { echo "daemon $name: exited at start"; tail -5 "$DLOG"; break; }
+    sleep 0.25
+  done
   DADDR=127.0.0.1:$(cat "/tmp/$name.port" 2>/dev/null)
-  indexer-cli --addr "$DADDR" health --timeout 120 || echo "daemon $name: not SERVING"
+  if [[ -s /tmp/$name.port ]]; then
+    indexer-cli --addr "$DADDR" health --timeout 120 || echo "daemon $name: not SERVING"
+  else
+    echo "daemon $name: not SERVING (no port)"
+  fi
 }
 daemon_stop() {
   kill -TERM "$DPID" 2>/dev/null; wait "$DPID" 2>/dev/null

@@ -4,6 +4,7 @@
 //            client-side reference (exit 1 unless every checked row agrees)
 //   bench    per-layer latency of decode steps
 //   release  drop sequences by id
+//   health   grpc.health.v1 check (exit 0 only when SERVING): probes, HEALTHCHECK
 #include <algorithm>
 #include <cinttypes>
 #include <cmath>
@@ -324,6 +325,17 @@ int main(int argc, char** argv) {
   release->add_option("--name", release_names,
                       "string sequence id (repeatable)");
 
+  HealthFlags health;
+  CLI::App* health_cmd = app.add_subcommand(
+      "health",
+      "grpc.health.v1 Check: prints the serving status; exit 0 only when SERVING "
+      "(a container HEALTHCHECK or probe command)");
+  health_cmd->add_option("--service", health.service,
+                         "health service name (\"\" = the daemon)");
+  health_cmd->add_option("--timeout", health.timeout_s,
+                         "seconds for connecting and the answer together")
+      ->capture_default_str()->check(CLI::Range(0.001, 3600.0));
+
   CLI11_PARSE(app, argc, argv);
 
   absl::Status status;
@@ -337,6 +349,10 @@ int main(int argc, char** argv) {
     status = RunBench(global, bench);
   } else if (release->parsed()) {
     status = RunRelease(global, release_nums, release_names);
+  } else if (health_cmd->parsed()) {
+    absl::StatusOr<bool> serving = RunHealth(global, health);
+    if (serving.ok()) return *serving ? 0 : 1;
+    status = serving.status();
   }
   if (!status.ok()) {
     std::fprintf(stderr, "error: %s\n", status.ToString().c_str());

@@ -57,6 +57,11 @@ struct BenchFlags {
   std::string transport = "inline";  // inline, host or device
 };
 
+struct HealthFlags {
+  std::string service;   // grpc.health.v1 service name; "" = the whole daemon
+  double timeout_s = 3;  // connecting and the answer together
+};
+
 absl::StatusOr<std::unique_ptr<IndexerClient>> ConnectFromFlags(
     const GlobalFlags& flags);
 
@@ -67,6 +72,8 @@ absl::Status RunRelease(const GlobalFlags& flags,
 // OK with true on full agreement, false otherwise (the report is printed).
 absl::StatusOr<bool> RunDemo(const GlobalFlags& flags, const DemoFlags& demo);
 absl::Status RunBench(const GlobalFlags& flags, const BenchFlags& bench);
+// OK with true when the daemon answers SERVING (printed: the status name).
+absl::StatusOr<bool> RunHealth(const GlobalFlags& flags, const HealthFlags& health);
 
 // Sequences a run created; whatever is still held is released when the set
 // is destroyed (best effort, errors printed), also on error paths.

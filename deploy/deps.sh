@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # Installs the Debian/Ubuntu packages indexerd builds with, skipping those
-# already present. Usage: deploy/deps.sh [--test]   (--test adds the gfx942
+# already present. Usage: deploy/deps.sh [--test|--k8s|--image]
+# (--k8s: the manifest checker's yamllint and python3-kubernetes; --image:
+# debootstrap and podman for deploy/docker/build_cpu_image.sh; --test adds the gfx942
 # compile-check toolchain used by the test suite, and clang-19's runtime
 # libraries: libFuzzer and the sanitizers for the fuzz stage). The python3-*
 # packages are the runtime of the Python client (client/python; its stubs
@@ -14,9 +16,14 @@ pkgs=(build-essential cmake ninja-build pkg-config
       libabsl-dev libspdlog-dev libtbb-dev libcli11-dev libgtest-dev libgmock-dev
       python3-grpcio python3-protobuf python3-numpy
       openssl)  # openssl: tls_test generates its certificates at test time
-if [[ "${1:-}" == "--test" ]]; then
-  pkgs+=(clang-19 lld-19 libamdhip64-dev libclang-rt-19-dev)
-fi
+case "${1:-}" in
+  --test) pkgs+=(clang-19 lld-19 libamdhip64-dev libclang-rt-19-dev) ;;
+  # Only what the stage needs (its own list, not the build's).
+  --k8s) pkgs=(yamllint python3-yaml python3-kubernetes) ;;
+  --image) pkgs=(debootstrap podman runc uidmap) ;;
+  "") ;;
+  *) echo "deps.sh: unknown argument '$1' (expected --test, --k8s or --image)" >&2; exit 2 ;;
+esac
 
 missing=()
 for p in "${pkgs[@]}"; do

@@ -14,6 +14,13 @@
 #             for FUZZ_SECONDS (default 60) from tests/fuzz/corpus
 #   soak      tests/soak/soak.sh for SOAK_SECONDS (default 60) against
 #             build/'s indexerd on the cpu backend
+#   k8s       deploy/k8s/check.py --self-test: yamllint, each overlay rendered,
+#             every object against the Kubernetes API models, the deployment's
+#             invariants, and proof that each check can fail (seconds)
+#   image     deploy/docker/build_cpu_image.sh: a Debian 12 base made by
+#             debootstrap, the CPU image built from it (podman), run read-only,
+#             its health check answered, a checked demo run, SIGTERM exit 0
+#             (as root: sudo when not)
 #
 # Usage: deploy/test.sh [--stage NAME]... [--skip NAME]...
 # Each stage prints its wall time; a summary follows. The first failing
@@ -23,14 +30,14 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 root=$PWD
 
-all_stages=(deps test sanitize tsan fuzz soak)
+all_stages=(deps test sanitize tsan fuzz soak k8s image)
 only=()
 skip=()
 while (($#)); do
   case "$1" in
     --stage) only+=("$2"); shift 2 ;;
     --skip) skip+=("$2"); shift 2 ;;
-    -h|--help) sed -n '2,24p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,28p' "$0"; exit 0 ;;
     *) echo "test.sh: unknown argument '$1' (expected --stage NAME or --skip NAME)" >&2; exit 2 ;;
   esac
 done
@@ -89,6 +96,19 @@ stage_soak() {
   # The test stage's build; built here too when that stage was skipped.
   [[ -x build/server/indexerd && -x build/tests/soak/soak_driver ]] || deploy/build.sh
   tests/soak/soak.sh build "${SOAK_SECONDS:-60}"
+}
+
+stage_k8s() {
+  deploy/deps.sh --k8s
+  /usr/bin/python3 deploy/k8s/check.py --self-test
+}
+
+# Root for debootstrap and rootful podman: sudo when not root, as deps does.
+stage_image() {
+  deploy/deps.sh --image
+  local sudo=()
+  [[ $(id -u) -ne 0 ]] && sudo=(sudo)
+  "${sudo[@]}" deploy/docker/build_cpu_image.sh
 }
 
 names=()

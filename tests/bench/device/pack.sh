@@ -4,7 +4,8 @@
 # stripped binaries, the shared libraries they load that a bare device image
 # lacks (gRPC, protobuf, Abseil, TBB, spdlog, ...: found with ldd), the
 # Python package with its generated stubs, and SOURCE.txt naming the commit.
-# Then carry `dev` in the device call and run tests/bench/device/run.sh.
+# Then carry `dev` in the device call and run tests/bench/device/run.sh
+# (README.md here: the stages).
 set -euo pipefail
 cd "$(dirname "$0")/../../.."
 export PATH=/usr/local/cuda/bin:$PATH
@@ -13,11 +14,16 @@ command -v ccache >/dev/null && launcher=(-DCMAKE_CXX_COMPILER_LAUNCHER=ccache -
 cmake -S . -B build-gpu -G Ninja -DGPU=CUDA -DCUDA_ARCH=90a -DCMAKE_BUILD_TYPE=RelWithDebInfo "${launcher[@]}" >/dev/null
 cmake --build build-gpu -j"$(nproc)"
 rm -rf dev && mkdir -p dev/bin dev/lib
-for b in tests/gpu/gpu_backend_test tests/gpu/gpu_device_tensors_test tests/gpu/device_regions_test tests/gpu/mfma_model_test \
-         tests/gpu/ipc_export_helper tests/integration/server_test tests/integration/serving_test \
+# Every GPU test the build made (run.sh's suite and sanitize run them all),
+# their helper, the gRPC suites, the daemon, the CLI and the benches.
+gpu_tests=$(find build-gpu/tests/gpu -maxdepth 1 -type f -executable -name '*_test' -printf '%f\n' | sort)
+[[ -n $gpu_tests ]] || { echo "pack: no GPU tests in build-gpu/tests/gpu (was CUDA found?)"; exit 1; }
+printf '%s\n' $gpu_tests > dev/gpu-tests.txt
+for b in $(printf 'tests/gpu/%s ' $gpu_tests) tests/gpu/ipc_export_helper \
+         tests/integration/server_test tests/integration/serving_test \
          tests/integration/regions_test client/indexer-cli server/indexerd \
          tests/bench/indexer_gpu_bench tests/bench/grpc_echo_bench; do
-  [[ -f build-gpu/$b ]] || { echo "pack: no $b (skipped)"; continue; }
+  [[ -f build-gpu/$b ]] || { echo "pack: no $b"; exit 1; }
   cp "build-gpu/$b" dev/bin/ && strip "dev/bin/$(basename "$b")"
 done
 # Libraries of the build machine's distribution; the C/C++ runtime of the

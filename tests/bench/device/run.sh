@@ -170,7 +170,7 @@ stage_service() { part_transports; part_committed; part_layers61; }
 bench_line() {  # bench_line LABEL ARGS...: one bench run, its summary lines
   local label=$1; shift
   echo "== $label"
-  timeout "$TO" indexer-cli --addr "$DADDR" "$@" --warmup 5 --steps "${LSTEPS:-150}" 2>&1 | tr '\r' '\n' |
+  timeout 150 indexer-cli --addr "$DADDR" "$@" --warmup 5 --steps "${LSTEPS:-150}" 2>&1 | tr '\r' '\n' |
     grep -E "server p50|backend host|step start|adds to its kernels|all timed"
 }
 stage_latency() {

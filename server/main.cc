@@ -3,11 +3,13 @@
 //   indexerd --profile demo [--device auto|cpu|gpu:N] [--listen ADDR]
 //            [--cache-mb N] [--threads N] [--config FILE] [--port-file FILE]
 //            [--tls-cert PEM --tls-key PEM [--tls-ca PEM]] [--authz-policy JSON]
+//   indexerd --check-config [PROFILE|FILE]   validate, print the geometry, exit
 //
 // Listens on 127.0.0.1:50061 unless --listen or the config says otherwise.
 #include <cerrno>
 #include <csignal>
 #include <cstring>
+#include <cstdio>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -16,15 +18,13 @@
 #include "CLI/CLI.hpp"
 #include "kernels/backend.h"
 #include "server/core/config_check.h"
+#include "server/core/config_report.h"
 #include "server/core/engine.h"
 #include "server/core/model.h"
+#include "server/install_paths.h"
 #include "server/rpc/server.h"
 #include "spdlog/spdlog.h"
 #include "proto/transport_tuning.h"
-
-#ifndef INDEXER_CONFIG_DIR
-#define INDEXER_CONFIG_DIR "deploy/configs"
-#endif
 
 namespace {
 
@@ -56,7 +56,8 @@ int Run(int argc, char** argv) {
   CLI::App app{"indexerd: sparse-attention indexer daemon (gRPC, indexer.v1)"};
   std::string config, profile = "demo", listen, device, log_level = "info", port_file;
   const char* env_dir = std::getenv("INDEXERD_CONFIG_DIR");
-  std::string config_dir = env_dir ? env_dir : INDEXER_CONFIG_DIR;
+  std::string config_dir = env_dir ? env_dir : indexer::DefaultConfigDir();
+  std::string check_config;
   uint64_t cache_mb = 0;
   int threads = -1;
   int grace_ms = 10000;
@@ -67,6 +68,10 @@ int Run(int argc, char** argv) {
   app.add_option("--config", config, "Config file (text-format ServerConfig); overrides --profile");
   app.add_option("--config-dir", config_dir, "Where profiles live (env INDEXERD_CONFIG_DIR)")
       ->capture_default_str();
+  app.add_option("--check-config", check_config,
+                 "Validate a profile (a name in --config-dir, or a file), print its resolved "
+                 "geometry and exit (0 = valid); without a value, the --profile/--config one")
+      ->expected(0, 1);
   app.add_option("--listen", listen,
                  "host:port to listen on (port 0 = any); default from config, else "
                  "127.0.0.1:50061");
@@ -102,6 +107,18 @@ int Run(int argc, char** argv) {
   sigaddset(&sigs, SIGTERM);
   pthread_sigmask(SIG_BLOCK, &sigs, nullptr);
 
+  const bool check_only = app.count("--check-config") > 0;
+  if (check_only && !check_config.empty()) {
+    // A path names a file; a bare word a profile.
+    const bool is_file = check_config.find('/') != std::string::npos ||
+                         check_config.ends_with(".textproto");
+    if (is_file) {
+      config = check_config;
+    } else {
+      config.clear();
+      profile = check_config;
+    }
+  }
   const std::string path = ResolveConfig(config, profile, config_dir);
   auto cfg = indexer::LoadConfigFile(path);
   if (!cfg.ok()) {
@@ -122,6 +139,11 @@ int Run(int argc, char** argv) {
   if (!model.ok()) {
     spdlog::error("config {}: {}", path, model.status().ToString());
     return 2;
+  }
+  if (check_only) {
+    // No backend, no listener: what the profile resolves to, for sizing.
+    std::printf("config %s: valid\n%s", path.c_str(), indexer::DescribeGeometry(*model).c_str());
+    return 0;
   }
   auto backend = indexer::MakeBackend(model->config.device(),
                                       static_cast<int>(model->config.threads()));

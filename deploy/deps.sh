@@ -13,6 +13,7 @@ pkgs=(build-essential cmake ninja-build pkg-config
       libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
       libabsl-dev libspdlog-dev libtbb-dev libcli11-dev libgtest-dev libgmock-dev
       python3-grpcio python3-protobuf python3-numpy
+      libcpp-httplib-dev  # the metrics endpoint (indexerd --metrics-listen)
       openssl)  # openssl: tls_test generates its certificates at test time
 if [[ "${1:-}" == "--test" ]]; then
   pkgs+=(clang-19 lld-19 libamdhip64-dev libclang-rt-19-dev)

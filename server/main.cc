@@ -21,6 +21,7 @@
 #include "server/core/config_report.h"
 #include "server/core/engine.h"
 #include "server/core/model.h"
+#include "server/http/metrics_http.h"
 #include "server/install_paths.h"
 #include "server/rpc/server.h"
 #include "spdlog/spdlog.h"
@@ -57,7 +58,7 @@ int Run(int argc, char** argv) {
   std::string config, profile = "demo", listen, device, log_level = "info", port_file;
   const char* env_dir = std::getenv("INDEXERD_CONFIG_DIR");
   std::string config_dir = env_dir ? env_dir : indexer::DefaultConfigDir();
-  std::string check_config;
+  std::string check_config, metrics_listen;
   uint64_t cache_mb = 0;
   int threads = -1;
   int grace_ms = 10000;
@@ -75,6 +76,8 @@ int Run(int argc, char** argv) {
   app.add_option("--listen", listen,
                  "host:port to listen on (port 0 = any); default from config, else "
                  "127.0.0.1:50061");
+  app.add_option("--metrics-listen", metrics_listen,
+                 "host:port for Prometheus metrics over HTTP (GET /metrics); default off");
   app.add_option("--device", device, "auto, cpu, gpu or gpu:N; default from config (auto)");
   app.add_option("--cache-mb", cache_mb, "K cache size over all layers, MiB; default from config");
   app.add_option("--threads", threads, "cpu backend threads (0 = all cores)");
@@ -195,6 +198,17 @@ int Run(int argc, char** argv) {
   const int port = (*server)->port();
   spdlog::info("indexerd serving profile '{}' on {} (port {}) with device {}", profile_name,
                listen_addr, port, device_desc);
+  std::unique_ptr<indexer::MetricsHttp> metrics;  // stops before the server goes
+  if (!metrics_listen.empty()) {
+    auto m = indexer::MetricsHttp::Start(metrics_listen, &(*server)->engine());
+    if (!m.ok()) {
+      spdlog::error("{}", m.status().ToString());
+      (*server)->Shutdown(0);
+      return 2;
+    }
+    metrics = *std::move(m);
+    spdlog::info("metrics on http://{}/metrics (port {})", metrics_listen, metrics->port());
+  }
   if (!port_file.empty()) {
     // Whoever waits on the port file would wait forever: stop instead.
     std::ofstream out(port_file);

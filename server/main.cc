@@ -23,6 +23,7 @@
 #include "server/core/model.h"
 #include "server/http/metrics_http.h"
 #include "server/install_paths.h"
+#include "server/rpc/log_format.h"
 #include "server/rpc/server.h"
 #include "spdlog/spdlog.h"
 #include "proto/transport_tuning.h"
@@ -58,7 +59,7 @@ int Run(int argc, char** argv) {
   std::string config, profile = "demo", listen, device, log_level = "info", port_file;
   const char* env_dir = std::getenv("INDEXERD_CONFIG_DIR");
   std::string config_dir = env_dir ? env_dir : indexer::DefaultConfigDir();
-  std::string check_config, metrics_listen;
+  std::string check_config, metrics_listen, log_format = "text";
   uint64_t cache_mb = 0;
   int threads = -1;
   int grace_ms = 10000;
@@ -99,9 +100,16 @@ int Run(int argc, char** argv) {
                  "Metadata key naming the client on plaintext (default x-indexer-client)");
   app.add_option("--log-level", log_level, "trace, debug, info, warn, error")
       ->capture_default_str();
+  app.add_option("--log-format", log_format,
+                 "text, or json: one JSON object per line (time, level, msg, and per call "
+                 "method, request_id, traceparent, client, code, ms)")
+      ->capture_default_str();
   CLI11_PARSE(app, argc, argv);
   spdlog::set_level(spdlog::level::from_str(log_level));
-  spdlog::set_pattern("%Y-%m-%dT%H:%M:%S.%e %^%l%$ %v");
+  if (absl::Status f = indexer::SetLogFormat(log_format); !f.ok()) {
+    std::fprintf(stderr, "%s\n", std::string(f.message()).c_str());
+    return 2;
+  }
 
   // Signals are taken by sigwait below, so block them in every thread.
   sigset_t sigs;

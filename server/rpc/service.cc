@@ -21,6 +21,7 @@
 #include "server/rpc/log_safe.h"
 #include "server/rpc/quota.h"
 #include "server/rpc/reply_wire.h"
+#include "server/rpc/request_log.h"
 #include "spdlog/spdlog.h"
 
 #ifndef INDEXER_VERSION
@@ -195,7 +196,9 @@ class StepReactor final
         ctx_(ctx),
         buffers_(state->buffers),
         client_(state->Client(*ctx)),
-        owner_(state->Owner(*ctx)) {
+        owner_(state->Owner(*ctx)),
+        tag_(TagOf(*ctx)),
+        started_(Clock::now()) {
     state_->idle_watch.Add(this);
     ReadNext();
   }
@@ -250,7 +253,10 @@ class StepReactor final
   void OnDone() override {
     state_->idle_watch.Remove(this);
     // A cancelled stream ends here without End().
-    if (step_ && !committed_) state_->metrics.StepEnded(StepOutcome::kAborted);
+    if (step_ && !committed_) {
+      state_->metrics.StepEnded(StepOutcome::kAborted);
+      LogEnd(grpc::Status(grpc::StatusCode::CANCELLED, ""));
+    }
     step_.reset();
     pins_.clear();
     delete this;
@@ -339,10 +345,18 @@ class StepReactor final
   // REQUIRES: this thread set finished_ (so nothing else touches the step).
   void Close(const grpc::Status& status) {
     if (step_) state_->metrics.StepEnded(Outcome(status));
+    LogEnd(status);
     step_.reset();
     step_hold_.Reset();
     pins_.clear();  // the failed layer writes nothing after this
     Finish(status);
+  }
+
+  // The call's access line (request_log.h), the step's id as request id.
+  void LogEnd(const grpc::Status& status) const {
+    const std::string id = step_ ? LogSafe(step_->id(), 128) : std::string();
+    LogCall("/indexer.v1.Indexer/Step", tag_, id, ClientQuotas::Display(client_), status,
+            MicrosBetween(started_, Clock::now()) / 1e3);
   }
 
   // A committed step stays committed whatever happens to its reply; the
@@ -482,6 +496,8 @@ class StepReactor final
   std::shared_ptr<ReplyBuffers> buffers_;
   const std::string client_;  // namespace and quota key (ClientIdentity)
   const std::string owner_;   // owner of the regions it may reference
+  const CallTag tag_;         // x-request-id, traceparent
+  const Clock::time_point started_;
   std::vector<PinnedRegion> pins_;  // regions of the layer in flight
   ClientQuotas::Hold step_hold_;   // open step + its pages
   ClientQuotas::Hold bytes_hold_;  // the message being handled

@@ -42,6 +42,12 @@ if "$prefix/bin/indexerd" --check-config "$dir/bad.textproto" > "$dir/bad.out" 2
   echo "FAIL: a bad profile was accepted"; cat "$dir/bad.out"; exit 1
 fi
 grep -q "head_dim" "$dir/bad.out" || { echo "FAIL: the field is not named"; cat "$dir/bad.out"; exit 1; }
+# A misspelt key: the parser's error names it.
+sed 's/^cache_mb:/cache_mbb:/' "$prefix/share/indexerd/configs/demo.textproto" > "$dir/typo.textproto"
+if "$prefix/bin/indexerd" --check-config "$dir/typo.textproto" > "$dir/typo.out" 2>&1; then
+  echo "FAIL: a misspelt key was accepted"; exit 1
+fi
+grep -q 'no field named "cache_mbb"' "$dir/typo.out" || { echo "FAIL: key not named"; cat "$dir/typo.out"; exit 1; }
 if "$prefix/bin/indexerd" --check-config no-such-profile > "$dir/missing.out" 2>&1; then
   echo "FAIL: a missing profile was accepted"; exit 1
 fi

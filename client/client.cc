@@ -8,6 +8,7 @@
 #include <cstring>
 #include <utility>
 
+#include "absl/strings/cord.h"
 #include "absl/strings/escaping.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
@@ -25,8 +26,11 @@ static_assert(std::endian::native == std::endian::little,
 absl::Status FromGrpcStatus(const grpc::Status& status) {
   if (status.ok()) return absl::OkStatus();
   // grpc::StatusCode and absl::StatusCode share the canonical numbering.
-  return absl::Status(static_cast<absl::StatusCode>(status.error_code()),
-                      status.error_message());
+  absl::Status out(static_cast<absl::StatusCode>(status.error_code()), status.error_message());
+  if (!status.error_details().empty()) {
+    out.SetPayload(kStatusDetailsUrl, absl::Cord(status.error_details()));
+  }
+  return out;
 }
 
 namespace {
@@ -297,16 +301,28 @@ absl::StatusOr<std::unique_ptr<IndexerClient>> IndexerClient::Connect(
     return absl::InvalidArgumentError(absl::StrCat(
         "max_message_bytes: expected > 0, got ", options.max_message_bytes));
   }
+  // gRPC refuses bad metadata only when the call is made; say so here.
+  auto key_ok = [](const std::string& key) {
+    return !key.empty() && !absl::EndsWith(key, "-bin") &&
+           std::all_of(key.begin(), key.end(), [](char c) {
+             return (c >= 'a' && c <= 'z') || (c >= '0' && c <= '9') || c == '-' || c == '_' ||
+                    c == '.';
+           });
+  };
+  auto printable = [](const std::string& v) {
+    return std::all_of(v.begin(), v.end(), [](char c) { return c >= 0x20 && c <= 0x7e; });
+  };
+  for (size_t i = 0; i < options.metadata.size(); ++i) {
+    const auto& [key, value] = options.metadata[i];
+    if (!key_ok(key) || !printable(value)) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "metadata[", i, "]: expected a lower-case key ([a-z0-9-_.], not -bin) and a "
+          "printable ASCII value, got '", absl::CEscape(key), "': '", absl::CEscape(value), "'"));
+    }
+  }
   if (!options.client_id.empty()) {
-    // gRPC refuses such metadata only when the call is made; say so here.
     const std::string& key = options.client_id_header;
-    const bool key_ok =
-        !key.empty() && !absl::EndsWith(key, "-bin") &&
-        std::all_of(key.begin(), key.end(), [](char c) {
-          return (c >= 'a' && c <= 'z') || (c >= '0' && c <= '9') || c == '-' || c == '_' ||
-                 c == '.';
-        });
-    if (!key_ok) {
+    if (!key_ok(key)) {
       return absl::InvalidArgumentError(absl::StrCat(
           "client_id_header: expected a lower-case metadata key ([a-z0-9-_.], not -bin), got '",
           absl::CEscape(key), "'"));
@@ -351,6 +367,7 @@ void IndexerClient::Prepare(grpc::ClientContext& context,
   if (!options_.client_id.empty()) {
     context.AddMetadata(options_.client_id_header, options_.client_id);
   }
+  for (const auto& [key, value] : options_.metadata) context.AddMetadata(key, value);
 }
 
 absl::StatusOr<v1::RegisterRegionResponse> IndexerClient::RegisterHostRegion(

@@ -15,6 +15,10 @@ pkgs=(build-essential cmake ninja-build pkg-config
       libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
       libabsl-dev libspdlog-dev libtbb-dev libcli11-dev libgtest-dev libgmock-dev
       python3-grpcio python3-protobuf python3-numpy
+      libcpp-httplib-dev  # the metrics endpoint (indexerd --metrics-listen)
+      # google/rpc/{status,error_details}.proto (error details), and the
+      # grpc.reflection stubs of reflection_test: .proto files only
+      golang-github-gogo-googleapis-dev grpc-proto
       openssl)  # openssl: tls_test generates its certificates at test time
 case "${1:-}" in
   --test) pkgs+=(clang-19 lld-19 libamdhip64-dev libclang-rt-19-dev) ;;

@@ -3,11 +3,13 @@
 //   indexerd --profile demo [--device auto|cpu|gpu:N] [--listen ADDR]
 //            [--cache-mb N] [--threads N] [--config FILE] [--port-file FILE]
 //            [--tls-cert PEM --tls-key PEM [--tls-ca PEM]] [--authz-policy JSON]
+//   indexerd --check-config [PROFILE|FILE]   validate, print the geometry, exit
 //
 // Listens on 127.0.0.1:50061 unless --listen or the config says otherwise.
 #include <cerrno>
 #include <csignal>
 #include <cstring>
+#include <cstdio>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -16,15 +18,15 @@
 #include "CLI/CLI.hpp"
 #include "kernels/backend.h"
 #include "server/core/config_check.h"
+#include "server/core/config_report.h"
 #include "server/core/engine.h"
 #include "server/core/model.h"
+#include "server/http/metrics_http.h"
+#include "server/install_paths.h"
+#include "server/rpc/log_format.h"
 #include "server/rpc/server.h"
 #include "spdlog/spdlog.h"
 #include "proto/transport_tuning.h"
-
-#ifndef INDEXER_CONFIG_DIR
-#define INDEXER_CONFIG_DIR "deploy/configs"
-#endif
 
 namespace {
 
@@ -56,7 +58,8 @@ int Run(int argc, char** argv) {
   CLI::App app{"indexerd: sparse-attention indexer daemon (gRPC, indexer.v1)"};
   std::string config, profile = "demo", listen, device, log_level = "info", port_file;
   const char* env_dir = std::getenv("INDEXERD_CONFIG_DIR");
-  std::string config_dir = env_dir ? env_dir : INDEXER_CONFIG_DIR;
+  std::string config_dir = env_dir ? env_dir : indexer::DefaultConfigDir();
+  std::string check_config, metrics_listen, log_format = "text";
   uint64_t cache_mb = 0;
   int threads = -1;
   int grace_ms = 10000;
@@ -67,9 +70,15 @@ int Run(int argc, char** argv) {
   app.add_option("--config", config, "Config file (text-format ServerConfig); overrides --profile");
   app.add_option("--config-dir", config_dir, "Where profiles live (env INDEXERD_CONFIG_DIR)")
       ->capture_default_str();
+  app.add_option("--check-config", check_config,
+                 "Validate a profile (a name in --config-dir, or a file), print its resolved "
+                 "geometry and exit (0 = valid); without a value, the --profile/--config one")
+      ->expected(0, 1);
   app.add_option("--listen", listen,
                  "host:port to listen on (port 0 = any); default from config, else "
                  "127.0.0.1:50061");
+  app.add_option("--metrics-listen", metrics_listen,
+                 "host:port for Prometheus metrics over HTTP (GET /metrics); default off");
   app.add_option("--device", device, "auto, cpu, gpu or gpu:N; default from config (auto)");
   app.add_option("--cache-mb", cache_mb, "K cache size over all layers, MiB; default from config");
   app.add_option("--threads", threads, "cpu backend threads (0 = all cores)");
@@ -91,9 +100,16 @@ int Run(int argc, char** argv) {
                  "Metadata key naming the client on plaintext (default x-indexer-client)");
   app.add_option("--log-level", log_level, "trace, debug, info, warn, error")
       ->capture_default_str();
+  app.add_option("--log-format", log_format,
+                 "text, or json: one JSON object per line (time, level, msg, and per call "
+                 "method, request_id, traceparent, client, code, ms)")
+      ->capture_default_str();
   CLI11_PARSE(app, argc, argv);
   spdlog::set_level(spdlog::level::from_str(log_level));
-  spdlog::set_pattern("%Y-%m-%dT%H:%M:%S.%e %^%l%$ %v");
+  if (absl::Status f = indexer::SetLogFormat(log_format); !f.ok()) {
+    std::fprintf(stderr, "%s\n", std::string(f.message()).c_str());
+    return 2;
+  }
 
   // Signals are taken by sigwait below, so block them in every thread.
   sigset_t sigs;
@@ -102,6 +118,18 @@ int Run(int argc, char** argv) {
   sigaddset(&sigs, SIGTERM);
   pthread_sigmask(SIG_BLOCK, &sigs, nullptr);
 
+  const bool check_only = app.count("--check-config") > 0;
+  if (check_only && !check_config.empty()) {
+    // A path names a file; a bare word a profile.
+    const bool is_file = check_config.find('/') != std::string::npos ||
+                         check_config.ends_with(".textproto");
+    if (is_file) {
+      config = check_config;
+    } else {
+      config.clear();
+      profile = check_config;
+    }
+  }
   const std::string path = ResolveConfig(config, profile, config_dir);
   auto cfg = indexer::LoadConfigFile(path);
   if (!cfg.ok()) {
@@ -122,6 +150,11 @@ int Run(int argc, char** argv) {
   if (!model.ok()) {
     spdlog::error("config {}: {}", path, model.status().ToString());
     return 2;
+  }
+  if (check_only) {
+    // No backend, no listener: what the profile resolves to, for sizing.
+    std::printf("config %s: valid\n%s", path.c_str(), indexer::DescribeGeometry(*model).c_str());
+    return 0;
   }
   auto backend = indexer::MakeBackend(model->config.device(),
                                       static_cast<int>(model->config.threads()));
@@ -173,6 +206,17 @@ int Run(int argc, char** argv) {
   const int port = (*server)->port();
   spdlog::info("indexerd serving profile '{}' on {} (port {}) with device {}", profile_name,
                listen_addr, port, device_desc);
+  std::unique_ptr<indexer::MetricsHttp> metrics;  // stops before the server goes
+  if (!metrics_listen.empty()) {
+    auto m = indexer::MetricsHttp::Start(metrics_listen, &(*server)->engine());
+    if (!m.ok()) {
+      spdlog::error("{}", m.status().ToString());
+      (*server)->Shutdown(0);
+      return 2;
+    }
+    metrics = *std::move(m);
+    spdlog::info("metrics on http://{}/metrics (port {})", metrics_listen, metrics->port());
+  }
   if (!port_file.empty()) {
     // Whoever waits on the port file would wait forever: stop instead.
     std::ofstream out(port_file);

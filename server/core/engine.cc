@@ -105,6 +105,7 @@ absl::StatusOr<std::unique_ptr<Step>> Engine::BeginStep(const StepSpec& spec) {
   {
     absl::MutexLock lock(&mu_);
     if (open_steps_.load() >= static_cast<int32_t>(cfg.max_open_steps())) {
+      metrics_.Rejected(Rejection::kLimits);
       return absl::ResourceExhaustedError(absl::StrCat(
           "admission: ", open_steps_.load(), " steps open; max_open_steps = ",
           cfg.max_open_steps()));
@@ -154,6 +155,7 @@ absl::StatusOr<std::unique_ptr<Step>> Engine::BeginStep(const StepSpec& spec) {
         need += extra[g][i];
       }
       if (need > allocators_[g].free()) {
+        metrics_.Rejected(Rejection::kLimits);
         return absl::ResourceExhaustedError(absl::StrCat(
             "pages: layer group '", gs.name, "' needs ", need, " more pages, ",
             allocators_[g].free(), " of ", allocators_[g].total(), " free"));
@@ -200,7 +202,10 @@ absl::StatusOr<std::unique_ptr<Step>> Engine::BeginStep(const StepSpec& spec) {
     const GroupSpec& gs = model_.groups[g];
     auto ctx = backend_->PrepareStep(
         gs.layout, BuildStepRows(per_group[g], gs.compress_ratio, model_.logits_budget_bytes()));
-    if (!ctx.ok()) return ctx.status();  // ~Step rolls back
+    if (!ctx.ok()) {
+      metrics_.MaybeDeviceError(ctx.status());
+      return ctx.status();  // ~Step rolls back
+    }
     step->ctx_.push_back(std::move(ctx).value());
   }
   step->num_rows_ = G > 0 ? step->ctx_[0]->rows().num_rows : 0;
@@ -315,6 +320,17 @@ std::vector<GroupUsage> Engine::Usage() const {
   return out;
 }
 
+MetricsGauges Engine::Gauges() const {
+  MetricsGauges out;
+  absl::MutexLock lock(&mu_);
+  for (size_t g = 0; g < allocators_.size(); ++g) {
+    out.groups.push_back({model_.groups[g].name, allocators_[g].total(), allocators_[g].free()});
+  }
+  out.sequences = static_cast<int64_t>(seqs_.size());
+  out.open_steps = open_steps_.load();
+  return out;
+}
+
 int64_t Engine::num_sequences() const {
   absl::MutexLock lock(&mu_);
   return static_cast<int64_t>(seqs_.size());
@@ -405,8 +421,10 @@ absl::Status Step::CheckLayer(int32_t layer) const {
 absl::StatusOr<double> Step::WriteK(int32_t group, int32_t layer, const KInput& k) {
   const StepRows& rows = ctx_[group]->rows();
   if (rows.NewEntries() == 0) return 0.0;
-  return engine_->backend_->WriteEntries(engine_->model_.groups[group].layout,
-                                         engine_->pools_[layer], rows, ctx_[group].get(), k);
+  absl::StatusOr<double> us = engine_->backend_->WriteEntries(
+      engine_->model_.groups[group].layout, engine_->pools_[layer], rows, ctx_[group].get(), k);
+  if (!us.ok()) engine_->metrics_.MaybeDeviceError(us.status());
+  return us;
 }
 
 absl::Status Step::WriteLayer(int32_t layer, const TensorView& k) {
@@ -539,7 +557,10 @@ absl::StatusOr<LayerOutput> Step::RunLayer(const LayerInput& in) {
   // same positions.
   absl::StatusOr<LayerTimings> t =
       b.RunLayer(engine_->pools_[in.layer], ctx_[group].get(), work);
-  if (!t.ok()) return t.status();
+  if (!t.ok()) {
+    engine_->metrics_.MaybeDeviceError(t.status());
+    return t.status();
+  }
   out.timings = *t;
   layer_done_[in.layer] = true;
   if (role.kind == LayerRoleKind::kCandidateSource) source_done_[role.set] = true;

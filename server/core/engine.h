@@ -19,6 +19,7 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "kernels/backend.h"
+#include "server/core/metrics.h"
 #include "server/core/model.h"
 #include "server/core/page_allocator.h"
 #include "server/core/tensor.h"
@@ -155,6 +156,10 @@ class Engine {
   const Model& model() const { return model_; }
   Backend& backend() { return *backend_; }
   std::vector<GroupUsage> Usage() const;
+  // Counters and histograms the engine and its transport update.
+  Metrics& metrics() { return metrics_; }
+  // The gauges a metrics scrape reads (one lock).
+  MetricsGauges Gauges() const;
   int64_t num_sequences() const;
   int32_t open_steps() const { return open_steps_.load(); }
   // Tokens held by a sequence; NOT_FOUND if unknown.
@@ -183,6 +188,7 @@ class Engine {
   std::vector<PoolHandle> pools_;  // [layer]
   std::atomic<int32_t> open_steps_{0};
   std::atomic<uint64_t> step_counter_{0};
+  Metrics metrics_;
 
   mutable absl::Mutex mu_;
   std::vector<PageAllocator> allocators_ ABSL_GUARDED_BY(mu_);  // [group]

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "google/protobuf/io/tokenizer.h"
 #include "google/protobuf/text_format.h"
 #include "kernels/common/status_macros.h"
 #include "server/core/config_check.h"
@@ -41,9 +42,22 @@ absl::StatusOr<config::ServerConfig> LoadConfigFile(const std::string& path) {
   std::stringstream ss;
   ss << in.rdbuf();
   config::ServerConfig cfg;
-  if (!google::protobuf::TextFormat::ParseFromString(ss.str(), &cfg)) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("config: ", path, " is not a valid text-format ServerConfig"));
+  // The parser's first error names the line, column and field
+  // ('Message type "indexer.config.ServerConfig" has no field named "x"').
+  struct FirstError : google::protobuf::io::ErrorCollector {
+    std::string text;
+    void AddError(int line, google::protobuf::io::ColumnNumber column,
+                  const std::string& message) override {
+      if (text.empty()) text = absl::StrCat(line + 1, ":", column + 1, ": ", message);
+    }
+  } errors;
+  google::protobuf::TextFormat::Parser parser;
+  parser.RecordErrorsTo(&errors);
+  if (!parser.ParseFromString(ss.str(), &cfg)) {
+    return absl::InvalidArgumentError(absl::StrCat("config: ", path,
+                                                   " is not a valid text-format ServerConfig",
+                                                   errors.text.empty() ? "" : " (line ",
+                                                   errors.text, errors.text.empty() ? "" : ")"));
   }
   return cfg;
 }

@@ -12,7 +12,7 @@
 namespace indexer {
 
 // REQUIRES: `header` is a lower-case gRPC metadata key.
-inline std::string ClientIdentity(const grpc::CallbackServerContext& ctx,
+inline std::string ClientIdentity(const grpc::ServerContextBase& ctx,
                                   const std::string& header) {
   const std::shared_ptr<const grpc::AuthContext> auth = ctx.auth_context();
   if (auth && auth->IsPeerAuthenticated()) {

@@ -4,8 +4,10 @@
 
 #include "absl/strings/str_cat.h"
 #include "grpcpp/grpcpp.h"
+#include "grpcpp/ext/proto_server_reflection_plugin.h"
 #include "grpcpp/health_check_service_interface.h"
 #include "server/rpc/credentials.h"
+#include "server/rpc/request_log.h"
 #include "server/rpc/service.h"
 #include "spdlog/spdlog.h"
 #include "proto/transport_tuning.h"
@@ -34,7 +36,13 @@ absl::StatusOr<std::unique_ptr<RunningServer>> StartServer(
   rs->engine_ = std::move(engine);
   rs->service_ = std::make_unique<IndexerService>(rs->engine_.get());
   grpc::EnableDefaultHealthCheckService(true);
+  // Reflection lists indexer.v1.Indexer and grpc.health.v1.Health and serves
+  // the wire contract's descriptors (grpcurl, grpc_cli).
+  grpc::reflection::InitProtoReflectionServerBuilderPlugin();
   grpc::ServerBuilder builder;
+  std::vector<std::unique_ptr<grpc::experimental::ServerInterceptorFactoryInterface>> logs;
+  logs.push_back(MakeRequestLogFactory(ClientIdHeader(rs->engine_->model().config)));
+  builder.experimental().SetInterceptorCreators(std::move(logs));
   builder.AddListeningPort(listen, security->credentials, &rs->port_);
   // The config's ranges were checked at load (config_check.h): no shift wraps.
   const config::ServerConfig& cfg = rs->engine_->model().config;

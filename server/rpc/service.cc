@@ -22,6 +22,7 @@
 #include "server/rpc/log_safe.h"
 #include "server/rpc/quota.h"
 #include "server/rpc/reply_wire.h"
+#include "server/rpc/request_log.h"
 #include "spdlog/spdlog.h"
 
 #ifndef INDEXER_VERSION
@@ -79,6 +80,7 @@ struct ServiceState {
   ServiceState(Engine* e, std::shared_ptr<ReplyBuffers> b);
 
   Engine* engine;
+  Metrics& metrics;  // the engine's
   // The metadata key naming a plaintext client (credentials.h).
   std::string client_header;
   RegionRegistry regions;
@@ -202,7 +204,8 @@ class StepReactor final
         buffers_(state->buffers),
         client_(state->Client(*ctx)),
         owner_(state->Owner(*ctx)),
-        created_(Clock::now()) {
+        created_(Clock::now()),
+        tag_(TagOf(*ctx)) {
     state_->idle_watch.Add(this);
     ReadNext();
   }
@@ -224,9 +227,11 @@ class StepReactor final
     // and total times, so that what the client sees outside the server is
     // the transport alone.
     received_ = Clock::now();
+    state_->metrics.BytesIn(static_cast<int64_t>(req_bytes_.Length()));
     absl::Status s =
         state_->quotas.TakeBytes(client_, static_cast<int64_t>(req_bytes_.Length()), &bytes_hold_);
     if (!s.ok()) {
+      state_->metrics.Rejected(Rejection::kQuota);
       Reject(s);
       return;
     }
@@ -254,7 +259,12 @@ class StepReactor final
 
   void OnDone() override {
     state_->idle_watch.Remove(this);
-    step_.reset();  // a cancelled stream ends here without End()
+    // A cancelled stream ends here without End().
+    if (step_ && !committed_) {
+      state_->metrics.StepEnded(StepOutcome::kAborted);
+      LogEnd(grpc::Status(grpc::StatusCode::CANCELLED, ""));
+    }
+    step_.reset();
     pins_.clear();
     delete this;
   }
@@ -342,10 +352,31 @@ class StepReactor final
 
   // REQUIRES: this thread set finished_ (so nothing else touches the step).
   void Close(const grpc::Status& status) {
+    if (step_) state_->metrics.StepEnded(Outcome(status));
+    LogEnd(status);
     step_.reset();
     step_hold_.Reset();
     pins_.clear();  // the failed layer writes nothing after this
     Finish(status);
+  }
+
+  // The call's access line (request_log.h), the step's id as request id.
+  void LogEnd(const grpc::Status& status) const {
+    const std::string id = step_ ? LogSafe(step_->id(), 128) : std::string();
+    LogCall("/indexer.v1.Indexer/Step", tag_, id, ClientQuotas::Display(client_), status,
+            MicrosBetween(created_, Clock::now()) / 1e3);
+  }
+
+  // A committed step stays committed whatever happens to its reply; the
+  // reactor ends a step the client gave up on with ABORTED (closed before
+  // commit) or CANCELLED (reply not delivered); any other status failed it.
+  StepOutcome Outcome(const grpc::Status& status) const {
+    if (committed_) return StepOutcome::kCommitted;
+    if (status.error_code() == grpc::StatusCode::ABORTED ||
+        status.error_code() == grpc::StatusCode::CANCELLED) {
+      return StepOutcome::kAborted;
+    }
+    return StepOutcome::kFailed;
   }
 
   absl::StatusOr<Next> Handle() {
@@ -374,13 +405,17 @@ class StepReactor final
     header_at_ = received_;
     const absl::Cleanup timed = [&] { begin_us_ = MicrosBetween(header_at_, Clock::now()); };
     ASSIGN_OR_RETURN(StepSpec spec, ToStepSpec(h, client_));
-    RETURN_IF_ERROR(state_->quotas.OpenStep(client_, &step_hold_));
-    ASSIGN_OR_RETURN(step_, engine_->BeginStep(spec));
-    absl::Status reserved = state_->quotas.ReservePages(step_->reserved_pages(), &step_hold_);
-    if (!reserved.ok()) {
-      step_.reset();  // rolls back: the pages are free again
-      return reserved;
+    if (absl::Status open = state_->quotas.OpenStep(client_, &step_hold_); !open.ok()) {
+      state_->metrics.Rejected(Rejection::kQuota);
+      return open;
     }
+    ASSIGN_OR_RETURN(std::unique_ptr<indexer::Step> step, engine_->BeginStep(spec));
+    absl::Status reserved = state_->quotas.ReservePages(step->reserved_pages(), &step_hold_);
+    if (!reserved.ok()) {
+      state_->metrics.Rejected(Rejection::kQuota);
+      return reserved;  // ~Step rolls back: the pages are free again
+    }
+    step_ = std::move(step);
     spdlog::debug("[{}] begin: {} sequences, {} rows, client {}, peer {}", Who(),
                   spec.seqs.size(), step_->num_rows(), ClientQuotas::Display(client_),
                   LogSafe(ctx_->peer(), 128));
@@ -433,6 +468,9 @@ class StepReactor final
       tm->set_header_clock_ns(MonotonicNs(header_at_));
       tm->set_begin_us(begin_us_);
     }
+    state_->metrics.LayerDone(engine_->model().layer_role[r.layer()].kind,
+                              {tm->queue_us(), tm->validate_us(), tm->write_us(),
+                               tm->logits_us(), tm->topk_us(), tm->total_us()});
     v1::Tensor meta;
     meta.set_dtype(v1::INT32);
     for (int64_t d : out->shape) meta.add_shape(d);
@@ -448,6 +486,7 @@ class StepReactor final
     const std::string head = LayerReplyHead(reply, meta, n);
     grpc::Slice slices[2] = {grpc::Slice(head), buffers_->Lend(std::move(topk), n)};
     resp_bytes_ = grpc::ByteBuffer(slices, n > 0 ? 2 : 1);
+    state_->metrics.BytesOut(static_cast<int64_t>(head.size() + n));
   }
 
   absl::Status Commit() {
@@ -464,6 +503,7 @@ class StepReactor final
     bool own_buffer = false;
     RETURN_IF_ERROR(FromGrpcSerialize(
         grpc::SerializationTraits<v1::StepResponse>::Serialize(resp_, &resp_bytes_, &own_buffer)));
+    state_->metrics.BytesOut(static_cast<int64_t>(resp_bytes_.Length()));
     return absl::OkStatus();
   }
 
@@ -478,6 +518,8 @@ class StepReactor final
   std::shared_ptr<ReplyBuffers> buffers_;
   const std::string client_;  // namespace and quota key (ClientIdentity)
   const std::string owner_;   // owner of the regions it may reference
+  const Clock::time_point created_;  // the stream's start
+  const CallTag tag_;         // x-request-id, traceparent
   std::vector<PinnedRegion> pins_;  // regions of the layer in flight
   ClientQuotas::Hold step_hold_;   // open step + its pages
   ClientQuotas::Hold bytes_hold_;  // the message being handled
@@ -494,7 +536,6 @@ class StepReactor final
   std::unique_ptr<indexer::Step> step_;
   Clock::time_point received_;
   Clock::time_point read_posted_;  // the current message's StartRead
-  const Clock::time_point created_;
   Clock::time_point header_at_;
   double begin_us_ = 0;
   bool start_reported_ = false;  // the first layer reply carried the above
@@ -505,6 +546,7 @@ class StepReactor final
 
 ServiceState::ServiceState(Engine* e, std::shared_ptr<ReplyBuffers> b)
     : engine(e),
+      metrics(e->metrics()),
       client_header(ClientIdHeader(e->model().config)),
       regions(&e->backend(), e->model().config.region_lease_ms()),
       buffers(std::move(b)),
@@ -614,10 +656,12 @@ grpc::ServerUnaryReactor* IndexerService::WriteEntries(grpc::CallbackServerConte
   grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
   auto hold = std::make_shared<ClientQuotas::Hold>();
   const std::string client = state_->Client(*ctx);
+  state_->metrics.BytesIn(static_cast<int64_t>(req_bytes->Length()));
   absl::Status taken = state_->quotas.TakeBytes(client,
                                                 static_cast<int64_t>(req_bytes->Length()),
                                                 hold.get());
   if (!taken.ok()) {
+    state_->metrics.Rejected(Rejection::kQuota);
     state_->LogRejection("import", taken);
     reactor->Finish(ToGrpcStatus(taken));
     return reactor;
@@ -642,6 +686,7 @@ grpc::ServerUnaryReactor* IndexerService::WriteEntries(grpc::CallbackServerConte
       return absl::OkStatus();
     }();
     hold->Reset();
+    engine->metrics().ImportEnded(s.ok());
     reactor->Finish(ToGrpcStatus(Encode(s, resp, resp_bytes)));
   });
   return reactor;

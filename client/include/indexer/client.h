@@ -37,7 +37,11 @@ namespace indexer::client {
 
 namespace v1 = ::indexer::v1;
 
-// The one conversion of a gRPC status: code and message preserved.
+// The one conversion of a gRPC status: code and message preserved, and the
+// status details the daemon sends (a serialized google.rpc.Status, e.g.
+// with a google.rpc.BadRequest naming the field) kept as the payload
+// kStatusDetailsUrl.
+inline constexpr char kStatusDetailsUrl[] = "type.googleapis.com/google.rpc.Status";
 absl::Status FromGrpcStatus(const grpc::Status& status);
 
 struct TlsOptions {
@@ -81,6 +85,10 @@ struct ClientOptions {
   // Printable ASCII; the header a lower-case metadata key (Connect checks).
   std::string client_id;
   std::string client_id_header = "x-indexer-client";
+  // More metadata sent on every call, e.g. `traceparent` (W3C trace
+  // context) and `x-request-id`, which the daemon writes into its per-call
+  // log line. Keys as for client_id_header, values printable ASCII.
+  std::vector<std::pair<std::string, std::string>> metadata;
 };
 
 // Channel credentials for `tls`: INVALID_ARGUMENT naming the option when a

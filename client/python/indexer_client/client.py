@@ -199,16 +199,19 @@ class Client:
     call (the daemon's plaintext client identity, which namespaces sequences
     and regions). timeout: deadline in seconds of each unary call and of each
     whole step stream (None = none). abort_grace: how long an abort waits
-    for the daemon's rollback before cancelling.
+    for the daemon's rollback before cancelling. metadata: more (key, value)
+    pairs sent on every call, e.g. ("traceparent", ...) and ("x-request-id",
+    ...), which the daemon writes into its per-call log line.
     """
 
     def __init__(self, addr, client_id=None, timeout=300.0, abort_grace=10.0,
                  max_message_bytes=_MAX_MESSAGE, channel=None, tls_ca=None,
-                 tls_cert=None, tls_key=None, tls_server_name=None):
+                 tls_cert=None, tls_key=None, tls_server_name=None, metadata=()):
         self.addr = addr
         self.timeout = timeout
         self.abort_grace = abort_grace
-        self._metadata = ((CLIENT_ID_HEADER, client_id),) if client_id else ()
+        self._metadata = (((CLIENT_ID_HEADER, client_id),) if client_id else ()) + tuple(
+            (str(k), str(v)) for k, v in metadata)
         options = [("grpc.max_send_message_length", max_message_bytes),
                    ("grpc.max_receive_message_length", max_message_bytes)]
         if channel is None and (tls_ca or tls_cert or tls_key or tls_server_name):

@@ -318,7 +318,8 @@ class MetadataTest(unittest.TestCase):
         class Echo(pb_grpc.IndexerServicer):
             def GetServerInfo(self, request, context):
                 md = dict(context.invocation_metadata())
-                return ic.pb.ServerInfo(profile=md.get(ic.CLIENT_ID_HEADER, "<none>"))
+                return ic.pb.ServerInfo(profile=md.get(ic.CLIENT_ID_HEADER, "<none>"),
+                                        build=md.get("traceparent", "<none>"))
 
         server = grpc.server(futures.ThreadPoolExecutor(max_workers=2))
         pb_grpc.add_IndexerServicer_to_server(Echo(), server)
@@ -329,6 +330,11 @@ class MetadataTest(unittest.TestCase):
                 self.assertEqual(c.server_info().profile, "fe-7")
             with ic.Client(f"127.0.0.1:{port}") as c:
                 self.assertEqual(c.server_info().profile, "<none>")
+            tp = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
+            with ic.Client(f"127.0.0.1:{port}", client_id="fe-8",
+                           metadata=[("traceparent", tp)]) as c:
+                info = c.server_info()
+                self.assertEqual((info.profile, info.build), ("fe-8", tp))
         finally:
             server.stop(None)
 

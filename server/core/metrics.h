@@ -1,0 +1,105 @@
+// The daemon's metrics (issue 13): counters and latency histograms that the
+// hot path updates with relaxed atomics only (no lock, no allocation, no
+// formatting), and their Prometheus text exposition (format 0.0.4), built
+// on a scrape. Gauges that the engine already knows (pages, sequences, open
+// steps) are read at scrape time instead of being kept up to date here.
+//
+// Thread safety: every method may be called from any thread.
+#pragma once
+
+#include <array>
+#include <atomic>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "server/core/model.h"
+
+namespace indexer {
+
+// A fixed-bucket histogram of durations in microseconds, exposed in seconds.
+class LatencyHistogram {
+ public:
+  // Upper bounds (us) of the finite buckets; a last one catches the rest.
+  static constexpr std::array<double, 18> kBoundsUs = {
+      10,    25,    50,     100,    250,    500,     1000,    2500,    5000,
+      10000, 25000, 50000, 100000, 250000, 500000, 1000000, 2500000, 10000000};
+
+  void Observe(double us);
+
+  struct Snapshot {
+    std::array<uint64_t, kBoundsUs.size() + 1> buckets{};  // per bucket, not cumulative
+    uint64_t count = 0;                                    // = sum of buckets
+    double sum_us = 0;
+  };
+  Snapshot Read() const;
+
+ private:
+  std::array<std::atomic<uint64_t>, kBoundsUs.size() + 1> buckets_{};
+  std::atomic<uint64_t> sum_ns_{0};  // integer: fetch_add, no CAS loop
+};
+
+enum class StepOutcome { kCommitted, kAborted, kFailed };
+enum class Rejection { kQuota, kLimits };
+// The server-side phases of a layer, as in v1::LayerTimings.
+enum class LayerPhase { kQueue, kValidate, kWrite, kLogits, kTopk, kTotal };
+
+inline constexpr int kNumRoles = 4;   // LayerRoleKind
+inline constexpr int kNumPhases = 6;  // LayerPhase
+
+// The phases of one layer (us), as the transport measured them.
+struct LayerPhaseTimes {
+  double queue_us = 0, validate_us = 0, write_us = 0, logits_us = 0, topk_us = 0, total_us = 0;
+};
+
+// What a scrape reads from the engine (engine.h fills it).
+struct MetricsGauges {
+  struct Group {
+    std::string name;
+    int64_t total_pages = 0;  // per layer
+    int64_t free_pages = 0;
+  };
+  std::vector<Group> groups;
+  int64_t sequences = 0;
+  int64_t open_steps = 0;
+};
+
+class Metrics {
+ public:
+  void StepEnded(StepOutcome o) { steps_[static_cast<int>(o)].fetch_add(1, kRelaxed); }
+  void ImportEnded(bool ok) { imports_[ok ? 0 : 1].fetch_add(1, kRelaxed); }
+  void Rejected(Rejection r) { rejections_[static_cast<int>(r)].fetch_add(1, kRelaxed); }
+  // Counts `s` when it is a device failure (kernel, copy, allocation: the
+  // codes a backend returns for those); input errors are not.
+  void MaybeDeviceError(const absl::Status& s);
+  void BytesIn(int64_t n) { bytes_in_.fetch_add(static_cast<uint64_t>(n), kRelaxed); }
+  void BytesOut(int64_t n) { bytes_out_.fetch_add(static_cast<uint64_t>(n), kRelaxed); }
+  void LayerDone(LayerRoleKind role, const LayerPhaseTimes& t);
+
+  uint64_t steps(StepOutcome o) const { return steps_[static_cast<int>(o)].load(kRelaxed); }
+  uint64_t rejections(Rejection r) const {
+    return rejections_[static_cast<int>(r)].load(kRelaxed);
+  }
+  uint64_t device_errors() const { return device_errors_.load(kRelaxed); }
+  LatencyHistogram::Snapshot layer(LayerRoleKind role, LayerPhase phase) const {
+    return layers_[static_cast<int>(role)][static_cast<int>(phase)].Read();
+  }
+
+  // The exposition: these counters and histograms, `gauges`, and an info
+  // metric with `profile` and `device`.
+  std::string Render(const MetricsGauges& gauges, const std::string& profile,
+                     const std::string& device) const;
+
+ private:
+  static constexpr std::memory_order kRelaxed = std::memory_order_relaxed;
+  std::array<std::atomic<uint64_t>, 3> steps_{};
+  std::array<std::atomic<uint64_t>, 2> imports_{};  // ok, failed
+  std::array<std::atomic<uint64_t>, 2> rejections_{};
+  std::atomic<uint64_t> device_errors_{0};
+  std::atomic<uint64_t> bytes_in_{0};
+  std::atomic<uint64_t> bytes_out_{0};
+  std::array<std::array<LatencyHistogram, kNumPhases>, kNumRoles> layers_;
+};
+
+}  // namespace indexer

@@ -97,6 +97,7 @@ absl::StatusOr<std::unique_ptr<Step>> Engine::BeginStep(const StepSpec& spec) {
     }
   }
 
+  const auto t_begin = std::chrono::steady_clock::now();
   std::unique_ptr<Step> step(new Step(this));
   step->id_ = spec.request_id.empty() ? absl::StrCat("step-", ++step_counter_)
                                       : spec.request_id;
@@ -198,10 +199,17 @@ absl::StatusOr<std::unique_ptr<Step>> Engine::BeginStep(const StepSpec& spec) {
 
   // Each group's rows are built once and handed to the backend's context,
   // which owns them (and on the gpu uploads them) for the whole step.
+  const auto us = [](auto a, auto b) { return std::chrono::duration<double, std::micro>(b - a).count(); };
+  auto t = std::chrono::steady_clock::now();
+  step->begin_times_.admit_us = us(t_begin, t);
   for (size_t g = 0; g < G; ++g) {
     const GroupSpec& gs = model_.groups[g];
-    auto ctx = backend_->PrepareStep(
-        gs.layout, BuildStepRows(per_group[g], gs.compress_ratio, model_.logits_budget_bytes()));
+    StepRows rows = BuildStepRows(per_group[g], gs.compress_ratio, model_.logits_budget_bytes());
+    const auto t_rows = std::chrono::steady_clock::now();
+    step->begin_times_.rows_us += us(t, t_rows);
+    auto ctx = backend_->PrepareStep(gs.layout, std::move(rows));
+    t = std::chrono::steady_clock::now();
+    step->begin_times_.prepare_us += us(t_rows, t);
     if (!ctx.ok()) {
       metrics_.MaybeDeviceError(ctx.status());
       return ctx.status();  // ~Step rolls back

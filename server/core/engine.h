@@ -86,6 +86,13 @@ class Step {
   const std::string& id() const { return id_; }
   int32_t num_rows() const;
   // [group] pages this step allocated, held until it ends (client quotas).
+  // Host time of BeginStep's parts, in us: admission and pages (under the
+  // engine's lock), the groups' rows, the backend's PrepareStep (on the gpu
+  // the plan and the metadata upload). For logs at debug level.
+  struct BeginTimes {
+    double admit_us = 0, rows_us = 0, prepare_us = 0;
+  };
+  const BeginTimes& begin_times() const { return begin_times_; }
   std::vector<int64_t> reserved_pages() const;
 
   // Validates the layer's inputs, writes its new entries and returns its
@@ -101,6 +108,7 @@ class Step {
   void Abort();
 
  private:
+  BeginTimes begin_times_;
   friend class Engine;
   explicit Step(Engine* engine);
 

@@ -301,7 +301,10 @@ class StepReactor final
     absl::StatusOr<Next> next = [&]() -> absl::StatusOr<Next> {
       // What the generated (typed) handler does, here: parse into req_ (one
       // copy of the tensors out of the transport's slices).
-      if (!grpc::SerializationTraits<v1::StepRequest>::Deserialize(&req_bytes_, &req_).ok()) {
+      const bool parsed =
+          grpc::SerializationTraits<v1::StepRequest>::Deserialize(&req_bytes_, &req_).ok();
+      parsed_ = Clock::now();
+      if (!parsed) {
         return absl::InvalidArgumentError("request: expected a StepRequest message");
       }
       return Handle();
@@ -416,9 +419,15 @@ class StepReactor final
       return reserved;  // ~Step rolls back: the pages are free again
     }
     step_ = std::move(step);
-    spdlog::debug("[{}] begin: {} sequences, {} rows, client {}, peer {}", Who(),
-                  spec.seqs.size(), step_->num_rows(), ClientQuotas::Display(client_),
-                  LogSafe(ctx_->peer(), 128));
+    if (spdlog::should_log(spdlog::level::debug)) {
+      const indexer::Step::BeginTimes& bt = step_->begin_times();
+      spdlog::debug("[{}] begin: {} sequences, {} rows, client {}, peer {}; after receipt: "
+                    "parsed {:.1f} us, then admission {:.1f} us, rows {:.1f} us, backend prepare "
+                    "{:.1f} us; handled {:.1f} us",
+                    Who(), spec.seqs.size(), step_->num_rows(), ClientQuotas::Display(client_),
+                    LogSafe(ctx_->peer(), 128), MicrosBetween(header_at_, parsed_), bt.admit_us,
+                    bt.rows_us, bt.prepare_us, MicrosBetween(header_at_, Clock::now()));
+    }
     return absl::OkStatus();
   }
 
@@ -537,6 +546,7 @@ class StepReactor final
   Clock::time_point received_;
   Clock::time_point read_posted_;  // the current message's StartRead
   Clock::time_point header_at_;
+  Clock::time_point parsed_;  // the current message's parse done
   double begin_us_ = 0;
   bool start_reported_ = false;  // the first layer reply carried the above
   bool committed_ = false;

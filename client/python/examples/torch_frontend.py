@@ -17,8 +17,9 @@ What it does, per run:
      (--cpu-addr, e.g. indexerd --device cpu) and compares each row's top-k
      as a set. Rows that differ are accepted only on FP8 layers, and only
      when the differing entries are a near tie (their SPEC §5 logits,
-     computed here from the exact entries, lie within the fp32 summation
-     tolerance of each other); on MXFP4 and block layers every row must
+     computed here from the exact entries, lie within twice the daemon's
+     per-path bound of each other: 2^-12 of the terms' magnitudes, the
+     tensor-core paths' bound); on MXFP4 and block layers every row must
      agree exactly.
 
 It ends with one line:  "verdict: PASS ..." or "verdict: FAIL ..." (exit 1).
@@ -245,11 +246,14 @@ class Checker:
             # does bit for bit, and fold the scale into the weights.
             codes, s = fp8.quantize_q(q[row:row + 1])
             qv, w = fp8.decode_e4m3(codes[0]), (w * s[0]).astype(np.float32)
-        idx = np.array(sorted(union - {-1}))
-        logits = reference.dense_fp8_logits(qv, w, vals[idx], scales[idx])
         d = np.array(sorted(differ))
         spread = np.ptp(reference.dense_fp8_logits(qv, w, vals[d], scales[d]))
-        return spread <= 2e-5 * np.abs(logits).max() + 1e-30
+        # The daemon's bound for its path (the tests' per-path tolerances):
+        # fp32 paths sum within 2^-16 of the terms' magnitudes, tensor-core
+        # paths (which H 16/32/64 FP8 layers take on sm_90) within 2^-12.
+        # The magnitudes: the same sum over absolute values.
+        mag = reference.dense_fp8_logits(np.abs(qv), np.abs(w), np.abs(vals[d]), scales[d])
+        return spread <= 2.0 ** -12 * 2 * mag.max() + 1e-30
 
 
 # -------------------------------------------------------------------- main --

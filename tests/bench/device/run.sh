@@ -175,7 +175,9 @@ bench_line() {  # bench_line LABEL ARGS...: one bench run, its summary lines
 }
 stage_latency() {
   # Without MPS: the daemon's and the client's CUDA contexts time-slice.
-  daemon_start latency --config "$CFG" --device gpu:0
+  # At debug level the daemon logs each step header's parts (parse,
+  # admission, rows, the backend's prepare).
+  daemon_start latency --config "$CFG" --device gpu:0 --log-level debug
   for poll in 0 1000; do
     bench_line "poll $poll B=64x32k device" --busy-poll-us $poll bench --batch 64 --context 32768 --transport device
     bench_line "poll $poll B=1x128k device" --busy-poll-us $poll bench --batch 1 --context 131072 --transport device
@@ -183,6 +185,8 @@ stage_latency() {
   bench_line "poll 1000 B=64x32k host" --busy-poll-us 1000 bench --batch 64 --context 32768 --transport host
   bench_line "poll 1000 B=1x128k host" --busy-poll-us 1000 bench --batch 1 --context 131072 --transport host
   bench_line "poll 1000 B=64x32k inline" --busy-poll-us 1000 bench --batch 64 --context 32768 --transport inline
+  echo "== step headers (daemon log, last B=64 steps)"
+  grep -a "begin: 64 sequences" "$DLOG" | tail -3
   daemon_stop
   daemon_start latency8 --config "${CFG%.textproto}-x8.textproto" --device gpu:0
   bench_line "8 layers, poll 1000 B=64x32k device" --busy-poll-us 1000 bench --batch 64 --context 32768 --transport device

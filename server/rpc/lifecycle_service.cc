@@ -16,15 +16,6 @@
 
 namespace indexer {
 
-int64_t ExportFramingBytes(int32_t num_layers) {
-  // Top level: id (tag, length, oneof tag, length, 256 bytes), create,
-  // num_tokens, the layers' tags and lengths; per layer: layer id, the
-  // tensor's tag and length, dtype, packed shape of two int64, data's tag
-  // and length. Rounded up generously: a message must never exceed the
-  // limit the caller asked for.
-  return 512 + 64 * static_cast<int64_t>(num_layers);
-}
-
 grpc::ServerUnaryReactor* ServeListSequences(Engine* engine, const std::string& client,
                                              grpc::CallbackServerContext* ctx,
                                              const grpc::ByteBuffer* req_bytes,
@@ -101,24 +92,14 @@ class ExportReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
  private:
   absl::Status Start(const std::string& client, const grpc::ByteBuffer& bytes) {
     RETURN_IF_ERROR(Decode(bytes, "ExportEntriesRequest", &req_));
-    ASSIGN_OR_RETURN(SeqName name, ToSeqName("id", req_.id(), client));
-    display_ = name.display;
-    const int64_t daemon_max = static_cast<int64_t>(engine_->model().config.max_message_mb()) << 20;
-    if (req_.max_message_bytes() > static_cast<uint64_t>(daemon_max)) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "max_message_bytes: expected 0..", daemon_max,
-          " (the daemon's max_message_bytes; 0 = that), got ", req_.max_message_bytes()));
-    }
-    const int64_t max_q_len = engine_->model().config.max_q_len();
-    if (req_.max_tokens() > static_cast<uint64_t>(max_q_len)) {
-      return absl::InvalidArgumentError(absl::StrCat("max_tokens: expected 0..", max_q_len,
-                                                     " (max_q_len; 0 = that), got ",
-                                                     req_.max_tokens()));
-    }
-    max_bytes_ = req_.max_message_bytes() == 0 ? daemon_max
-                                               : static_cast<int64_t>(req_.max_message_bytes());
-    max_tokens_ = req_.max_tokens() == 0 ? max_q_len : static_cast<int64_t>(req_.max_tokens());
-    ASSIGN_OR_RETURN(export_, engine_->Export(name));
+    const config::ServerConfig& cfg = engine_->model().config;
+    ASSIGN_OR_RETURN(ExportArgs args,
+                     ToExport(req_, static_cast<int64_t>(cfg.max_message_mb()) << 20,
+                              cfg.max_q_len(), client));
+    display_ = args.name.display;
+    max_bytes_ = args.max_message_bytes;
+    max_tokens_ = args.max_tokens;
+    ASSIGN_OR_RETURN(export_, engine_->Export(args.name));
     return absl::OkStatus();
   }
 
@@ -135,21 +116,7 @@ class ExportReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
       Fail(chunk.status());
       return;
     }
-    v1::WriteEntriesRequest msg;
-    *msg.mutable_id() = req_.id();
-    msg.set_create(chunk->first_token == 0);
-    msg.set_num_tokens(static_cast<uint64_t>(chunk->num_tokens));
-    for (int32_t l = 0; l < num_layers; ++l) {
-      const GroupSpec& g = engine_->model().groups[engine_->model().layer_group[l]];
-      v1::LayerEntries* le = msg.add_layers();
-      le->set_layer(static_cast<uint32_t>(l));
-      v1::Tensor* k = le->mutable_k();
-      k->set_dtype(v1::UINT8);
-      const int64_t eb = g.layout.entry_bytes();
-      k->add_shape(static_cast<int64_t>(chunk->layers[l].size()) / eb);
-      k->add_shape(eb);
-      k->set_data(std::move(chunk->layers[l]));
-    }
+    v1::WriteEntriesRequest msg = ExportMessage(engine_->model(), req_.id(), *chunk);
     if (static_cast<int64_t>(msg.ByteSizeLong()) > max_bytes_) {
       Fail(absl::InternalError(absl::StrCat("export: a message of ", msg.ByteSizeLong(),
                                             " bytes exceeds max_message_bytes = ", max_bytes_)));

@@ -30,9 +30,4 @@ grpc::ServerWriteReactor<grpc::ByteBuffer>* ServeExportEntries(Engine* engine, E
                                                                grpc::CallbackServerContext* ctx,
                                                                const grpc::ByteBuffer* req);
 
-// Bytes of a WriteEntriesRequest besides its entries' data, at most: the id
-// (256-byte names), create, num_tokens and, per layer, the LayerEntries and
-// Tensor framing (tags, lengths, layer, dtype, a 2-D shape).
-int64_t ExportFramingBytes(int32_t num_layers);
-
 }  // namespace indexer

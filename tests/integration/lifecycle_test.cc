@@ -5,6 +5,9 @@
 // NOT_SERVING (in process; the exit status is lifecycle_process_test's).
 #include <chrono>
 #include <condition_variable>
+#include <cstdio>
+#include <cstdlib>
+#include <fstream>
 #include <functional>
 #include <mutex>
 #include <set>
@@ -374,6 +377,57 @@ TEST(LifecycleTest, ReleaseWaitsForTheExportToEnd) {
   ASSERT_TRUE(WaitFor(
       [&] { return d.client().Release({client::NamedSequenceId("s")}).ok(); }));
   EXPECT_TRUE(d.engine().CheckInvariants().ok());
+}
+
+// Every committed entry of `name` in `layer`, [entries, VB + SB] bytes.
+std::string EntriesOf(Engine& e, const SeqName& name, int32_t layer) {
+  const Model& m = e.model();
+  const int32_t g = m.layer_group[layer];
+  const GroupSpec& gs = m.groups[g];
+  const int64_t n = EntriesFor(*e.SequenceLength(name), gs.compress_ratio);
+  const int64_t eb = gs.layout.entry_bytes(), E = gs.layout.page_entries;
+  const std::vector<int32_t> pages = *e.SequencePages(name, g);
+  std::string out(static_cast<size_t>(n * eb), '\0');
+  for (int64_t i = 0; i < n; ++i) {
+    EXPECT_TRUE(e.backend()
+                    .ReadEntries(gs.layout, e.pool(layer), pages[i / E], static_cast<int32_t>(i % E),
+                                 1, reinterpret_cast<uint8_t*>(out.data()) + i * eb)
+                    .ok());
+  }
+  return out;
+}
+
+// indexer-cli export / import through a file, renamed on the way.
+TEST(LifecycleTest, CliExportImportThroughAFile) {
+  Daemon a(HandOffConfig());
+  Daemon b(HandOffConfig());
+  Shadow shadow(a.layers(), 11);
+  WireStep(a, shadow, {{"s", 90}}, Form::kFloat);
+  const char* cli = std::getenv("INDEXER_CLI") ? std::getenv("INDEXER_CLI") : INDEXER_CLI_PATH;
+  const std::string file = ::testing::TempDir() + "/lifecycle_export.bin";
+  const std::string export_cmd = std::string(cli) + " --addr 127.0.0.1:" +
+                                 std::to_string(a.port()) + " export --name s --out " + file +
+                                 " --max-message-kb 8 > /dev/null";
+  ASSERT_EQ(std::system(export_cmd.c_str()), 0) << export_cmd;
+  const std::string import_cmd = std::string(cli) + " --addr 127.0.0.1:" +
+                                 std::to_string(b.port()) + " import --in " + file +
+                                 " --name copy > /dev/null";
+  ASSERT_EQ(std::system(import_cmd.c_str()), 0) << import_cmd;
+  EXPECT_EQ(*b.engine().SequenceLength(SeqName::Named("copy")), 90);
+  for (int32_t l = 0; l < static_cast<int32_t>(a.layers().size()); ++l) {
+    EXPECT_EQ(EntriesOf(a.engine(), SeqName::Named("s"), l),
+              EntriesOf(b.engine(), SeqName::Named("copy"), l))
+        << "layer " << l;
+  }
+  // A file that is not an export: refused, nothing imported.
+  const std::string bad = ::testing::TempDir() + "/lifecycle_bad.bin";
+  std::ofstream(bad) << "\x05\x00\x00\x00abc";
+  const std::string bad_cmd = std::string(cli) + " --addr 127.0.0.1:" +
+                              std::to_string(b.port()) + " import --in " + bad + " 2>/dev/null";
+  EXPECT_NE(std::system(bad_cmd.c_str()), 0);
+  EXPECT_EQ(b.engine().num_sequences(), 1);
+  std::remove(file.c_str());
+  std::remove(bad.c_str());
 }
 
 // A sticky device error (injected): the failing step rolls back, health

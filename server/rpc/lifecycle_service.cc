@@ -54,7 +54,8 @@ namespace {
 // One ExportEntries stream: each message is built on the executor (the
 // backend reads the pools there, never on gRPC's threads), then written;
 // the next is built when the write completes, so one message at a time is
-// in memory. The export's pin on the sequence ends with the stream.
+// in memory. The export's pin on the sequence ends before the stream's
+// status is sent.
 //
 // Threads: the constructor, OnWriteDone and the executor task never run at
 // the same time (each starts the next), and OnDone comes after Finish.
@@ -73,21 +74,18 @@ class ExportReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
 
   void OnWriteDone(bool ok) override {
     if (!ok) {
-      Finish(grpc::Status(grpc::StatusCode::CANCELLED, "export: reply not delivered"));
+      End(grpc::Status(grpc::StatusCode::CANCELLED, "export: reply not delivered"));
       return;
     }
     if (export_->done()) {
       spdlog::debug("export {}: {} tokens sent", display_, export_->length());
-      Finish(grpc::Status::OK);
+      End(grpc::Status::OK);
       return;
     }
     executor_->Post([this] { WriteNext(); });
   }
 
-  void OnDone() override {
-    export_.reset();  // unpins the sequence
-    delete this;
-  }
+  void OnDone() override { delete this; }
 
  private:
   absl::Status Start(const std::string& client, const grpc::ByteBuffer& bytes) {
@@ -106,7 +104,7 @@ class ExportReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
   // Executor: the next chunk as a WriteEntriesRequest, then its write.
   void WriteNext() {
     if (ctx_->IsCancelled()) {
-      Finish(grpc::Status(grpc::StatusCode::CANCELLED, "export: cancelled by the client"));
+      End(grpc::Status(grpc::StatusCode::CANCELLED, "export: cancelled by the client"));
       return;
     }
     const int32_t num_layers = engine_->model().num_layers();
@@ -135,7 +133,14 @@ class ExportReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
     // display_ is escaped already (SeqName).
     spdlog::warn("[export{}] {}: {}", display_.empty() ? "" : " " + display_,
                  absl::StatusCodeToString(s.code()), CapText(s.message()));
-    Finish(ToGrpcStatus(s));
+    End(ToGrpcStatus(s));
+  }
+
+  // Unpins the sequence before the client can see the status, so that a
+  // Release right after it succeeds.
+  void End(const grpc::Status& status) {
+    export_.reset();
+    Finish(status);
   }
 
   Engine* engine_;

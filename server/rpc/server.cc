@@ -35,8 +35,15 @@ void RunningServer::Shutdown(int grace_ms) {
 }
 
 void RunningServer::OnDeviceError(std::function<void(const absl::Status&)> handler) {
-  absl::MutexLock lock(&mu_);
-  device_error_handler_ = std::move(handler);
+  {
+    absl::MutexLock lock(&mu_);
+    device_error_handler_ = handler;
+  }
+  // An error between the start and this call told no one: tell it now.
+  if (handler && engine_->device_failed()) {
+    handler(absl::UnavailableError("device: a sticky device error happened before the handler "
+                                   "was set"));
+  }
 }
 
 void RunningServer::SweepLoop(std::chrono::milliseconds tick) {

@@ -37,7 +37,8 @@ class RunningServer {
   void Wait();
   // Called once, on the failing call's thread, after a sticky device error
   // has turned the daemon NOT_SERVING (Engine::SetDeviceErrorHandler); the
-  // daemon's owner ends it (main: exit status 3). Thread-safe.
+  // daemon's owner ends it (main: exit status 3). Called at once when the
+  // error came before this call. Thread-safe.
   void OnDeviceError(std::function<void(const absl::Status&)> handler);
 
  private:

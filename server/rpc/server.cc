@@ -40,7 +40,7 @@ void RunningServer::OnDeviceError(std::function<void(const absl::Status&)> handl
     device_error_handler_ = handler;
   }
   // An error between the start and this call told no one: tell it now.
-  if (handler && engine_->device_failed()) {
+  if (handler && engine_->device_failed() && !device_error_told_.exchange(true)) {
     handler(absl::UnavailableError("device: a sticky device error happened before the handler "
                                    "was set"));
   }
@@ -77,7 +77,7 @@ absl::StatusOr<std::unique_ptr<RunningServer>> StartServer(
       absl::MutexLock lock(&raw->mu_);
       handler = raw->device_error_handler_;
     }
-    if (handler) handler(s);
+    if (handler && !raw->device_error_told_.exchange(true)) handler(s);
   });
 
   grpc::EnableDefaultHealthCheckService(true);

@@ -2,6 +2,7 @@
 // service, the health service and the listening server.
 #pragma once
 
+#include <atomic>
 #include <functional>
 #include <memory>
 #include <string>
@@ -56,6 +57,7 @@ class RunningServer {
   absl::Mutex mu_;
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
   std::function<void(const absl::Status&)> device_error_handler_ ABSL_GUARDED_BY(mu_);
+  std::atomic<bool> device_error_told_{false};  // the handler runs at most once
 };
 
 // Starts serving `engine` on `listen` ("host:port"; port 0 picks one).

@@ -42,34 +42,40 @@ void ExpectRejected(const absl::Status& s, absl::StatusCode code, const std::str
   EXPECT_THAT(std::string(s.message()), HasSubstr(text));
 }
 
-// grpc.health.v1.Health/Check on a fresh channel: 1 SERVING, 2 NOT_SERVING,
-// -1 when the call fails.
-int HealthStatus(int port) {
-  auto channel = grpc::CreateChannel("127.0.0.1:" + std::to_string(port),
-                                     grpc::InsecureChannelCredentials());
-  grpc::GenericStub stub(channel);
+// A unary call of raw bytes on a fresh channel; the reply's bytes in *reply.
+grpc::Status RawUnary(int port, const std::string& method, const std::string& bytes,
+                      std::string* reply = nullptr) {
+  grpc::GenericStub stub(grpc::CreateChannel("127.0.0.1:" + std::to_string(port),
+                                             grpc::InsecureChannelCredentials()));
   grpc::ClientContext ctx;
   ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
-  grpc::Slice empty;
-  grpc::ByteBuffer request(&empty, 1), response;
+  grpc::Slice slice(bytes);
+  grpc::ByteBuffer request(&slice, 1), response;
   std::mutex mu;
   std::condition_variable cv;
   bool done = false;
   grpc::Status status;
-  stub.UnaryCall(&ctx, "/grpc.health.v1.Health/Check", grpc::StubOptions(), &request, &response,
-                 [&](grpc::Status s) {
-                   std::lock_guard<std::mutex> lock(mu);
-                   status = s;
-                   done = true;
-                   cv.notify_one();
-                 });
+  stub.UnaryCall(&ctx, method, grpc::StubOptions(), &request, &response, [&](grpc::Status s) {
+    std::lock_guard<std::mutex> lock(mu);
+    status = s;
+    done = true;
+    cv.notify_one();
+  });
   std::unique_lock<std::mutex> lock(mu);
   cv.wait(lock, [&] { return done; });
-  if (!status.ok()) return -1;
-  std::vector<grpc::Slice> slices;
-  if (!response.Dump(&slices).ok()) return -1;
+  if (reply != nullptr && status.ok()) {
+    std::vector<grpc::Slice> slices;
+    (void)response.Dump(&slices);
+    reply->clear();
+    for (const auto& sl : slices) reply->append(reinterpret_cast<const char*>(sl.begin()), sl.size());
+  }
+  return status;
+}
+
+// grpc.health.v1.Health/Check: 1 SERVING, 2 NOT_SERVING, -1 when it fails.
+int HealthStatus(int port) {
   std::string bytes;
-  for (const auto& sl : slices) bytes.append(reinterpret_cast<const char*>(sl.begin()), sl.size());
+  if (!RawUnary(port, "/grpc.health.v1.Health/Check", "", &bytes).ok()) return -1;
   return bytes.size() == 2 && bytes[0] == 0x08 ? bytes[1] : -1;
 }
 
@@ -255,6 +261,22 @@ TEST(LifecycleTest, IdleTtlSweepRunsInTheDaemon) {
   ASSERT_TRUE(WaitFor([&] { return d.engine().num_sequences() == 0; }));
   EXPECT_EQ(d.client().GetServerInfo()->idle_released(), 1u);
   EXPECT_EQ(d.client().ListSequences()->sequences_size(), 0);
+}
+
+// Bytes that do not decode as the method's request: INVALID_ARGUMENT naming
+// the type, nothing changes.
+TEST(LifecycleTest, UndecodableRequestsNameTheirType) {
+  Daemon d(MakeConfig({{.format = "fp8", .num_layers = 1, .pages = 16}}));
+  const std::string junk("\xff\xff\xff", 3);
+  for (const auto& [method, type] :
+       std::vector<std::pair<std::string, std::string>>{
+           {"/indexer.v1.Indexer/ListSequences", "ListSequencesRequest"},
+           {"/indexer.v1.Indexer/ExportEntries", "ExportEntriesRequest"}}) {
+    grpc::Status s = RawUnary(d.port(), method, junk);
+    EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << method;
+    EXPECT_THAT(s.error_message(), HasSubstr("request: expected a " + type + " message")) << method;
+  }
+  EXPECT_EQ(d.engine().num_sequences(), 0);
 }
 
 // Prefill on daemon A, export, import into daemon B, decode on both: the

@@ -98,7 +98,6 @@ int64_t Engine::ReleaseIdle(Clock::time_point now) {
 
 absl::StatusOr<std::unique_ptr<SequenceExport>> Engine::Export(const SeqName& name) {
   RETURN_IF_ERROR(CheckDevice());
-  std::unique_ptr<SequenceExport> ex(new SequenceExport(this, name.key));
   absl::MutexLock lock(&mu_);
   auto it = seqs_.find(name.key);
   if (it == seqs_.end()) {
@@ -111,6 +110,8 @@ absl::StatusOr<std::unique_ptr<SequenceExport>> Engine::Export(const SeqName& na
         "id: sequence ", name.display, " has no committed tokens yet; expected its first step "
         "to commit"));
   }
+  // Made only once the sequence is pinned: its destructor unpins.
+  std::unique_ptr<SequenceExport> ex(new SequenceExport(this, name.key));
   ++seq.exports;
   seq.last_used = Clock::now();
   ex->len_ = seq.len;

@@ -380,6 +380,31 @@ TEST(LifecycleTest, ExportBadInputNamesTheFieldAndChangesNothing) {
   EXPECT_TRUE(d.engine().CheckInvariants().ok());
 }
 
+// A sequence created by a step still open has nothing committed to export;
+// the refusal leaves no trace on its pin count.
+TEST(LifecycleTest, ExportOfAnUncommittedSequenceIsRefused) {
+  Daemon d(MakeConfig({{.format = "fp8", .num_layers = 2, .pages = 64}}));
+  Shadow shadow(d.layers(), 12);
+  const std::vector<SeqStep> seqs = {{"n", 5}};
+  std::vector<LayerData> data = shadow.Make(seqs);
+  auto step = d.client().OpenStep(Header(seqs, shadow));
+  ASSERT_TRUE(step.ok());
+  ASSERT_TRUE((*step)->RunLayer(Request(d.layers()[0], data[0], Form::kFloat)).ok());
+  for (int i = 0; i < 2; ++i) {
+    auto ex = d.engine().Export(SeqName::Named("n"));
+    ExpectRejected(ex.status(), absl::StatusCode::kFailedPrecondition,
+                   "id: sequence \"n\" has no committed tokens yet");
+  }
+  ASSERT_TRUE((*step)->RunLayer(Request(d.layers()[1], data[1], Form::kFloat)).ok());
+  ASSERT_TRUE((*step)->Commit().ok());
+  auto pin = d.engine().Export(SeqName::Named("n"));
+  ASSERT_TRUE(pin.ok()) << pin.status();
+  ExpectRejected(d.client().Release({client::NamedSequenceId("n")}).status(),
+                 absl::StatusCode::kFailedPrecondition, "is being exported");
+  pin->reset();
+  EXPECT_TRUE(d.client().Release({client::NamedSequenceId("n")}).ok());
+}
+
 // While an export streams, Release refuses the sequence; once the stream
 // ends (here: cancelled by the client), the pin is gone.
 TEST(LifecycleTest, ReleaseWaitsForTheExportToEnd) {

@@ -60,6 +60,19 @@ class RoutedStepTest(unittest.TestCase):
     def tearDown(self):
         self.rc.close()
 
+    def ids(self, prefix, per_daemon):
+        """Ids that give every daemon per_daemon sequences (the daemons'
+        ports, and so the routing, change from run to run)."""
+        out, count, i = [], [0] * len(self.rc.addresses), 0
+        while min(count) < per_daemon:
+            s = f"{prefix}{i}"
+            d = self.rc.daemon_for(s)
+            if count[d] < per_daemon:
+                out.append(s)
+                count[d] += 1
+            i += 1
+        return out
+
     def routed_step(self, batch, create):
         """One routed step (create: one flag, or one per sequence); every
         committed part checked by the workload."""
@@ -87,7 +100,7 @@ class RoutedStepTest(unittest.TestCase):
         return parts
 
     def test_batch_spread_over_three_daemons(self):
-        ids = [f"r{i}" for i in range(12)]
+        ids = self.ids("r", 4)
         parts = self.routed_step([(s, 20 + i) for i, s in enumerate(ids)], create=True)
         self.assertEqual([p.daemon for p in parts], [0, 1, 2])
         for p in parts:
@@ -107,13 +120,13 @@ class RoutedStepTest(unittest.TestCase):
             self.assertEqual(c.list_sequences()[0], [])
 
     def test_atomic_per_daemon_only(self):
-        ids = [f"a{i}" for i in range(9)]
+        ids = self.ids("a", 3)
         for p in self.routed_step([(s, 16) for s in ids], create=True):
             self.assertIsNone(p.error)
-        # "a0" created again: its daemon refuses its part (ALREADY_EXISTS)
+        # ids[0] created again: its daemon refuses its part (ALREADY_EXISTS)
         # and rolls it back; the other daemons' parts commit.
-        victim = self.rc.daemon_for("a0")
-        parts = self.routed_step([(s, 1) for s in ids], create=[s == "a0" for s in ids])
+        victim = self.rc.daemon_for(ids[0])
+        parts = self.routed_step([(s, 1) for s in ids], create=[s == ids[0] for s in ids])
         self.assertEqual(len(parts), 3)
         for p in parts:
             if p.daemon == victim:

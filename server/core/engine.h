@@ -218,7 +218,9 @@ class Engine {
   absl::StatusOr<SequencePage> ListSequences(const std::string& ns, const std::string& cursor,
                                              size_t limit) const;
 
-  // Pins a committed sequence for export. NOT_FOUND for an unknown one.
+  // Pins a committed sequence for export. NOT_FOUND for an unknown one,
+  // FAILED_PRECONDITION for one created by a step still open (nothing
+  // committed yet), UNAVAILABLE after a sticky device error.
   absl::StatusOr<std::unique_ptr<SequenceExport>> Export(const SeqName& name);
 
   // Releases every sequence no step, import or export has used since

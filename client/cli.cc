@@ -5,6 +5,8 @@
 //   bench    per-layer latency of decode steps
 //   release  drop sequences by id
 //   health   grpc.health.v1 check (exit 0 only when SERVING): probes, HEALTHCHECK
+//   list     this client's sequences
+//   export   a sequence's entries to a file; import sends them to a daemon
 #include <algorithm>
 #include <cinttypes>
 #include <cmath>
@@ -335,6 +337,23 @@ int main(int argc, char** argv) {
   health_cmd->add_option("--timeout", health.timeout_s,
                          "seconds for connecting and the answer together")
       ->capture_default_str()->check(CLI::Range(0.001, 3600.0));
+  CLI::App* list = app.add_subcommand("list", "this client's sequences (id, length, pages, idle)");
+  SequenceFlag export_seq, import_as;
+  std::string export_out, import_in;
+  uint64_t export_kb = 0;
+  CLI::App* export_cmd =
+      app.add_subcommand("export", "write a sequence's entries (every layer) to a file");
+  export_cmd->add_option("--id", export_seq.nums, "numeric sequence id");
+  export_cmd->add_option("--name", export_seq.names, "string sequence id");
+  export_cmd->add_option("--out", export_out, "file to write")->required();
+  export_cmd->add_option("--max-message-kb", export_kb,
+                         "largest message (KiB); 0 = the daemon's limit")
+      ->capture_default_str();
+  CLI::App* import_cmd = app.add_subcommand(
+      "import", "send an export file's messages to the daemon (same profile), in order");
+  import_cmd->add_option("--in", import_in, "file written by export")->required();
+  import_cmd->add_option("--id", import_as.nums, "import as this numeric id instead");
+  import_cmd->add_option("--name", import_as.names, "import as this string id instead");
 
   CLI11_PARSE(app, argc, argv);
 
@@ -353,6 +372,12 @@ int main(int argc, char** argv) {
     absl::StatusOr<bool> serving = RunHealth(global, health);
     if (serving.ok()) return *serving ? 0 : 1;
     status = serving.status();
+  } else if (list->parsed()) {
+    status = RunList(global);
+  } else if (export_cmd->parsed()) {
+    status = RunExport(global, export_seq, export_out, export_kb);
+  } else if (import_cmd->parsed()) {
+    status = RunImport(global, import_in, import_as);
   }
   if (!status.ok()) {
     std::fprintf(stderr, "error: %s\n", status.ToString().c_str());

@@ -75,6 +75,22 @@ absl::Status RunBench(const GlobalFlags& flags, const BenchFlags& bench);
 // OK with true when the daemon answers SERVING (printed: the status name).
 absl::StatusOr<bool> RunHealth(const GlobalFlags& flags, const HealthFlags& health);
 
+// Lifecycle (cli_lifecycle.cc). A sequence on the command line: --id N or
+// --name S (exactly one).
+struct SequenceFlag {
+  std::vector<uint64_t> nums;
+  std::vector<std::string> names;
+};
+absl::Status RunList(const GlobalFlags& flags);
+// Writes the sequence's exported WriteEntriesRequest messages to `path`,
+// each behind its 4-byte little-endian length.
+absl::Status RunExport(const GlobalFlags& flags, const SequenceFlag& seq, const std::string& path,
+                       uint64_t max_message_kb);
+// Sends the messages of an export file to the daemon, in order; `as`
+// renames the sequence (empty: its exported id).
+absl::Status RunImport(const GlobalFlags& flags, const std::string& path,
+                       const SequenceFlag& as);
+
 // Sequences a run created; whatever is still held is released when the set
 // is destroyed (best effort, errors printed), also on error paths.
 class OwnedSequences {

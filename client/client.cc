@@ -452,6 +452,52 @@ absl::StatusOr<uint64_t> IndexerClient::WriteEntries(
   return response.seq_len();
 }
 
+absl::StatusOr<v1::ListSequencesResponse> IndexerClient::ListSequences(
+    uint32_t page_size, const std::string& page_token) {
+  grpc::ClientContext context;
+  Prepare(context, options_.rpc_timeout);
+  v1::ListSequencesRequest request;
+  request.set_page_size(page_size);
+  request.set_page_token(page_token);
+  v1::ListSequencesResponse response;
+  RETURN_IF_ERROR(FromGrpcStatus(stub_->ListSequences(&context, request, &response)));
+  return response;
+}
+
+absl::Status IndexerClient::ExportEntries(
+    const v1::ExportEntriesRequest& request,
+    const std::function<absl::Status(v1::WriteEntriesRequest&)>& on_message) {
+  grpc::ClientContext context;
+  Prepare(context, options_.rpc_timeout);
+  std::unique_ptr<grpc::ClientReader<v1::WriteEntriesRequest>> reader =
+      stub_->ExportEntries(&context, request);
+  v1::WriteEntriesRequest message;
+  while (reader->Read(&message)) {
+    absl::Status s = on_message(message);
+    if (!s.ok()) {
+      context.TryCancel();
+      (void)reader->Finish();
+      return s;
+    }
+  }
+  return FromGrpcStatus(reader->Finish());
+}
+
+absl::StatusOr<uint64_t> IndexerClient::CopySequence(const v1::SequenceId& id, IndexerClient& to,
+                                                     uint64_t max_message_bytes) {
+  v1::ExportEntriesRequest request;
+  *request.mutable_id() = id;
+  request.set_max_message_bytes(max_message_bytes);
+  uint64_t len = 0;
+  RETURN_IF_ERROR(ExportEntries(request, [&](v1::WriteEntriesRequest& m) -> absl::Status {
+    absl::StatusOr<uint64_t> imported = to.WriteEntries(m);
+    if (!imported.ok()) return imported.status();
+    len = *imported;
+    return absl::OkStatus();
+  }));
+  return len;
+}
+
 absl::StatusOr<std::unique_ptr<StepSession>> IndexerClient::OpenStep(
     const v1::StepHeader& header) {
   auto context = std::make_unique<grpc::ClientContext>();

@@ -3,9 +3,14 @@
 //   indexerd --profile demo [--device auto|cpu|gpu:N] [--listen ADDR]
 //            [--cache-mb N] [--threads N] [--config FILE] [--port-file FILE]
 //            [--tls-cert PEM --tls-key PEM [--tls-ca PEM]] [--authz-policy JSON]
+//            [--drain-ms N] [--drain-delay-ms N]
 //   indexerd --check-config [PROFILE|FILE]   validate, print the geometry, exit
 //
 // Listens on 127.0.0.1:50061 unless --listen or the config says otherwise.
+// Exit status: 0 after a drain on SIGTERM/SIGINT, 1 when the port file
+// cannot be written, 2 for a config or start-up error, 3 after a sticky
+// device error (SPEC §9).
+#include <algorithm>
 #include <cerrno>
 #include <csignal>
 #include <cstring>
@@ -14,12 +19,14 @@
 #include <filesystem>
 #include <fstream>
 #include <pthread.h>
+#include <unistd.h>
 
 #include "CLI/CLI.hpp"
 #include "kernels/backend.h"
 #include "server/core/config_check.h"
 #include "server/core/config_report.h"
 #include "server/core/engine.h"
+#include "server/core/fault_injection.h"
 #include "server/core/model.h"
 #include "server/http/metrics_http.h"
 #include "server/install_paths.h"
@@ -63,6 +70,7 @@ int Run(int argc, char** argv) {
   uint64_t cache_mb = 0;
   int threads = -1;
   int grace_ms = 10000;
+  int64_t drain_delay_ms = -1;
   std::string tls_cert, tls_key, tls_ca, authz_policy, client_id_header;
   int tls_refresh_s = -1;
   app.add_option("--profile", profile, "Model profile: a file <name>.textproto in --config-dir")
@@ -85,6 +93,10 @@ int Run(int argc, char** argv) {
   app.add_option("--port-file", port_file, "Write the bound port to this file once serving");
   app.add_option("--drain-ms", grace_ms, "Grace period for open steps on SIGTERM")
       ->capture_default_str();
+  app.add_option("--drain-delay-ms", drain_delay_ms,
+                 "On SIGTERM, NOT_SERVING for this long before the drain (config "
+                 "drain_delay_ms, default 2000; a second signal skips it)")
+      ->check(CLI::Range(int64_t{0}, int64_t{600000}));
   app.add_option("--tls-cert", tls_cert,
                  "Server certificate chain (PEM); with --tls-key serves TLS (config tls.cert_file)");
   app.add_option("--tls-key", tls_key, "Its private key (PEM) (config tls.key_file)");
@@ -112,10 +124,12 @@ int Run(int argc, char** argv) {
   }
 
   // Signals are taken by sigwait below, so block them in every thread.
+  // SIGUSR1 is the daemon's own: a sticky device error.
   sigset_t sigs;
   sigemptyset(&sigs);
   sigaddset(&sigs, SIGINT);
   sigaddset(&sigs, SIGTERM);
+  sigaddset(&sigs, SIGUSR1);
   pthread_sigmask(SIG_BLOCK, &sigs, nullptr);
 
   const bool check_only = app.count("--check-config") > 0;
@@ -146,6 +160,7 @@ int Run(int argc, char** argv) {
   if (tls_refresh_s >= 0) cfg->mutable_tls()->set_refresh_s(static_cast<uint32_t>(tls_refresh_s));
   if (!authz_policy.empty()) cfg->set_authz_policy_file(authz_policy);
   if (!client_id_header.empty()) cfg->set_client_id_header(client_id_header);
+  if (drain_delay_ms >= 0) cfg->set_drain_delay_ms(static_cast<uint64_t>(drain_delay_ms));
   auto model = indexer::BuildModel(*std::move(cfg));
   if (!model.ok()) {
     spdlog::error("config {}: {}", path, model.status().ToString());
@@ -165,6 +180,13 @@ int Run(int argc, char** argv) {
   if (absl::Status fits = CheckCacheFitsDevice(*model, **backend); !fits.ok()) {
     spdlog::error("{}", fits.ToString());
     return 2;
+  }
+  if (const char* fault = std::getenv(indexer::kDeviceFaultEnv); fault != nullptr && *fault) {
+    // Test-only (fault_injection.h): never set in production.
+    const int64_t after = std::strtoll(fault, nullptr, 10);
+    spdlog::warn("{}={}: TEST-ONLY sticky device error after {} layers", indexer::kDeviceFaultEnv,
+                 fault, after);
+    *backend = indexer::MakeFaultInjectingBackend(*std::move(backend), after);
   }
   const std::string listen_addr = model->config.listen();
   const std::string profile_name = model->config.profile();
@@ -191,6 +213,7 @@ int Run(int argc, char** argv) {
     return 2;
   }
   const std::string device_desc = (*engine)->backend().Describe();
+  const int64_t drain_delay = static_cast<int64_t>((*engine)->model().config.drain_delay_ms());
 
   for (const auto& g : (*engine)->model().groups) {
     spdlog::info("group {}: {} layers, {} D={} E={} r={} {}, {} pages/layer ({:.1f} MiB)",
@@ -230,9 +253,40 @@ int Run(int argc, char** argv) {
     }
   }
 
+  // The handler runs on a layer's thread: it only wakes the sigwait below.
+  (*server)->OnDeviceError([](const absl::Status&) { kill(getpid(), SIGUSR1); });
+
   int sig = 0;
   sigwait(&sigs, &sig);
-  spdlog::info("signal {}: draining (up to {} ms)", sig, grace_ms);
+  if (sig == SIGUSR1) {
+    // NOT_SERVING already (RunningServer); open steps fail on the device
+    // anyway, so no delay: drain briefly and end with a non-zero status.
+    spdlog::error("sticky device error: stopping (exit status 3)");
+    (*server)->Shutdown(std::min(grace_ms, 1000));
+    return 3;
+  }
+  // Two-phase drain: NOT_SERVING first while every call is still served,
+  // so that probes and routers move traffic away; then the drain of open
+  // steps. A second SIGTERM/SIGINT skips the rest of the delay.
+  (*server)->SetNotServing();
+  spdlog::info("signal {}: NOT_SERVING; draining in {} ms (up to {} ms for open steps)", sig,
+               drain_delay, grace_ms);
+  if (drain_delay > 0) {
+    const timespec wait = {static_cast<time_t>(drain_delay / 1000),
+                           static_cast<long>(drain_delay % 1000) * 1000000};
+    siginfo_t info;
+    int got;
+    do {
+      got = sigtimedwait(&sigs, &info, &wait);  // EINTR: a non-blocked signal; wait again
+    } while (got < 0 && errno == EINTR);
+    if (got == SIGUSR1) {
+      spdlog::error("sticky device error while draining: stopping (exit status 3)");
+      (*server)->Shutdown(std::min(grace_ms, 1000));
+      return 3;
+    }
+    if (got > 0) spdlog::info("signal {}: drain delay skipped", got);
+  }
+  spdlog::info("draining open steps (up to {} ms)", grace_ms);
   (*server)->Shutdown(grace_ms);
   spdlog::info("stopped");
   return 0;

@@ -56,6 +56,10 @@ absl::Status FillAndCheckLimits(config::ServerConfig* cfg) {
   RETURN_IF_ERROR(InRange("client_quota.max_bytes_in_flight_mb", q.max_bytes_in_flight_mb(), 0,
                           uint64_t{1} << 30));
   RETURN_IF_ERROR(InRange("tls.refresh_s", cfg->tls().refresh_s(), 0, 86400));
+  // Lifecycle timers: milliseconds held in an int64 duration, 30 days at most.
+  RETURN_IF_ERROR(InRange("sequence_idle_ttl_ms", cfg->sequence_idle_ttl_ms(), 0, 2592000000));
+  // Kubernetes' terminationGracePeriodSeconds must cover it: 10 minutes at most.
+  RETURN_IF_ERROR(InRange("drain_delay_ms", cfg->drain_delay_ms(), 0, 600000));
   RETURN_IF_ERROR(InRange("layer_spin_us", cfg->layer_spin_us(), 0, 100000));
 
   if (cfg->next_n() == 0) cfg->set_next_n(1);
@@ -74,6 +78,7 @@ absl::Status FillAndCheckLimits(config::ServerConfig* cfg) {
   if (cfg->keepalive_timeout_ms() == 0) cfg->set_keepalive_timeout_ms(kDefaultKeepaliveTimeoutMs);
   if (cfg->memory_quota_mb() == 0) cfg->set_memory_quota_mb(kDefaultMemoryQuotaMb);
   if (cfg->client_id_header().empty()) cfg->set_client_id_header(kDefaultClientIdHeader);
+  if (!cfg->has_drain_delay_ms()) cfg->set_drain_delay_ms(kDefaultDrainDelayMs);
   config::ClientQuota* mq = cfg->mutable_client_quota();
   if (mq->max_open_steps() == 0) mq->set_max_open_steps(cfg->max_open_steps());
   if (mq->max_reserved_pct() == 0) mq->set_max_reserved_pct(kDefaultMaxReservedPct);

@@ -25,6 +25,7 @@ inline constexpr uint64_t kDefaultMaxBytesInFlightMb = 1024;
 inline constexpr uint64_t kDefaultMemoryQuotaMb = 4096;
 inline constexpr char kDefaultClientIdHeader[] = "x-indexer-client";
 inline constexpr char kDefaultListen[] = "127.0.0.1:50061";
+inline constexpr uint64_t kDefaultDrainDelayMs = 2000;
 
 // Fills the defaults of the top-level limits and the trust keys (0 or unset
 // = default), then checks every top-level integer against its range.

@@ -72,6 +72,7 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(
 
 absl::StatusOr<std::unique_ptr<Step>> Engine::BeginStep(const StepSpec& spec) {
   const config::ServerConfig& cfg = model_.config;
+  RETURN_IF_ERROR(CheckDevice());
   const size_t n = spec.seqs.size();
   if (n == 0) {
     return absl::InvalidArgumentError("header.sequences: expected at least one sequence");
@@ -210,10 +211,7 @@ absl::StatusOr<std::unique_ptr<Step>> Engine::BeginStep(const StepSpec& spec) {
     auto ctx = backend_->PrepareStep(gs.layout, std::move(rows));
     t = std::chrono::steady_clock::now();
     step->begin_times_.prepare_us += us(t_rows, t);
-    if (!ctx.ok()) {
-      metrics_.MaybeDeviceError(ctx.status());
-      return ctx.status();  // ~Step rolls back
-    }
+    if (!ctx.ok()) return NoteDeviceStatus(ctx.status());  // ~Step rolls back
     step->ctx_.push_back(std::move(ctx).value());
   }
   step->num_rows_ = G > 0 ? step->ctx_[0]->rows().num_rows : 0;
@@ -223,6 +221,7 @@ absl::StatusOr<std::unique_ptr<Step>> Engine::BeginStep(const StepSpec& spec) {
 }
 
 void Engine::FinishStep(Step* step, bool commit) {
+  const Clock::time_point now = Clock::now();
   absl::MutexLock lock(&mu_);
   for (size_t i = 0; i < step->keys_.size(); ++i) {
     auto it = seqs_.find(step->keys_[i]);
@@ -234,6 +233,7 @@ void Engine::FinishStep(Step* step, bool commit) {
         seq->pages[g].insert(seq->pages[g].end(), fresh.begin(), fresh.end());
       }
       seq->busy = false;
+      seq->last_used = now;
     } else {
       for (size_t g = 0; g < allocators_.size(); ++g) {
         allocators_[g].Free(step->new_pages_[i][g]);
@@ -242,6 +242,7 @@ void Engine::FinishStep(Step* step, bool commit) {
         seqs_.erase(it);
       } else {
         seq->busy = false;
+        seq->last_used = now;
       }
     }
   }
@@ -259,6 +260,11 @@ absl::StatusOr<int64_t> Engine::Release(const std::vector<SeqName>& names) {
     if (it->second->busy) {
       return absl::FailedPreconditionError(absl::StrCat(
           "ids[", i, "]: sequence ", names[i].display, " is in an open step"));
+    }
+    if (it->second->exports > 0) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "ids[", i, "]: sequence ", names[i].display,
+          " is being exported (ExportEntries); expected the export to end first"));
     }
   }
   int64_t freed = 0;
@@ -431,7 +437,7 @@ absl::StatusOr<double> Step::WriteK(int32_t group, int32_t layer, const KInput& 
   if (rows.NewEntries() == 0) return 0.0;
   absl::StatusOr<double> us = engine_->backend_->WriteEntries(
       engine_->model_.groups[group].layout, engine_->pools_[layer], rows, ctx_[group].get(), k);
-  if (!us.ok()) engine_->metrics_.MaybeDeviceError(us.status());
+  if (!us.ok()) return engine_->NoteDeviceStatus(us.status());
   return us;
 }
 
@@ -565,10 +571,7 @@ absl::StatusOr<LayerOutput> Step::RunLayer(const LayerInput& in) {
   // same positions.
   absl::StatusOr<LayerTimings> t =
       b.RunLayer(engine_->pools_[in.layer], ctx_[group].get(), work);
-  if (!t.ok()) {
-    engine_->metrics_.MaybeDeviceError(t.status());
-    return t.status();
-  }
+  if (!t.ok()) return engine_->NoteDeviceStatus(t.status());
   out.timings = *t;
   layer_done_[in.layer] = true;
   if (role.kind == LayerRoleKind::kCandidateSource) source_done_[role.set] = true;

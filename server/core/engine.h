@@ -10,7 +10,9 @@
 #pragma once
 
 #include <atomic>
+#include <chrono>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -142,6 +144,61 @@ struct GroupUsage {
   int64_t free_pages = 0;
 };
 
+// One sequence of a namespace, as ListSequences shows it.
+struct SequenceListing {
+  bool numeric = false;  // id: `num` when numeric, else `name`
+  uint64_t num = 0;
+  std::string name;
+  int64_t length = 0;             // committed tokens
+  std::vector<int64_t> pages;     // [group] pages held
+  int64_t idle_ms = 0;            // since its last use
+  bool busy = false;              // in an open step
+};
+struct SequencePage {
+  std::vector<SequenceListing> sequences;
+  std::string next_cursor;  // "" = no more
+};
+
+// A committed sequence being exported (ExportEntries): pinned until this is
+// destroyed, so that Release refuses it (FAILED_PRECONDITION) and the idle
+// TTL skips it. Steps may extend the sequence meanwhile: they write only
+// past the committed length, and the export ends at the length it had when
+// it began. Not thread-safe (one stream drives it); REQUIRES: destroyed
+// before the Engine.
+class SequenceExport {
+ public:
+  SequenceExport(const SequenceExport&) = delete;
+  SequenceExport& operator=(const SequenceExport&) = delete;
+  ~SequenceExport();
+
+  int64_t length() const { return len_; }
+  bool done() const { return next_token_ >= len_; }
+
+  // The next chunk: tokens [first_token, first_token + num_tokens) and, per
+  // layer (layer order), their entries in the [n_new, VB + SB] linear form
+  // WriteEntries accepts. num_tokens is the largest count up to
+  // `max_tokens` whose entries take at most `max_payload_bytes` over all
+  // layers; INVALID_ARGUMENT naming `bytes_field` when not even one token
+  // fits. Errors leave the position where it was.
+  struct Chunk {
+    int64_t first_token = 0;
+    int64_t num_tokens = 0;
+    std::vector<std::string> layers;  // [layer]
+  };
+  absl::StatusOr<Chunk> Next(int64_t max_payload_bytes, int64_t max_tokens,
+                             const std::string& bytes_field);
+
+ private:
+  friend class Engine;
+  SequenceExport(Engine* engine, std::string key) : engine_(engine), key_(std::move(key)) {}
+
+  Engine* engine_;
+  const std::string key_;
+  int64_t len_ = 0;
+  std::vector<std::vector<int32_t>> pages_;  // [group] block table up to len_
+  int64_t next_token_ = 0;
+};
+
 class Engine {
  public:
   // Allocates every K pool up front.
@@ -160,6 +217,40 @@ class Engine {
   absl::StatusOr<int64_t> Import(const SeqName& name, bool create,
                                  int64_t num_tokens,
                                  const std::vector<std::pair<int32_t, TensorView>>& layers);
+
+  // ---- lifecycle (SPEC §9; README "Lifecycle") ----
+
+  // The sequences of namespace `ns` (SeqName's), ordered by id, after
+  // `cursor` (a next_cursor of an earlier call; "" = from the start), at
+  // most `limit`. INVALID_ARGUMENT naming page_token for a cursor this
+  // method did not make.
+  absl::StatusOr<SequencePage> ListSequences(const std::string& ns, const std::string& cursor,
+                                             size_t limit) const;
+
+  // Pins a committed sequence for export. NOT_FOUND for an unknown one,
+  // FAILED_PRECONDITION for one created by a step still open (nothing
+  // committed yet), UNAVAILABLE after a sticky device error.
+  absl::StatusOr<std::unique_ptr<SequenceExport>> Export(const SeqName& name);
+
+  // Releases every sequence no step, import or export has used since
+  // before `now` - sequence_idle_ttl_ms, skipping sequences in an open step
+  // or being exported. Returns how many; 0 when the TTL is off. The server
+  // calls it periodically; tests pass a `now` of their choice.
+  int64_t ReleaseIdle(std::chrono::steady_clock::time_point now);
+  // Sequences the idle TTL released since start (a counter for metrics).
+  int64_t idle_released() const { return idle_released_.load(); }
+
+  // A sticky device error (a backend reports it as UNAVAILABLE, see
+  // kernels/gpu/gpu_compat.h ErrorStatus): the device is lost for this
+  // process. The first one calls `handler` (once, on the failing call's
+  // thread) and from then on steps, imports and exports are refused with
+  // UNAVAILABLE. REQUIRES: set before serving.
+  void SetDeviceErrorHandler(std::function<void(const absl::Status&)> handler) {
+    device_error_handler_ = std::move(handler);
+  }
+  bool device_failed() const { return device_errors_.load() > 0; }
+  // Sticky device errors seen (a counter for metrics).
+  int64_t device_errors() const { return device_errors_.load(); }
 
   const Model& model() const { return model_; }
   Backend& backend() { return *backend_; }
@@ -183,13 +274,22 @@ class Engine {
 
  private:
   friend class Step;
+  friend class SequenceExport;
+  using Clock = std::chrono::steady_clock;
   struct Sequence {
     int64_t len = 0;                          // tokens
     std::vector<std::vector<int32_t>> pages;  // [group] block table
     bool busy = false;                        // in an open step
+    int32_t exports = 0;                      // SequenceExports pinning it
+    Clock::time_point last_used = Clock::now();  // idle TTL
   };
   Engine(Model model, std::unique_ptr<Backend> backend);
   void FinishStep(Step* step, bool commit);
+  // Passes `s` through; counts and reports it when it is a sticky device
+  // error (UNAVAILABLE from the backend).
+  absl::Status NoteDeviceStatus(absl::Status s);
+  absl::Status CheckDevice() const;
+  void EndExport(const std::string& key);
 
   const Model model_;
   const std::unique_ptr<Backend> backend_;
@@ -197,6 +297,9 @@ class Engine {
   std::atomic<int32_t> open_steps_{0};
   std::atomic<uint64_t> step_counter_{0};
   Metrics metrics_;
+  std::atomic<int64_t> idle_released_{0};
+  std::atomic<int64_t> device_errors_{0};
+  std::function<void(const absl::Status&)> device_error_handler_;
 
   mutable absl::Mutex mu_;
   std::vector<PageAllocator> allocators_ ABSL_GUARDED_BY(mu_);  // [group]

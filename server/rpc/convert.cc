@@ -140,4 +140,53 @@ absl::StatusOr<ImportArgs> ToImport(const v1::WriteEntriesRequest& req, int64_t 
   return a;
 }
 
+absl::StatusOr<ExportArgs> ToExport(const v1::ExportEntriesRequest& req,
+                                    int64_t daemon_max_message_bytes, int64_t max_q_len,
+                                    const std::string& ns) {
+  ExportArgs args;
+  ASSIGN_OR_RETURN(args.name, ToSeqName("id", req.id(), ns));
+  if (req.max_message_bytes() > static_cast<uint64_t>(daemon_max_message_bytes)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "max_message_bytes: expected 0..", daemon_max_message_bytes,
+        " (the daemon's max_message_bytes; 0 = that), got ", req.max_message_bytes()));
+  }
+  if (req.max_tokens() > static_cast<uint64_t>(max_q_len)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "max_tokens: expected 0..", max_q_len, " (max_q_len; 0 = that), got ", req.max_tokens()));
+  }
+  args.max_message_bytes = req.max_message_bytes() == 0
+                               ? daemon_max_message_bytes
+                               : static_cast<int64_t>(req.max_message_bytes());
+  args.max_tokens = req.max_tokens() == 0 ? max_q_len : static_cast<int64_t>(req.max_tokens());
+  return args;
+}
+
+int64_t ExportFramingBytes(int32_t num_layers) {
+  // Top level: id (tag, length, oneof tag, length, 256 bytes), create,
+  // num_tokens, the layers' tags and lengths; per layer: the layer id, the
+  // tensor's tag and length, dtype, a packed shape of two int64, the data's
+  // tag and length. Rounded up generously: a message must never exceed the
+  // limit the caller asked for.
+  return 512 + 64 * static_cast<int64_t>(num_layers);
+}
+
+v1::WriteEntriesRequest ExportMessage(const Model& model, const v1::SequenceId& id,
+                                      SequenceExport::Chunk& chunk) {
+  v1::WriteEntriesRequest msg;
+  *msg.mutable_id() = id;
+  msg.set_create(chunk.first_token == 0);
+  msg.set_num_tokens(static_cast<uint64_t>(chunk.num_tokens));
+  for (int32_t l = 0; l < model.num_layers(); ++l) {
+    const int64_t eb = model.groups[model.layer_group[l]].layout.entry_bytes();
+    v1::LayerEntries* le = msg.add_layers();
+    le->set_layer(static_cast<uint32_t>(l));
+    v1::Tensor* k = le->mutable_k();
+    k->set_dtype(v1::UINT8);
+    k->add_shape(static_cast<int64_t>(chunk.layers[l].size()) / eb);
+    k->add_shape(eb);
+    k->set_data(std::move(chunk.layers[l]));
+  }
+  return msg;
+}
+
 }  // namespace indexer

@@ -67,4 +67,26 @@ struct ImportArgs {
 absl::StatusOr<ImportArgs> ToImport(const v1::WriteEntriesRequest& req, int64_t max_q_len,
                                     const std::string& ns = "");
 
+// ExportEntries (lifecycle): the request's checks against the daemon's
+// max_message_bytes and max_q_len, with its 0 = default rules resolved.
+struct ExportArgs {
+  SeqName name;
+  int64_t max_message_bytes = 0;  // largest message to send
+  int64_t max_tokens = 0;         // tokens per message at most
+};
+absl::StatusOr<ExportArgs> ToExport(const v1::ExportEntriesRequest& req,
+                                    int64_t daemon_max_message_bytes, int64_t max_q_len,
+                                    const std::string& ns = "");
+
+// Bytes of an exported WriteEntriesRequest besides its entries' data, at
+// most: the id (256-byte names), create, num_tokens and, per layer, the
+// LayerEntries and Tensor framing (tags, lengths, layer, dtype, 2-D shape).
+int64_t ExportFramingBytes(int32_t num_layers);
+
+// The WriteEntriesRequest of one exported chunk of sequence `id`: create on
+// the first chunk, every layer's entries as [n_new, VB + SB] UINT8 (moved
+// out of `chunk`).
+v1::WriteEntriesRequest ExportMessage(const Model& model, const v1::SequenceId& id,
+                                      SequenceExport::Chunk& chunk);
+
 }  // namespace indexer

@@ -1,6 +1,7 @@
 #include "server/rpc/service.h"
 
 #include <chrono>
+#include <random>
 #include <memory>
 #include <string>
 #include <utility>
@@ -19,8 +20,10 @@
 #include "server/rpc/grpc_status.h"
 #include "server/rpc/identity.h"
 #include "server/rpc/idle_watch.h"
+#include "server/rpc/lifecycle_service.h"
 #include "server/rpc/log_safe.h"
 #include "server/rpc/quota.h"
+#include "server/rpc/raw_codec.h"
 #include "server/rpc/reply_wire.h"
 #include "server/rpc/request_log.h"
 #include "spdlog/spdlog.h"
@@ -47,31 +50,19 @@ int64_t MonotonicNs(Clock::time_point t) {
   return std::chrono::duration_cast<std::chrono::nanoseconds>(t.time_since_epoch()).count();
 }
 
-grpc::ServerUnaryReactor* Respond(grpc::CallbackServerContext* ctx,
-                                  const absl::Status& s) {
-  auto* reactor = ctx->DefaultReactor();
-  reactor->Finish(ToGrpcStatus(s));
-  return reactor;
+// 128 random bits as 32 hex digits: new at every start, so that a client
+// tells a restarted daemon (its sequences gone) from the one it knew.
+std::string NewInstanceId() {
+  std::random_device rd;
+  std::string id;
+  for (int i = 0; i < 4; ++i) absl::StrAppend(&id, absl::Hex(rd(), absl::kZeroPad8));
+  return id;
 }
 
-// Parses a raw request: INVALID_ARGUMENT naming the expected type when the
-// bytes do not decode as one.
-template <typename Msg>
-absl::Status Decode(const grpc::ByteBuffer& bytes, const char* type, Msg* out) {
-  grpc::ByteBuffer copy(bytes);  // Deserialize consumes its buffer
-  if (grpc::SerializationTraits<Msg>::Deserialize(&copy, out).ok()) return absl::OkStatus();
-  return absl::InvalidArgumentError(absl::StrCat(
-      "request: expected a ", type, " message; ", bytes.Length(), " bytes do not decode as one"));
-}
-
-// Serializes a reply into `out` when `s` is OK; the status to finish with.
-template <typename Msg>
-absl::Status Encode(absl::Status s, const Msg& msg, grpc::ByteBuffer* out) {
-  if (!s.ok()) return s;
-  bool own_buffer = false;
-  grpc::Status gs = grpc::SerializationTraits<Msg>::Serialize(msg, out, &own_buffer);
-  if (gs.ok()) return absl::OkStatus();
-  return absl::InternalError(absl::StrCat("reply: ", gs.error_message()));
+int64_t UnixMillisNow() {
+  return std::chrono::duration_cast<std::chrono::milliseconds>(
+             std::chrono::system_clock::now().time_since_epoch())
+      .count();
 }
 
 }  // namespace
@@ -567,6 +558,8 @@ ServiceState::ServiceState(Engine* e, std::shared_ptr<ReplyBuffers> b)
 
 IndexerService::IndexerService(Engine* engine)
     : engine_(engine),
+      instance_id_(NewInstanceId()),
+      start_time_unix_ms_(UnixMillisNow()),
       state_(std::make_unique<ServiceState>(engine, std::make_shared<ReplyBuffers>())) {}
 
 IndexerService::~IndexerService() = default;
@@ -589,7 +582,8 @@ grpc::ServerUnaryReactor* IndexerService::GetServerInfo(grpc::CallbackServerCont
   resp->set_next_n(m.config.next_n());
   for (const char* f : {"dense", "candidate_source", "candidate_consumer", "block", "fp8",
                         "mxfp4", "linear", "tiled", "fp32_q", "bf16_q", "prequantized_k",
-                        "import", "release", "health", "host_regions"}) {
+                        "import", "release", "health", "host_regions", "list_sequences",
+                        "export"}) {
     resp->add_features(f);
   }
   if (engine_->backend().Kind() == "gpu") resp->add_features("device_regions");
@@ -641,6 +635,10 @@ grpc::ServerUnaryReactor* IndexerService::GetServerInfo(grpc::CallbackServerCont
   resp->set_max_batch(m.config.max_batch());
   resp->set_max_q_len(m.config.max_q_len());
   resp->set_max_seq_len(m.config.max_seq_len());
+  resp->set_instance_id(instance_id_);
+  resp->set_start_time_unix_ms(start_time_unix_ms_);
+  resp->set_sequence_idle_ttl_ms(m.config.sequence_idle_ttl_ms());
+  resp->set_idle_released(static_cast<uint64_t>(engine_->idle_released()));
   return Respond(ctx, Encode(absl::OkStatus(), info, resp_bytes));
 }
 
@@ -708,6 +706,17 @@ grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer>* IndexerService::Ste
 }
 
 RegionRegistry& IndexerService::regions() { return state_->regions; }
+
+grpc::ServerUnaryReactor* IndexerService::ListSequences(grpc::CallbackServerContext* ctx,
+                                                        const grpc::ByteBuffer* req,
+                                                        grpc::ByteBuffer* resp) {
+  return ServeListSequences(engine_, state_->Client(*ctx), ctx, req, resp);
+}
+
+grpc::ServerWriteReactor<grpc::ByteBuffer>* IndexerService::ExportEntries(
+    grpc::CallbackServerContext* ctx, const grpc::ByteBuffer* req) {
+  return ServeExportEntries(engine_, &state_->executor, state_->Client(*ctx), ctx, req);
+}
 
 grpc::ServerUnaryReactor* IndexerService::RegisterRegion(grpc::CallbackServerContext* ctx,
                                                          const grpc::ByteBuffer* req_bytes,

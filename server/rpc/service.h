@@ -32,7 +32,10 @@ using IndexerServiceBase = v1::Indexer::WithRawCallbackMethod_GetServerInfo<
     v1::Indexer::WithRawCallbackMethod_Release<v1::Indexer::WithRawCallbackMethod_WriteEntries<
         v1::Indexer::WithRawCallbackMethod_Step<v1::Indexer::WithRawCallbackMethod_RegisterRegion<
             v1::Indexer::WithRawCallbackMethod_UnregisterRegion<
-                v1::Indexer::WithRawCallbackMethod_ListRegions<v1::Indexer::Service>>>>>>>;
+                v1::Indexer::WithRawCallbackMethod_ListRegions<
+                    v1::Indexer::WithRawCallbackMethod_ListSequences<
+                        v1::Indexer::WithRawCallbackMethod_ExportEntries<
+                            v1::Indexer::Service>>>>>>>>>;
 
 // What the service's calls share (owned by the service).
 struct ServiceState;
@@ -67,13 +70,28 @@ class IndexerService final : public IndexerServiceBase {
                                         const grpc::ByteBuffer* req,
                                         grpc::ByteBuffer* resp) override;
 
+  // Lifecycle (lifecycle_service.h): the caller's own sequences, and a
+  // sequence's entries as WriteEntries messages.
+  grpc::ServerUnaryReactor* ListSequences(grpc::CallbackServerContext* ctx,
+                                          const grpc::ByteBuffer* req,
+                                          grpc::ByteBuffer* resp) override;
+  grpc::ServerWriteReactor<grpc::ByteBuffer>* ExportEntries(grpc::CallbackServerContext* ctx,
+                                                            const grpc::ByteBuffer* req) override;
+
   RegionRegistry& regions();
+
+  // This process's instance id (32 random hex digits) and start time
+  // (ServerInfo.instance_id, start_time_unix_ms).
+  const std::string& instance_id() const { return instance_id_; }
+  int64_t start_time_unix_ms() const { return start_time_unix_ms_; }
 
   // For tests: the quotas' view of a client (ClientIdentity form).
   const ClientQuotas& quotas() const;
 
  private:
   Engine* engine_;
+  const std::string instance_id_;
+  const int64_t start_time_unix_ms_;
   std::unique_ptr<ServiceState> state_;
 };
 

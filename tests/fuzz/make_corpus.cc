@@ -227,6 +227,37 @@ void WriteEntriesCorpus(const fs::path& dir) {
   Write(dir, "bad", s);
 }
 
+v1::ExportEntriesRequest ExportOf(const std::string& name, uint64_t max_bytes,
+                                  uint64_t max_tokens) {
+  v1::ExportEntriesRequest r;
+  if (!name.empty() && name[0] == '#') {
+    r.mutable_id()->set_num(std::stoull(name.substr(1)));
+  } else if (!name.empty()) {
+    r.mutable_id()->set_name(name);
+  }
+  r.set_max_message_bytes(max_bytes);
+  r.set_max_tokens(max_tokens);
+  return r;
+}
+
+void ExportCorpus(const fs::path& dir) {
+  std::string s;
+  AppendRecord(&s, ExportOf("base-a", 0, 0).SerializeAsString());
+  AppendRecord(&s, ExportOf("#7", 0, 3).SerializeAsString());
+  Write(dir, "baseline", s);
+  s.clear();
+  AppendRecord(&s, ExportOf("base-a", 4096, 0).SerializeAsString());  // several messages
+  AppendRecord(&s, ExportOf("base-a", 1200, 1).SerializeAsString());
+  Write(dir, "small_messages", s);
+  s.clear();
+  AppendRecord(&s, ExportOf("nope", 0, 0).SerializeAsString());
+  AppendRecord(&s, ExportOf("", 0, 0).SerializeAsString());
+  AppendRecord(&s, ExportOf("base-a", 100, 0).SerializeAsString());       // too small
+  AppendRecord(&s, ExportOf("base-a", 1 << 30, 0).SerializeAsString());   // over the daemon's
+  AppendRecord(&s, ExportOf("base-a", 0, 1 << 20).SerializeAsString());   // over max_q_len
+  Write(dir, "bad", s);
+}
+
 }  // namespace
 }  // namespace indexer::fuzz
 
@@ -239,5 +270,6 @@ int main(int argc, char** argv) {
   indexer::fuzz::StepCorpus(root / "step");
   indexer::fuzz::ReleaseCorpus(root / "release");
   indexer::fuzz::WriteEntriesCorpus(root / "write_entries");
+  indexer::fuzz::ExportCorpus(root / "export");
   return 0;
 }

@@ -3,7 +3,7 @@
 # Usage: tests/fuzz/run.sh BUILD_DIR [SECONDS_PER_TARGET=60] [extra libFuzzer flags]
 # First each target replays its seed corpus (tests/fuzz/corpus/<target>)
 # once, and some seeds must take effect (a committed step, an import, a
-# release: the seeds still reach the engine's success paths); then it fuzzes from a scratch copy of the corpus for SECONDS.
+# release, an export: the seeds still reach the engine's success paths); then it fuzzes from a scratch copy of the corpus for SECONDS.
 # A crash, a leak or a broken invariant (an abort in fuzz_common.h) leaves
 # the reproducer in BUILD_DIR/fuzz-artifacts/ and fails the run; replay it
 # with  BUILD_DIR/tests/fuzz/fuzz_<target> FILE.
@@ -16,7 +16,7 @@ art="$build/fuzz-artifacts"
 mkdir -p "$art"
 export ASAN_OPTIONS=${ASAN_OPTIONS:-detect_leaks=1:abort_on_error=1}
 export UBSAN_OPTIONS=${UBSAN_OPTIONS:-halt_on_error=1:print_stacktrace=1}
-for t in step release write_entries; do
+for t in step release write_entries export; do
   bin="$build/tests/fuzz/fuzz_$t"
   seeds="tests/fuzz/corpus/$t"
   stats=$(INDEXER_FUZZ_STATS=1 "$bin" "$seeds"/* 2>&1 | tee "$art/$t.replay.log" |

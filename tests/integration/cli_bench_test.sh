@@ -8,7 +8,7 @@ set -euo pipefail
 indexerd=$1 cli=$2
 dir=$(mktemp -d)
 "$indexerd" --profile demo --device cpu --threads 2 --listen 127.0.0.1:0 \
-  --port-file "$dir/port" --log-level warn &
+  --port-file "$dir/port" --log-level warn --drain-delay-ms 0 &
 pid=$!
 trap 'kill $pid 2>/dev/null || true; wait $pid 2>/dev/null || true; rm -rf "$dir"' EXIT
 for _ in $(seq 200); do [[ -s $dir/port ]] && break; sleep 0.05; done

@@ -17,7 +17,7 @@ cat > "$dir/policy.json" <<'JSON'
  "allow_rules": [{"name": "certified", "source": {"principals": ["*"]}}]}
 JSON
 "$indexerd" --profile demo --device cpu --threads 2 --listen 127.0.0.1:0 \
-  --port-file "$dir/port" --log-level warn \
+  --port-file "$dir/port" --log-level warn --drain-delay-ms 0 \
   --tls-cert "$dir/server.pem" --tls-key "$dir/server.key" --tls-ca "$dir/ca.pem" \
   --tls-refresh-s 1 --authz-policy "$dir/policy.json" &
 pid=$!

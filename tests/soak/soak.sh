@@ -23,7 +23,7 @@ cleanup() {
 }
 trap cleanup EXIT
 "$daemon" --profile "${SOAK_PROFILE:-demo}" --device cpu --cache-mb "${SOAK_CACHE_MB:-8}" \
-  --listen 127.0.0.1:0 --port-file "$tmp/port" --log-level warn >"$tmp/daemon.log" 2>&1 &
+  --listen 127.0.0.1:0 --port-file "$tmp/port" --log-level warn --drain-delay-ms 0 >"$tmp/daemon.log" 2>&1 &
 pid=$!
 for _ in $(seq 300); do
   [[ -s "$tmp/port" ]] && break

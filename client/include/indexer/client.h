@@ -17,6 +17,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -198,6 +199,23 @@ class IndexerClient {
   // Opens a Step stream and sends `header`.
   absl::StatusOr<std::unique_ptr<StepSession>> OpenStep(
       const v1::StepHeader& header);
+
+  // Lifecycle. One page of this client's own sequences (its namespace).
+  absl::StatusOr<v1::ListSequencesResponse> ListSequences(uint32_t page_size = 0,
+                                                          const std::string& page_token = "");
+  // A sequence's entries, every layer, as the WriteEntriesRequest messages
+  // that recreate it (the first with create set): `on_message` takes each
+  // in order as it arrives; an error it returns cancels the export and is
+  // returned. Sending them to another daemon of the same profile with
+  // WriteEntries hands the sequence over (CopySequence).
+  absl::Status ExportEntries(const v1::ExportEntriesRequest& request,
+                             const std::function<absl::Status(v1::WriteEntriesRequest&)>& on_message);
+  // Exports `id` from this daemon and imports it into `to`, message by
+  // message (one in memory at a time); returns the length imported. On an
+  // error midway `to` holds a prefix of the sequence (each import is
+  // atomic): release it there before a retry.
+  absl::StatusOr<uint64_t> CopySequence(const v1::SequenceId& id, IndexerClient& to,
+                                        uint64_t max_message_bytes = 0);
 
   // Regions (the data plane): memory shared with the daemon so that tensors
   // travel as references (MakeRefTensor, LayerRequest.topk_out). A region

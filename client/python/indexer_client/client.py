@@ -275,6 +275,38 @@ class Client:
                                  create=bool(s[2]) if len(s) == 3 else False)
         return StepSession(self.stub, header, self._metadata, self.timeout, self.abort_grace)
 
+    # Lifecycle (README "Lifecycle").
+
+    def list_sequences(self, page_size=0, page_token=""):
+        """One page of this client's own sequences: (list of SequenceInfo
+        {id, length, pages per group, idle_ms, busy}, next_page_token; ""
+        = no more)."""
+        resp = self._unary(self.stub.ListSequences,
+                           pb.ListSequencesRequest(page_size=page_size, page_token=page_token))
+        return list(resp.sequences), resp.next_page_token
+
+    def export_entries(self, sequence, max_message_bytes=0, max_tokens=0):
+        """Yields a sequence's entries as WriteEntriesRequest messages (the
+        first with create set): sent in order to another daemon of the same
+        profile (write_entries_request) they recreate it there."""
+        req = pb.ExportEntriesRequest(id=seq_id(sequence), max_message_bytes=max_message_bytes,
+                                      max_tokens=max_tokens)
+        yield from self.stub.ExportEntries(req, metadata=self._metadata, timeout=self.timeout)
+
+    def write_entries_request(self, request):
+        """WriteEntries with a ready WriteEntriesRequest (e.g. an exported
+        one); returns the sequence length after."""
+        return self._unary(self.stub.WriteEntries, request).seq_len
+
+    def copy_sequence(self, sequence, to, max_message_bytes=0):
+        """Exports a sequence from this daemon into Client `to`, one message
+        at a time (the prefill -> decode hand-off); returns its length there.
+        On an error midway `to` holds a prefix: release it before a retry."""
+        length = 0
+        for m in self.export_entries(sequence, max_message_bytes=max_message_bytes):
+            length = to.write_entries_request(m)
+        return length
+
     # Regions (SPEC §6 data plane). The region helpers in regions.py wrap these.
 
     def register_host_region(self, name, shm_name, nbytes, offset=0):

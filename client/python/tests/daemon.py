@@ -23,6 +23,8 @@ class Daemon:
         self.proc = subprocess.Popen(
             [indexerd_path(), "--profile", profile, "--device", "cpu", "--threads", "2",
              "--listen", "127.0.0.1:0", "--port-file", str(port_file), "--log-level", "warn",
+             # No router watches these daemons: stop at once on SIGTERM.
+             "--drain-delay-ms", "0",
              *extra],
             stdout=self.log, stderr=subprocess.STDOUT)
         deadline = time.monotonic() + 60

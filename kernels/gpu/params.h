@@ -95,6 +95,14 @@ absl::Status LaunchDenseLogits(const LogitsParams& p, int cc_major,
                                const char** which = nullptr, int max_path = 2);
 // The portable kernel alone (any layout, H, D; HIP and CUDA).
 absl::Status LaunchDenseLogitsPortable(const LogitsParams& p, Stream stream);
+// True when a pool of `layout` on a device of compute major `cc_major` gets a
+// tensor map (LogitsParams::tmap) for the sm_90 bulk-copy paths.
+bool PoolWantsTensorMap(const PageLayout& layout, int cc_major);
+
+// ---- the sm_90 paths of hopper/ --------------------------------------------
+// Defined in CUDA builds only (kernels/gpu/hopper/ is not in a HIP build):
+// name them only where kHopperPaths is known true at compile time
+// (logits_dispatch.cc), so a HIP build holds no reference to them.
 // True when LaunchDenseLogitsMma accepts `p` on a device of this capability.
 bool MmaLogitsSupported(const LogitsParams& p, int cc_major, int cc_minor);
 absl::Status LaunchDenseLogitsMma(const LogitsParams& p, Stream stream);

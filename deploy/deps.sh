@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Installs the Debian/Ubuntu packages indexerd builds with, skipping those
-# already present. Usage: deploy/deps.sh [--test]   (--test adds the gfx942
-# compile-check toolchain used by the test suite, and clang-19's runtime
-# libraries: libFuzzer and the sanitizers for the fuzz stage). The python3-*
+# already present. Usage: deploy/deps.sh [--test] [--hip]   (--test adds
+# clang-19's runtime libraries, libFuzzer and the sanitizers for the fuzz
+# stage, and the HIP set; --hip the HIP set alone: Debian's ROCm 5.2 pieces
+# for the -DGPU=HIP build, deploy/hip_build.sh). The python3-*
 # packages are the runtime of the Python client (client/python; its stubs
 # come from protobuf-compiler-grpc's grpc_python_plugin of the same release)
 # and of its ctest, python_client_test; they are in the main list because
@@ -14,9 +15,19 @@ pkgs=(build-essential cmake ninja-build pkg-config
       libabsl-dev libspdlog-dev libtbb-dev libcli11-dev libgtest-dev libgmock-dev
       python3-grpcio python3-protobuf python3-numpy
       openssl)  # openssl: tls_test generates its certificates at test time
-if [[ "${1:-}" == "--test" ]]; then
-  pkgs+=(clang-19 lld-19 libamdhip64-dev libclang-rt-19-dev)
-fi
+# The HIP build: clang-19 compiles HIP (-x hip), lld-19 links AMD code
+# objects, clang-tools-19 has clang-offload-bundler, libamdhip64-dev the HIP
+# headers and runtime, rocm-device-libs the device bitcode (ocml, ockl; no
+# gfx942 in Debian 12's 5.2.3, see the README's AMD section), hipcc the
+# hipconfig that locates them.
+hip_pkgs=(clang-19 lld-19 clang-tools-19 libamdhip64-dev rocm-device-libs hipcc)
+for arg in "$@"; do
+  case "$arg" in
+    --test) pkgs+=(libclang-rt-19-dev "${hip_pkgs[@]}") ;;
+    --hip) pkgs+=("${hip_pkgs[@]}") ;;
+    *) echo "deps: unknown argument '$arg' (expected --test or --hip)" >&2; exit 2 ;;
+  esac
+done
 
 missing=()
 for p in "${pkgs[@]}"; do

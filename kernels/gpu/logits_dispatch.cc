@@ -58,7 +58,11 @@ absl::Status LaunchDenseLogits(const LogitsParams& p, int cc_major,
   const char* unused;
   if (which == nullptr) which = &unused;
   absl::Status status;
-  if (TryHopperLogits<kHopperPaths>(p, cc_major, cc_minor, stream, max_path, which, &status)) {
+  // The sm_90 tensor cores multiply e4m3fn: an e4m3fnuz cache takes the
+  // portable kernel on NVIDIA devices.
+  const bool fn_codes = p.layout.format != KvFormat::kFp8 || p.layout.fp8 == Fp8Variant::kE4m3fn;
+  if (fn_codes &&
+      TryHopperLogits<kHopperPaths>(p, cc_major, cc_minor, stream, max_path, which, &status)) {
     return status;
   }
   *which = "portable";

@@ -86,8 +86,9 @@ struct LogitsParams {
 };
 
 // The fastest path the device, format, layout and H allow: "wgmma_ws" or
-// "wgmma" (sm_90a, FP8), "wgmma_mxfp4" (sm_90a, MXFP4), "mma" (sm_89+
-// mma.sync, FP8 and MXFP4) or "portable"; `which` (may be null) gets its
+// "wgmma" (sm_90a, FP8 e4m3fn), "wgmma_mxfp4" (sm_90a, MXFP4), "mma" (sm_89+
+// mma.sync, FP8 e4m3fn and MXFP4) or "portable" (any, e4m3fnuz caches
+// included); `which` (may be null) gets its
 // name. `max_path` caps it (tests compare the paths): 0 portable, 1 mma,
 // 2 wgmma (any form).
 absl::Status LaunchDenseLogits(const LogitsParams& p, int cc_major,

@@ -18,10 +18,16 @@ launcher=()
 if command -v ccache >/dev/null; then
   launcher=(-DCMAKE_C_COMPILER_LAUNCHER=ccache -DCMAKE_CXX_COMPILER_LAUNCHER=ccache)
 fi
-cmake -S . -B "$dir" -G Ninja -DGPU=HIP -DCMAKE_BUILD_TYPE=RelWithDebInfo \
-  -DCMAKE_C_COMPILER="$cc" -DCMAKE_CXX_COMPILER="$cxx" -DCMAKE_EXPORT_COMPILE_COMMANDS=ON \
-  "${launcher[@]}" "$@" 2>&1 | grep -E "HIP|gpu backend|Error|error" || true
-[[ -f "$dir/build.ninja" ]] || { echo "hip_build: configure failed" >&2; exit 1; }
+mkdir -p "$dir"
+if ! cmake -S . -B "$dir" -G Ninja -DGPU=HIP -DCMAKE_BUILD_TYPE=RelWithDebInfo \
+    -DCMAKE_C_COMPILER="$cc" -DCMAKE_CXX_COMPILER="$cxx" -DCMAKE_EXPORT_COMPILE_COMMANDS=ON \
+    "${launcher[@]}" "$@" > "$dir/configure.log" 2>&1; then
+  cat "$dir/configure.log" >&2
+  echo "hip_build: configure failed" >&2
+  exit 1
+fi
+# What the configure decided (architectures, link or compile-only, why).
+grep -E -A4 "HIP:|gpu backend" "$dir/configure.log" | grep -v "^--$" || true
 
 # Only a compile-only configuration has the hip_device_check target.
 if ! grep -q 'hip_device_check' "$dir/build.ninja"; then
@@ -34,13 +40,16 @@ fi
 gen=$(ninja -C "$dir" -t targets all | sed -n 's/^\([^:]*\.pb\.\(cc\|h\)\): .*/\1/p')
 # shellcheck disable=SC2086
 ninja -C "$dir" $gen >/dev/null
-python3 - "$dir" "$(nproc)" <<'PY'
+# compile_commands.json leaves the compiler launcher out: ccache is put back.
+wrap=""
+command -v ccache >/dev/null && wrap="ccache "
+python3 - "$dir" "$(nproc)" "$wrap" <<'PY'
 import json, subprocess, sys
 from concurrent.futures import ThreadPoolExecutor
-build, jobs = sys.argv[1], int(sys.argv[2])
+build, jobs, wrap = sys.argv[1], int(sys.argv[2]), sys.argv[3]
 cmds = json.load(open(f"{build}/compile_commands.json"))
 def run(c):
-    r = subprocess.run(c["command"], shell=True, cwd=c["directory"],
+    r = subprocess.run(wrap + c["command"], shell=True, cwd=c["directory"],
                        capture_output=True, text=True)
     return c["file"], r.returncode, r.stderr
 failed = 0
@@ -56,4 +65,4 @@ sys.exit(1 if failed else 0)
 PY
 ninja -C "$dir" hip_device_check | tail -1
 echo "hip_build: device passes: $(find "$dir/hip_device" -name '*.s' | wc -l) ISA files" \
-     "($(ls "$dir/hip_device" | tr '\n' ' '))"
+     "($(ls "$dir/hip_device" | paste -sd ' '))"

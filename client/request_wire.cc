@@ -29,10 +29,10 @@ grpc::Slice OwningSlice(std::string data) {
 bool EncodeLayerStepRequest(v1::LayerRequest* request, grpc::ByteBuffer* out,
                             size_t min_slice_bytes) {
   // The encoder writes layer (1), k (2), q (3), q_scale (4), weights (5),
-  // topk_out (6), and in each Tensor dtype (1), shape (2), data (3). Anything
+  // topk_out (6), k_fp8 (7), and in each Tensor dtype (1), shape (2), data (3). Anything
   // else (unknown fields, tensors by reference: small, no bytes to spare)
   // goes through protobuf. A field added to the messages later falls back too.
-  if (v1::LayerRequest::descriptor()->field_count() != 6 ||
+  if (v1::LayerRequest::descriptor()->field_count() != 7 ||
       v1::Tensor::descriptor()->field_count() != 4 ||
       !request->GetReflection()->GetUnknownFields(*request).empty()) {
     return false;
@@ -97,9 +97,13 @@ bool EncodeLayerStepRequest(v1::LayerRequest* request, grpc::ByteBuffer* out,
   }
   if (request->has_topk_out()) {
     const std::string ref = request->topk_out().SerializeAsString();
-    pending.push_back(LenTag(6));  // LayerRequest.topk_out, last field
+    pending.push_back(LenTag(6));  // LayerRequest.topk_out
     AppendVarint(&pending, ref.size());
     pending += ref;
+  }
+  if (request->k_fp8() != 0) {
+    pending.push_back(static_cast<char>(7 << 3));  // LayerRequest.k_fp8, varint, last field
+    AppendVarint(&pending, static_cast<uint64_t>(request->k_fp8()));
   }
   if (!pending.empty()) slices.emplace_back(pending);
   *out = grpc::ByteBuffer(slices.data(), slices.size());

@@ -95,6 +95,20 @@ TEST(RequestWireTest, TopkOutIsWrittenLast) {
   EXPECT_EQ(ExpectSameBytes(r), 3u);
 }
 
+TEST(RequestWireTest, KFp8IsWrittenAfterTopkOut) {
+  v1::LayerRequest r;
+  r.set_layer(2);
+  *r.mutable_k() = MakeByteTensor(v1::UINT8, Pattern(132 * 40, 7), {40, 132});
+  *r.mutable_q() = MakeByteTensor(v1::FP8_E4M3FNUZ, Pattern(8192, 4), {1, 64, 128});
+  *r.mutable_weights() = MakeFp32Tensor(Floats(64), {1, 64});
+  *r.mutable_topk_out() = MakeTensorRef(9, 4096, 2048 * 4);
+  r.set_k_fp8(v1::FP8_E4M3FNUZ);
+  // head, K's data, Q's head, Q's data, weights + topk_out + k_fp8.
+  EXPECT_EQ(ExpectSameBytes(r), 5u);
+  r.clear_topk_out();
+  EXPECT_EQ(ExpectSameBytes(r), 5u);
+}
+
 TEST(RequestWireTest, ReferencesFallBackToProtobuf) {
   v1::LayerRequest r;
   *r.mutable_q() = MakeRefTensor(v1::FP8_E4M3, {1, 64, 128}, 5, 0);

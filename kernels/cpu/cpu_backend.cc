@@ -195,7 +195,7 @@ absl::StatusOr<double> CpuBackend::WriteEntries(const PageLayout& layout,
         }
         if (fp8) {
           const float scale =
-              QuantizeFp8Entry(src, dim, k.ue8m0, entry.data());
+              QuantizeFp8Entry(src, dim, k.ue8m0, entry.data(), layout.fp8);
           std::memcpy(entry.data() + vb, &scale, sizeof scale);
         } else {
           QuantizeMxfp4(src, dim, entry.data(), entry.data() + vb);

@@ -24,13 +24,19 @@ static_assert(kTaskEntries % kBlock == 0, "tasks hold whole entry blocks");
 // a prefill chunk); they reuse each decoded K block.
 constexpr int32_t kTaskRows = 8;
 
-// Decoded values of every e4m3 code and every e2m1 nibble.
+// Decoded values of every e4m3fn and e4m3fnuz code and every e2m1 nibble.
 struct DecodeTables {
   float e4m3[256];
+  float e4m3fnuz[256];
   float e2m1[16];
   DecodeTables() {
     for (int c = 0; c < 256; ++c) e4m3[c] = DecodeE4m3(static_cast<uint8_t>(c));
+    for (int c = 0; c < 256; ++c) e4m3fnuz[c] = DecodeE4m3fnuz(static_cast<uint8_t>(c));
     for (int c = 0; c < 16; ++c) e2m1[c] = DecodeE2m1(static_cast<uint8_t>(c));
+  }
+  // The FP8 table of the cache's variant (Q is converted to it on input).
+  const float* fp8(const PageLayout& l) const {
+    return l.fp8 == Fp8Variant::kE4m3fnuz ? e4m3fnuz : e4m3;
   }
 };
 const DecodeTables& Tables() {
@@ -116,7 +122,8 @@ void DecodeQ(const PageLayout& layout, const QInput& qin, int32_t r0,
   const int64_t n = static_cast<int64_t>(r1 - r0) * heads;
   if (layout.format == KvFormat::kFp8) {
     const uint8_t* v = qin.values + static_cast<int64_t>(r0) * heads * dim;
-    for (int64_t i = 0; i < n * dim; ++i) q[i] = t.e4m3[v[i]];
+    const float* fp8 = t.fp8(layout);
+    for (int64_t i = 0; i < n * dim; ++i) q[i] = fp8[v[i]];
     return;
   }
   const int32_t vb = dim / 2, sb = dim / kMxBlock;
@@ -146,10 +153,11 @@ inline void DecodeKEntry(const PageLayout& layout, const uint8_t* pool,
   const uint8_t* page = pool + layout.PageOffset(rows.Page(seq, e / per_page));
   const int32_t slot = e % per_page;
   if (layout.format == KvFormat::kFp8) {
+    const float* fp8 = t.fp8(layout);
     for (int32_t c = 0; c < vb; c += chunk) {
       const uint8_t* src = page + layout.ValueOffset(slot, c);
       for (int32_t b = 0; b < chunk; ++b) {
-        kt[static_cast<int64_t>(c + b) * kBlock + j] = t.e4m3[src[b]];
+        kt[static_cast<int64_t>(c + b) * kBlock + j] = fp8[src[b]];
       }
     }
     std::memcpy(&kscale[j], page + layout.ScaleOffset(slot, 0), sizeof(float));

@@ -21,17 +21,17 @@ float AbsMax(const float* x, int n) {
 
 }  // namespace
 
-float QuantizeFp8Entry(const float* x, int d, bool ue8m0, uint8_t* codes) {
-  const float s = Fp8KScale(AbsMax(x, d), ue8m0);
-  for (int i = 0; i < d; ++i) codes[i] = EncodeE4m3(x[i] / s);
+float QuantizeFp8Entry(const float* x, int d, bool ue8m0, uint8_t* codes, Fp8Variant v) {
+  const float s = Fp8KScale(AbsMax(x, d), ue8m0, v);
+  for (int i = 0; i < d; ++i) codes[i] = EncodeFp8(v, x[i] / s);
   return s;
 }
 
-float QuantizeFp8Q(const float* x, int d, uint8_t* codes) {
+float QuantizeFp8Q(const float* x, int d, uint8_t* codes, Fp8Variant v) {
   const float amax = AbsMax(x, d);
   const float s =
-      format_internal::Pow2AtLeastOver448(amax > 1e-10f ? amax : 1e-10f);
-  for (int i = 0; i < d; ++i) codes[i] = EncodeE4m3(x[i] / s);
+      format_internal::Pow2AtLeastOverMax(amax > 1e-10f ? amax : 1e-10f, v);
+  for (int i = 0; i < d; ++i) codes[i] = EncodeFp8(v, x[i] / s);
   return s;
 }
 

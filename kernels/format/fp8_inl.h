@@ -51,15 +51,22 @@ INDEXER_HD uint32_t RoundToSmallFloat(uint32_t mag, int32_t man_bits,
   return r;
 }
 
-// The smallest power of two s with a <= 448 * s, computed exactly.
+// The smallest power of two s with a <= FP8_MAX * s, computed exactly.
 // REQUIRES: a is a positive normal float.
-INDEXER_HD float Pow2AtLeastOver448(float a) {
+INDEXER_HD float Pow2AtLeastOverMax(float a, Fp8Variant v) {
   const uint32_t bits = FloatToBits(a);
   const int32_t exp = static_cast<int32_t>(bits >> 23) - 127;
-  // 448 = 1.75 * 2^8, and 1.75 has mantissa field 0x600000: a = m * 2^exp
-  // fits under 448 * 2^k iff exp < k + 8, or exp == k + 8 and m <= 1.75.
-  const int32_t k = (bits & 0x7fffffu) <= 0x600000u ? exp - 8 : exp - 7;
+  // 448 = 1.75 * 2^8 (mantissa field 0x600000), 240 = 1.875 * 2^7 (0x700000):
+  // a = m * 2^exp fits under max * 2^k iff exp < k + E, or exp == k + E and
+  // m <= max's mantissa.
+  const bool fnuz = v == Fp8Variant::kE4m3fnuz;
+  const int32_t e_max = fnuz ? 7 : 8;
+  const uint32_t m_max = fnuz ? 0x700000u : 0x600000u;
+  const int32_t k = (bits & 0x7fffffu) <= m_max ? exp - e_max : exp - e_max + 1;
   return ExactPow2(k);
+}
+INDEXER_HD float Pow2AtLeastOver448(float a) {
+  return Pow2AtLeastOverMax(a, Fp8Variant::kE4m3fn);
 }
 
 }  // namespace format_internal
@@ -87,10 +94,49 @@ INDEXER_HD float DecodeE4m3(uint8_t code) {
   return BitsToFloat(sign | ((exp + 120u) << 23) | (man << 20));
 }
 
-INDEXER_HD float Fp8KScale(float amax, bool ue8m0) {
+INDEXER_HD uint8_t EncodeE4m3fnuz(float x) {
+  const uint32_t bits = FloatToBits(x);
+  const uint32_t mag = bits & 0x7fffffffu;
+  if (mag >= 0x43700000u) {  // |x| >= 240: saturate
+    return static_cast<uint8_t>(((bits >> 24) & 0x80u) | 0x7fu);
+  }
+  // Below 240 the rounded code is at most 0x7f (240).
+  const uint32_t r = format_internal::RoundToSmallFloat(mag, 3, 8);
+  if (r == 0) return 0;  // no negative zero: 0x80 is the NaN
+  return static_cast<uint8_t>(((bits >> 24) & 0x80u) | r);
+}
+
+INDEXER_HD float DecodeE4m3fnuz(uint8_t code) {
+  if (code == 0x80) return BitsToFloat(0x7fc00000u);
+  const uint32_t sign = static_cast<uint32_t>(code & 0x80u) << 24;
+  const uint32_t exp = (code >> 3) & 0xfu;
+  const uint32_t man = code & 0x7u;
+  if (exp == 0) {
+    // Subnormal: man * 2^-10, exact.
+    const float v = static_cast<float>(man) * 0.0009765625f;
+    return sign ? -v : v;
+  }
+  return BitsToFloat(sign | ((exp + 119u) << 23) | (man << 20));
+}
+
+INDEXER_HD uint8_t EncodeFp8(Fp8Variant v, float x) {
+  return v == Fp8Variant::kE4m3fnuz ? EncodeE4m3fnuz(x) : EncodeE4m3(x);
+}
+INDEXER_HD float DecodeFp8(Fp8Variant v, uint8_t code) {
+  return v == Fp8Variant::kE4m3fnuz ? DecodeE4m3fnuz(code) : DecodeE4m3(code);
+}
+
+INDEXER_HD uint8_t ConvertFp8Code(Fp8Variant from, Fp8Variant to, uint8_t c) {
+  if (from == to) return c;
+  // Halving is exact: fn's smallest subnormal 2^-9 halves to fnuz's 2^-10.
+  if (to == Fp8Variant::kE4m3fnuz) return EncodeE4m3fnuz(DecodeE4m3(c) * 0.5f);
+  return EncodeE4m3(DecodeE4m3fnuz(c));
+}
+
+INDEXER_HD float Fp8KScale(float amax, bool ue8m0, Fp8Variant v) {
   const float a = amax > 1e-4f ? amax : 1e-4f;
-  if (ue8m0) return format_internal::Pow2AtLeastOver448(a);
-  return a / kE4m3Max;
+  if (ue8m0) return format_internal::Pow2AtLeastOverMax(a, v);
+  return a / Fp8Max(v);
 }
 
 }  // namespace indexer

@@ -20,6 +20,10 @@ absl::Status Invalid(absl::string_view field, absl::string_view expected,
 
 }  // namespace
 
+const char* Fp8VariantName(Fp8Variant v) {
+  return v == Fp8Variant::kE4m3fnuz ? "e4m3fnuz" : "e4m3fn";
+}
+
 const char* KvFormatName(KvFormat f) {
   switch (f) {
     case KvFormat::kFp8:
@@ -109,7 +113,9 @@ absl::StatusOr<PageLayout> PageLayout::Make(KvFormat format, int32_t head_dim,
 }
 
 std::string PageLayout::DebugString() const {
-  std::string s = absl::StrCat(KvFormatName(format), " D=", head_dim,
+  std::string s = absl::StrCat(KvFormatName(format),
+                               format == KvFormat::kFp8 && fp8 == Fp8Variant::kE4m3fnuz ? " e4m3fnuz" : "",
+                               " D=", head_dim,
                                " E=", page_entries, " ", entry_bytes(),
                                " B/entry ", page_bytes(), " B/page ");
   if (!tiled()) {

@@ -24,10 +24,15 @@
 namespace indexer {
 
 enum class KvFormat : int32_t { kFp8 = 0, kMxfp4 = 1 };
+// The FP8 encoding of an fp8 cache (SPEC §3): OCP e4m3fn, or e4m3fnuz, the
+// FP8 of gfx942 hardware. Same page bytes; different code values.
+enum class Fp8Variant : int32_t { kE4m3fn = 0, kE4m3fnuz = 1 };
 
 inline constexpr int kMxBlock = 32;  // elements per MXFP4 scale
 
 const char* KvFormatName(KvFormat f);
+// "e4m3fn" or "e4m3fnuz" (GetServerInfo's fp8_variant).
+const char* Fp8VariantName(Fp8Variant v);
 
 struct PageLayout {
   KvFormat format = KvFormat::kFp8;
@@ -36,6 +41,9 @@ struct PageLayout {
   int32_t n_per_tile = 0;      // 0 = linear order
   int32_t d_per_tile = 0;      // tiled only: value bytes per chunk
   int32_t scale_lanes = 1;     // tiled MXFP4 only
+  // FP8 pages: how the value bytes encode (the group config's fp8_variant).
+  // Set after Make; ignored for MXFP4.
+  Fp8Variant fp8 = Fp8Variant::kE4m3fn;
 
   // Validates a geometry (D a positive multiple of 32, E >= 1, a tiling that
   // divides the page) and returns it; the error names the offending field.

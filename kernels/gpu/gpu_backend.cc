@@ -211,7 +211,7 @@ absl::StatusOr<PoolHandle> GpuBackend::AllocatePool(const PageLayout& layout,
         " bytes on ", Describe(), " (", ErrorString(err), ")"));
   }
   Pool pool{static_cast<uint8_t*>(v), num_pages, page_bytes, false, {}};
-  if (props_.major == 9 && WgmmaTmaSupported(layout)) {
+  if (PoolWantsTensorMap(layout, props_.major)) {
     // The pool as [pages, E, 128 value bytes]; a box is one 64-entry tile.
     const uint64_t dims[3] = {static_cast<uint64_t>(layout.value_bytes()),
                               static_cast<uint64_t>(layout.page_entries),

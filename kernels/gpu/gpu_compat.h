@@ -3,6 +3,10 @@
 // else in kernels/gpu is one source for CUDA (sm_90) and HIP (gfx942/gfx950)
 // and names no vendor.
 //
+// Build constants: kWarpSize (lanes of a warp / wavefront) and kHopperPaths
+// (whether the sm_90 sources of kernels/gpu/hopper/ are in the build; name
+// them only under `if constexpr (kHopperPaths)` inside a template).
+//
 // Feature macros, the only ones kernels may test:
 //   INDEXER_GPU_HIP / INDEXER_GPU_CUDA   which runtime this build targets
 //   INDEXER_GPU_WAVE64_MODEL             CUDA: kWarpSize 64, warp calls
@@ -65,6 +69,8 @@ inline constexpr Error kSuccess = hipSuccess;
 inline constexpr int kWarpSize = 64;
 inline constexpr const char* kRuntimeName = "hip";
 inline constexpr bool kRuntimeIsHip = true;
+// No sm_90 paths: kernels/gpu/hopper/ is not part of a HIP build.
+inline constexpr bool kHopperPaths = false;
 inline const char* ErrorString(Error e) { return hipGetErrorString(e); }
 inline Error GetLastError() { return hipGetLastError(); }
 inline Error GetDeviceCount(int* n) { return hipGetDeviceCount(n); }
@@ -173,6 +179,9 @@ inline constexpr int kWarpSize = 32;
 #endif
 inline constexpr const char* kRuntimeName = "cuda";
 inline constexpr bool kRuntimeIsHip = false;
+// The sm_90 paths of kernels/gpu/hopper/ (mma.sync FP8, wgmma, bulk copies)
+// are compiled in; each still checks the device it runs on.
+inline constexpr bool kHopperPaths = true;
 inline const char* ErrorString(Error e) { return cudaGetErrorString(e); }
 inline Error GetLastError() { return cudaGetLastError(); }
 inline Error GetDeviceCount(int* n) { return cudaGetDeviceCount(n); }

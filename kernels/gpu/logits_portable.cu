@@ -27,7 +27,18 @@ __host__ __device__ inline int64_t PortableSmemBytes(int32_t heads, int32_t dim)
   return hp * dim * 4 + hp * 4 + hp * (dim / kMxBlock) * 4;
 }
 
-template <KvFormat kFmt>
+// kVar: the FP8 variant of the cache (and of Q, converted on input); a
+// template constant, so the e4m3fn instantiation is unchanged.
+template <Fp8Variant kVar>
+__device__ __forceinline__ float DecodeCacheFp8(uint8_t c) {
+  if constexpr (kVar == Fp8Variant::kE4m3fnuz) {
+    return DecodeE4m3fnuz(c);
+  } else {
+    return DecodeE4m3(c);
+  }
+}
+
+template <KvFormat kFmt, Fp8Variant kVar = Fp8Variant::kE4m3fn>
 __global__ void __launch_bounds__(kPortableThreads)
     DenseLogitsPortableKernel(const LogitsParams p) {
   extern __shared__ float smem[];
@@ -53,7 +64,7 @@ __global__ void __launch_bounds__(kPortableThreads)
       float v = 0.f;
       if (h < p.num_heads) {
         const uint8_t* qv = p.q_values + (static_cast<int64_t>(lr) * p.num_heads + h) * vb;
-        v = kFmt == KvFormat::kFp8 ? DecodeE4m3(qv[d])
+        v = kFmt == KvFormat::kFp8 ? DecodeCacheFp8<kVar>(qv[d])
                                    : DecodeE2m1(static_cast<uint8_t>(qv[d / 2] >> ((d & 1) * 4)) & 0xf);
       }
       q_s[i] = v;
@@ -87,7 +98,7 @@ __global__ void __launch_bounds__(kPortableThreads)
           for (int i = 0; i < kMxBlock; ++i) {
             const int32_t d = b * kMxBlock + i;
             kv[i] = kFmt == KvFormat::kFp8
-                        ? DecodeE4m3(ref.page[l.ValueOffset(ref.e, d)])
+                        ? DecodeCacheFp8<kVar>(ref.page[l.ValueOffset(ref.e, d)])
                         : DecodeE2m1(static_cast<uint8_t>(ref.page[l.ValueOffset(ref.e, d / 2)] >> ((i & 1) * 4)) & 0xf);
           }
           const float ks = kFmt == KvFormat::kFp8
@@ -118,7 +129,11 @@ absl::Status LaunchDenseLogitsPortable(const LogitsParams& p, Stream stream) {
   const int32_t units = p.unit_end - p.unit_begin;
   if (units == 0) return absl::OkStatus();
   const int64_t smem = PortableSmemBytes(p.num_heads, p.layout.head_dim);
-  if (p.layout.format == KvFormat::kFp8) {
+  if (p.layout.format == KvFormat::kFp8 && p.layout.fp8 == Fp8Variant::kE4m3fnuz) {
+    auto* kernel = &DenseLogitsPortableKernel<KvFormat::kFp8, Fp8Variant::kE4m3fnuz>;
+    GPU_RETURN_IF_ERROR(SetMaxDynamicSmem(kernel, static_cast<int>(smem)));
+    GPU_LAUNCH(kernel, units, kPortableThreads, smem, stream, p);
+  } else if (p.layout.format == KvFormat::kFp8) {
     auto* kernel = &DenseLogitsPortableKernel<KvFormat::kFp8>;
     GPU_RETURN_IF_ERROR(SetMaxDynamicSmem(kernel, static_cast<int>(smem)));
     GPU_LAUNCH(kernel, units, kPortableThreads, smem, stream, p);

@@ -95,8 +95,9 @@ struct LogitsParams {
 };
 
 // The fastest path the device, format, layout and H allow: "wgmma_ws" or
-// "wgmma" (sm_90a, FP8), "wgmma_mxfp4" (sm_90a, MXFP4), "mma" (sm_89+
-// mma.sync, FP8 and MXFP4) or "portable"; `which` (may be null) gets its
+// "wgmma" (sm_90a, FP8 e4m3fn), "wgmma_mxfp4" (sm_90a, MXFP4), "mma" (sm_89+
+// mma.sync, FP8 e4m3fn and MXFP4) or "portable" (any, e4m3fnuz caches
+// included); `which` (may be null) gets its
 // name. `max_path` caps it (tests compare the paths): 0 portable, 1 mma,
 // 2 wgmma (any form).
 absl::Status LaunchDenseLogits(const LogitsParams& p, int cc_major,
@@ -120,6 +121,14 @@ const char* MfmaPathName(int arch);
 absl::Status LaunchDenseLogitsMfma(const LogitsParams& p, int arch, Stream stream);
 // The portable kernel alone (any layout, H, D; HIP and CUDA).
 absl::Status LaunchDenseLogitsPortable(const LogitsParams& p, Stream stream);
+// True when a pool of `layout` on a device of compute major `cc_major` gets a
+// tensor map (LogitsParams::tmap) for the sm_90 bulk-copy paths.
+bool PoolWantsTensorMap(const PageLayout& layout, int cc_major);
+
+// ---- the sm_90 paths of hopper/ --------------------------------------------
+// Defined in CUDA builds only (kernels/gpu/hopper/ is not in a HIP build):
+// name them only where kHopperPaths is known true at compile time
+// (logits_dispatch.cc), so a HIP build holds no reference to them.
 // True when LaunchDenseLogitsMma accepts `p` on a device of this capability.
 bool MmaLogitsSupported(const LogitsParams& p, int cc_major, int cc_minor);
 absl::Status LaunchDenseLogitsMma(const LogitsParams& p, Stream stream);

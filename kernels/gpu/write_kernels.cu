@@ -36,6 +36,9 @@ __device__ float LoadInput(const WriteParams& p, int64_t local, int32_t d) {
   return Bf16ToFloat(static_cast<const uint16_t*>(p.src)[at]);
 }
 
+// kVar: the cache's FP8 variant (a template constant, so the e4m3fn kernel
+// is the one it always was).
+template <Fp8Variant kVar>
 __global__ void __launch_bounds__(kWriteThreads)
     WriteEntriesKernel(const WriteParams p) {
   const int64_t local = static_cast<int64_t>(blockIdx.x) * kEntriesPerBlock + WarpId();
@@ -70,9 +73,9 @@ __global__ void __launch_bounds__(kWriteThreads)
     float amax = 0.f;
     for (int32_t d = lane; d < dim; d += kWarpSize) amax = fmaxf(amax, fabsf(LoadInput(p, local, d)));
     amax = WarpMax(amax);
-    const float scale = Fp8KScale(amax, p.ue8m0);
+    const float scale = Fp8KScale(amax, p.ue8m0, kVar);
     for (int32_t d = lane; d < dim; d += kWarpSize) {
-      page[l.ValueOffset(ref.e, d)] = EncodeE4m3(LoadInput(p, local, d) / scale);
+      page[l.ValueOffset(ref.e, d)] = EncodeFp8(kVar, LoadInput(p, local, d) / scale);
     }
     const uint32_t bits = FloatToBits(scale);
     if (lane < 4) page[l.ScaleOffset(ref.e, lane)] = static_cast<uint8_t>(bits >> (8 * lane));
@@ -109,7 +112,7 @@ __global__ void CheckInputKernel(CheckParams p) {
       const uint8_t* e = static_cast<const uint8_t*>(p.src) + i * l.entry_bytes();
       const int32_t vb = l.value_bytes();
       if (l.format == KvFormat::kFp8) {
-        for (int32_t b = 0; b < vb && !bad; ++b) bad = (e[b] & 0x7f) == 0x7f;
+        for (int32_t b = 0; b < vb && !bad; ++b) bad = IsFp8Nan(l.fp8, e[b]);
         float s;
         memcpy(&s, e + vb, 4);
         bad = bad || !isfinite(s) || !(s > 0.f);
@@ -134,7 +137,11 @@ absl::Status LaunchCheckInput(const CheckParams& p, Stream stream) {
 absl::Status LaunchWriteEntries(const WriteParams& p, Stream stream) {
   if (p.num_entries == 0) return absl::OkStatus();
   const int blocks = (p.num_entries + kEntriesPerBlock - 1) / kEntriesPerBlock;
-  GPU_LAUNCH(WriteEntriesKernel, blocks, kWriteThreads, 0, stream, p);
+  if (p.layout.format == KvFormat::kFp8 && p.layout.fp8 == Fp8Variant::kE4m3fnuz) {
+    GPU_LAUNCH(WriteEntriesKernel<Fp8Variant::kE4m3fnuz>, blocks, kWriteThreads, 0, stream, p);
+  } else {
+    GPU_LAUNCH(WriteEntriesKernel<Fp8Variant::kE4m3fn>, blocks, kWriteThreads, 0, stream, p);
+  }
   return absl::OkStatus();
 }
 

@@ -444,8 +444,9 @@ absl::StatusOr<double> Step::WriteK(int32_t group, int32_t layer, const KInput& 
 absl::Status Step::WriteLayer(int32_t layer, const TensorView& k) {
   RETURN_IF_ERROR(CheckLayer(layer));
   const int32_t group = engine_->model_.layer_group[layer];
-  ASSIGN_OR_RETURN(KInput kin,
-                   ValidateK(engine_->model_.groups[group], ctx_[group]->rows().NewEntries(), k));
+  std::vector<uint8_t> converted;  // K of the other FP8 variant, converted
+  ASSIGN_OR_RETURN(KInput kin, ValidateK(engine_->model_.groups[group],
+                                         ctx_[group]->rows().NewEntries(), k, &converted));
   RETURN_IF_ERROR(WriteK(group, layer, kin).status());
   layer_done_[layer] = true;
   return absl::OkStatus();
@@ -502,7 +503,8 @@ absl::StatusOr<LayerOutput> Step::RunLayer(const LayerInput& in) {
         m.candidate_sets[role.set].source_layer,
         " to run first in the step; expected the source before its consumers"));
   }
-  ASSIGN_OR_RETURN(KInput kin, ValidateK(g, rows.NewEntries(), in.k));
+  std::vector<uint8_t> k_converted;  // K of the other FP8 variant, converted
+  ASSIGN_OR_RETURN(KInput kin, ValidateK(g, rows.NewEntries(), in.k, &k_converted));
   LayerWork work;
   work.kind = KindOf(role.kind);
   work.k = rows.NewEntries() > 0 ? &kin : nullptr;

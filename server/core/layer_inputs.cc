@@ -2,6 +2,7 @@
 
 #include <cmath>
 #include <cstring>
+#include <limits>
 
 #include "absl/strings/str_cat.h"
 #include "kernels/common/status_macros.h"
@@ -24,6 +25,28 @@ float FloatAt(const TensorView& t, int64_t i) {
   return Bf16ToFloat(h);
 }
 
+bool IsFp8(DType d) { return d == DType::kFp8E4m3 || d == DType::kFp8E4m3fnuz; }
+Fp8Variant VariantOf(DType d) {
+  return d == DType::kFp8E4m3fnuz ? Fp8Variant::kE4m3fnuz : Fp8Variant::kE4m3fn;
+}
+
+// The FP8 variant of a pre-quantized K's codes (k_fp8), or an error naming
+// the field when it is set where no FP8 codes travel.
+absl::StatusOr<Fp8Variant> KCodesVariant(const PageLayout& L, const TensorView& k) {
+  if (k.fp8_codes == DType::kUnspecified) return Fp8Variant::kE4m3fn;
+  if (!IsFp8(k.fp8_codes)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "k_fp8: expected FP8_E4M3 or FP8_E4M3FNUZ (or unset), got ", DTypeName(k.fp8_codes)));
+  }
+  if (L.format != KvFormat::kFp8 || k.dtype != DType::kUint8) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "k_fp8: expected unset unless k is UINT8 pre-quantized entries of an fp8 layer, got ",
+        DTypeName(k.fp8_codes), " with ", DTypeName(k.dtype), " k of a ",
+        KvFormatName(L.format), " layer"));
+  }
+  return VariantOf(k.fp8_codes);
+}
+
 absl::Status CheckScaleBytes(absl::string_view field, absl::string_view bytes) {
   for (size_t i = 0; i < bytes.size(); ++i) {
     if (static_cast<uint8_t>(bytes[i]) == 0xff) {
@@ -36,12 +59,23 @@ absl::Status CheckScaleBytes(absl::string_view field, absl::string_view bytes) {
 
 }  // namespace
 
+DType CacheFp8DType(const PageLayout& layout) {
+  return layout.fp8 == Fp8Variant::kE4m3fnuz ? DType::kFp8E4m3fnuz : DType::kFp8E4m3;
+}
+
 absl::StatusOr<KInput> ValidateK(const GroupSpec& g, int64_t n_new,
-                                 const TensorView& k) {
+                                 const TensorView& k, std::vector<uint8_t>* converted) {
   const PageLayout& L = g.layout;
   KInput out;
   out.ue8m0 = g.ue8m0;
+  ASSIGN_OR_RETURN(const Fp8Variant codes, KCodesVariant(L, k));
   if (k.on_device) {
+    if (L.format == KvFormat::kFp8 && k.dtype == DType::kUint8 && codes != L.fp8) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "k_fp8: a device-resident K must hold the cache's codes, ",
+          DTypeName(CacheFp8DType(L)), "; got ", DTypeName(k.fp8_codes),
+          " (send it inline or through a host region to have it converted)"));
+    }
     // Shape, dtype and bytes here; the values are checked by the backend on
     // the device (finite floats; e4m3 NaN codes and scales of entries).
     if (k.dtype == DType::kUint8) {
@@ -66,9 +100,10 @@ absl::StatusOr<KInput> ValidateK(const GroupSpec& g, int64_t n_new,
       const uint8_t* entry = p + e * L.entry_bytes();
       if (L.format == KvFormat::kFp8) {
         for (int32_t b = 0; b < L.value_bytes(); ++b) {
-          if ((entry[b] & 0x7f) == 0x7f) {
+          if (IsFp8Nan(codes, entry[b])) {
             return absl::InvalidArgumentError(absl::StrCat(
-                "k: entry ", e, " value ", b, " is an e4m3 NaN code; expected finite"));
+                "k: entry ", e, " value ", b, " is an ", Fp8VariantName(codes),
+                " NaN code; expected finite"));
           }
         }
         float s;
@@ -76,6 +111,12 @@ absl::StatusOr<KInput> ValidateK(const GroupSpec& g, int64_t n_new,
         if (!std::isfinite(s) || !(s > 0)) {
           return absl::InvalidArgumentError(absl::StrCat(
               "k: entry ", e, " scale is ", s, "; expected a finite value > 0"));
+        }
+        if (!std::isfinite(s * Fp8ConversionScale(codes, L.fp8))) {
+          return absl::InvalidArgumentError(absl::StrCat(
+              "k: entry ", e, " scale ", s, " overflows when its ", Fp8VariantName(codes),
+              " codes become ", Fp8VariantName(L.fp8), " (scale x 2); expected at most ",
+              std::numeric_limits<float>::max() / 2));
         }
       } else {
         RETURN_IF_ERROR(CheckScaleBytes(
@@ -85,6 +126,23 @@ absl::StatusOr<KInput> ValidateK(const GroupSpec& g, int64_t n_new,
       }
     }
     out.kind = KInput::Kind::kQuantized;
+    if (L.format == KvFormat::kFp8 && codes != L.fp8) {
+      // Converted, never reinterpreted (SPEC §3): same values, cache's codes.
+      converted->assign(p, p + n_new * L.entry_bytes());
+      const float factor = Fp8ConversionScale(codes, L.fp8);
+      for (int64_t e = 0; e < n_new; ++e) {
+        uint8_t* entry = converted->data() + e * L.entry_bytes();
+        for (int32_t b = 0; b < L.value_bytes(); ++b) {
+          entry[b] = ConvertFp8Code(codes, L.fp8, entry[b]);
+        }
+        float s;
+        memcpy(&s, entry + L.value_bytes(), 4);
+        s *= factor;
+        memcpy(entry + L.value_bytes(), &s, 4);
+      }
+      out.data = converted->data();
+      return out;
+    }
   } else if (k.dtype == DType::kFp32 || k.dtype == DType::kBf16) {
     RETURN_IF_ERROR(ExpectTensor("k", k, k.dtype, {n_new, L.head_dim}));
     RETURN_IF_ERROR(CheckTensorFinite("k", k));
@@ -113,7 +171,7 @@ absl::StatusOr<QInput> PrepareQ(const GroupSpec& g, int32_t rows,
     RETURN_IF_ERROR(ExpectTensor("weights", weights, DType::kFp32, {rows, H}));
     out.weights = static_cast<const float*>(weights.device_ptr);
     if (L.format == KvFormat::kFp8) {
-      RETURN_IF_ERROR(ExpectTensor("q", q, DType::kFp8E4m3, {rows, H, D}));
+      RETURN_IF_ERROR(ExpectTensor("q", q, CacheFp8DType(L), {rows, H, D}));
       if (q_scale.present) {
         return absl::InvalidArgumentError(
             "q_scale: expected unset for an fp8 layer (fold Q scales into weights)");
@@ -150,26 +208,48 @@ absl::StatusOr<QInput> PrepareQ(const GroupSpec& g, int32_t rows,
       for (int64_t rh = 0; rh < rows * H; ++rh) {
         for (int64_t d = 0; d < D; ++d) x[d] = FloatAt(q, rh * D + d);
         const float s = QuantizeFp8Q(x.data(), static_cast<int>(D),
-                                     scratch->values.data() + rh * D);
+                                     scratch->values.data() + rh * D, L.fp8);
         scratch->weights[rh] *= s;
       }
       out.values = scratch->values.data();
       out.weights = scratch->weights.data();
       return out;
     }
-    if (q.dtype != DType::kFp8E4m3) {
+    if (!IsFp8(q.dtype)) {
       return absl::InvalidArgumentError(absl::StrCat(
           "q: expected [", rows, ", ", H, ", ", D,
-          "] FP8_E4M3, FP32 or BF16 for an fp8 layer, got ", DTypeName(q.dtype), " ",
-          q.ShapeString()));
+          "] FP8_E4M3, FP8_E4M3FNUZ, FP32 or BF16 for an fp8 layer, got ", DTypeName(q.dtype),
+          " ", q.ShapeString()));
     }
-    RETURN_IF_ERROR(ExpectTensor("q", q, DType::kFp8E4m3, {rows, H, D}));
+    RETURN_IF_ERROR(ExpectTensor("q", q, q.dtype, {rows, H, D}));
     RETURN_IF_ERROR(CheckTensorFinite("q", q));
     if (q_scale.present) {
       return absl::InvalidArgumentError(
           "q_scale: expected unset for an fp8 layer (fold Q scales into weights)");
     }
     out.values = reinterpret_cast<const uint8_t*>(q.data.data());
+    const Fp8Variant from = VariantOf(q.dtype);
+    if (from != L.fp8) {
+      // Converted, never reinterpreted (SPEC §3): the head's weight carries
+      // Q's scale, so it takes the conversion's factor.
+      const float factor = Fp8ConversionScale(from, L.fp8);
+      scratch->values.resize(static_cast<size_t>(rows * H * D));
+      for (int64_t i = 0; i < rows * H * D; ++i) {
+        scratch->values[i] = ConvertFp8Code(from, L.fp8, out.values[i]);
+      }
+      scratch->weights.assign(out.weights, out.weights + rows * H);
+      for (int64_t rh = 0; rh < rows * H; ++rh) {
+        scratch->weights[rh] *= factor;
+        if (!std::isfinite(scratch->weights[rh])) {
+          return absl::InvalidArgumentError(absl::StrCat(
+              "weights: element ", rh, " overflows when ", DTypeName(q.dtype), " q becomes ",
+              DTypeName(CacheFp8DType(L)), " (weight x ", factor, "); expected |w| <= ",
+              std::numeric_limits<float>::max() / factor));
+        }
+      }
+      out.values = scratch->values.data();
+      out.weights = scratch->weights.data();
+    }
     return out;
   }
 
@@ -204,7 +284,9 @@ absl::StatusOr<QInput> PrepareQ(const GroupSpec& g, int32_t rows,
 bool DeviceQReady(const GroupSpec& g, const TensorView& q, const TensorView& q_scale,
                   const TensorView& weights) {
   if (!q.on_device || !weights.on_device) return false;
-  if (g.layout.format == KvFormat::kFp8) return q.dtype == DType::kFp8E4m3 && !q_scale.present;
+  if (g.layout.format == KvFormat::kFp8) {
+    return q.dtype == CacheFp8DType(g.layout) && !q_scale.present;
+  }
   return q.dtype == DType::kUint8 && q_scale.present && q_scale.on_device;
 }
 
@@ -217,16 +299,17 @@ absl::StatusOr<BlockQInput> PrepareBlockQ(const GroupSpec& g, int32_t rows,
   if (weights.present) {
     return absl::InvalidArgumentError("weights: expected unset for a block layer");
   }
-  if (q.dtype != DType::kFp32 && q.dtype != DType::kBf16 && q.dtype != DType::kFp8E4m3) {
+  if (q.dtype != DType::kFp32 && q.dtype != DType::kBf16 && !IsFp8(q.dtype)) {
     return absl::InvalidArgumentError(absl::StrCat(
-        "q: expected [", rows, ", ", H, ", ", D, "] FP32, BF16 or FP8_E4M3 for a block layer, got ",
+        "q: expected [", rows, ", ", H, ", ", D,
+        "] FP32, BF16, FP8_E4M3 or FP8_E4M3FNUZ for a block layer, got ",
         DTypeName(q.dtype), " ", q.ShapeString()));
   }
   RETURN_IF_ERROR(ExpectTensor("q", q, q.dtype, {rows, H, D}));
   RETURN_IF_ERROR(CheckTensorFinite("q", q));
   const float* scale = nullptr;
   if (q_scale.present) {
-    if (q.dtype != DType::kFp8E4m3) {
+    if (!IsFp8(q.dtype)) {
       return absl::InvalidArgumentError(
           absl::StrCat("q_scale: expected unset with ", DTypeName(q.dtype), " q"));
     }
@@ -236,8 +319,8 @@ absl::StatusOr<BlockQInput> PrepareBlockQ(const GroupSpec& g, int32_t rows,
   }
   out->resize(static_cast<size_t>(rows * H * D));
   for (int64_t i = 0; i < rows * H * D; ++i) {
-    float v = q.dtype == DType::kFp8E4m3
-                  ? DecodeE4m3(static_cast<uint8_t>(q.data[static_cast<size_t>(i)]))
+    float v = IsFp8(q.dtype)
+                  ? DecodeFp8(VariantOf(q.dtype), static_cast<uint8_t>(q.data[static_cast<size_t>(i)]))
                   : FloatAt(q, i);
     if (scale) v *= scale[i / D];
     (*out)[i] = v;

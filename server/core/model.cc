@@ -101,6 +101,18 @@ absl::StatusOr<Model> BuildModel(config::ServerConfig cfg) {
           absl::StrCat(f, ": ", layout.status().message()));
     }
     s.layout = *layout;
+    if (g.fp8_variant().empty() || g.fp8_variant() == "e4m3fn") {
+      s.layout.fp8 = Fp8Variant::kE4m3fn;
+    } else if (g.fp8_variant() == "e4m3fnuz") {
+      s.layout.fp8 = Fp8Variant::kE4m3fnuz;
+    } else {
+      return absl::InvalidArgumentError(absl::StrCat(
+          f, ".fp8_variant: expected \"e4m3fn\" or \"e4m3fnuz\", got \"", g.fp8_variant(), "\""));
+    }
+    if (fmt != KvFormat::kFp8 && !g.fp8_variant().empty()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          f, ".fp8_variant: expected unset for an mxfp4 group, got \"", g.fp8_variant(), "\""));
+    }
     s.layout_name = s.layout.tiled()
                         ? absl::StrCat("tiled(", t.n_per_tile(), ",", t.d_per_tile(),
                                        ",", s.layout.scale_lanes, ")")

@@ -18,6 +18,7 @@ const char* DTypeName(DType d) {
     case DType::kInt32: return "INT32";
     case DType::kUint8: return "UINT8";
     case DType::kFp8E4m3: return "FP8_E4M3";
+    case DType::kFp8E4m3fnuz: return "FP8_E4M3FNUZ";
     default: return "UNSPECIFIED";
   }
 }
@@ -29,7 +30,8 @@ int DTypeSize(DType d) {
     case DType::kBf16:
     case DType::kFp16: return 2;
     case DType::kUint8:
-    case DType::kFp8E4m3: return 1;
+    case DType::kFp8E4m3:
+    case DType::kFp8E4m3fnuz: return 1;
     default: return 0;
   }
 }
@@ -151,6 +153,11 @@ absl::Status CheckTensorFinite(absl::string_view field, const TensorView& t) {
       break;
     case DType::kFp8E4m3:
       bad = FirstNanE4m3(t.data.data(), n);
+      break;
+    case DType::kFp8E4m3fnuz:  // one NaN code, 0x80
+      for (int64_t i = 0; i < n && bad < 0; ++i) {
+        if (static_cast<uint8_t>(t.data[static_cast<size_t>(i)]) == 0x80) bad = i;
+      }
       break;
     default:
       return absl::OkStatus();

@@ -21,7 +21,8 @@ enum class DType : int32_t {
   kFp16 = 3,
   kInt32 = 4,
   kUint8 = 5,
-  kFp8E4m3 = 6,
+  kFp8E4m3 = 6,      // e4m3fn codes
+  kFp8E4m3fnuz = 7,  // e4m3fnuz codes (SPEC §3)
 };
 
 const char* DTypeName(DType d);
@@ -32,6 +33,9 @@ struct TensorView {
   std::vector<int64_t> shape;
   absl::string_view data;  // borrowed; lives as long as the request
   bool present = false;    // false when the field was not set
+  // A UINT8 pre-quantized K: the FP8 dtype of the codes in its entries
+  // (LayerRequest / LayerEntries k_fp8); kUnspecified reads as kFp8E4m3.
+  DType fp8_codes = DType::kUnspecified;
   // Memory space: with on_device the bytes are `device_bytes` bytes at
   // `device_ptr` in the daemon device's memory (a device region) and `data`
   // is empty. The core never dereferences device_ptr: it checks shape, dtype
@@ -57,7 +61,8 @@ absl::Status ExpectTensor(absl::string_view field, const TensorView& t,
                           DType dtype, std::initializer_list<int64_t> shape);
 
 // INVALID_ARGUMENT naming `field` and the first element that is NaN or Inf.
-// `t` is FP32, BF16 or FP8_E4M3 (e4m3fn has NaN codes only). REQUIRES: a
+// `t` is FP32, BF16, FP8_E4M3 or FP8_E4M3FNUZ (FP8 has NaN codes only:
+// 0x7f / 0xff in e4m3fn, 0x80 in e4m3fnuz). REQUIRES: a
 // host tensor (device tensors are checked by the backend, on the device).
 absl::Status CheckTensorFinite(absl::string_view field, const TensorView& t);
 

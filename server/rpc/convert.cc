@@ -47,6 +47,7 @@ LayerInput ToLayerInput(const v1::LayerRequest& r) {
   LayerInput in;
   in.layer = static_cast<int32_t>(r.layer());
   in.k = ViewOf(r.has_k(), r.k());
+  in.k.fp8_codes = static_cast<DType>(r.k_fp8());
   in.q = ViewOf(r.has_q(), r.q());
   in.q_scale = ViewOf(r.has_q_scale(), r.q_scale());
   in.weights = ViewOf(r.has_weights(), r.weights());
@@ -98,6 +99,7 @@ absl::StatusOr<LayerInput> ToLayerInput(const v1::LayerRequest& r,
   LayerInput in;
   in.layer = static_cast<int32_t>(r.layer());
   ASSIGN_OR_RETURN(in.k, ViewOf("k", r.has_k(), r.k(), regions));
+  in.k.fp8_codes = static_cast<DType>(r.k_fp8());
   ASSIGN_OR_RETURN(in.q, ViewOf("q", r.has_q(), r.q(), regions));
   ASSIGN_OR_RETURN(in.q_scale, ViewOf("q_scale", r.has_q_scale(), r.q_scale(), regions));
   ASSIGN_OR_RETURN(in.weights, ViewOf("weights", r.has_weights(), r.weights(), regions));
@@ -136,6 +138,7 @@ absl::StatusOr<ImportArgs> ToImport(const v1::WriteEntriesRequest& req, int64_t 
   a.num_tokens = static_cast<int64_t>(req.num_tokens());
   for (const v1::LayerEntries& le : req.layers()) {
     a.layers.emplace_back(static_cast<int32_t>(le.layer()), ViewOf(le.has_k(), le.k()));
+    a.layers.back().second.fp8_codes = static_cast<DType>(le.k_fp8());
   }
   return a;
 }

@@ -581,7 +581,7 @@ grpc::ServerUnaryReactor* IndexerService::GetServerInfo(grpc::CallbackServerCont
   resp->set_profile(m.config.profile());
   resp->set_next_n(m.config.next_n());
   for (const char* f : {"dense", "candidate_source", "candidate_consumer", "block", "fp8",
-                        "mxfp4", "linear", "tiled", "fp32_q", "bf16_q", "prequantized_k",
+                        "fp8_e4m3fnuz", "mxfp4", "linear", "tiled", "fp32_q", "bf16_q", "prequantized_k",
                         "import", "release", "health", "host_regions", "list_sequences",
                         "export"}) {
     resp->add_features(f);
@@ -597,6 +597,7 @@ grpc::ServerUnaryReactor* IndexerService::GetServerInfo(grpc::CallbackServerCont
     gi->set_page_entries(gs.layout.page_entries);
     gi->set_compress_ratio(gs.compress_ratio);
     gi->set_ue8m0(gs.ue8m0);
+    if (gs.layout.format == KvFormat::kFp8) gi->set_fp8_variant(Fp8VariantName(gs.layout.fp8));
     gi->set_layout(gs.layout_name);
     gi->set_entry_bytes(gs.layout.entry_bytes());
     gi->set_total_pages(usage[g].total_pages);

@@ -47,6 +47,7 @@ struct Shape {
   KInput::Kind k_kind = KInput::Kind::kFloat32;
   bool ue8m0 = true;
   int32_t chunk_rows = 0;         // server chunks of this many rows (0: one)
+  Fp8Variant fp8 = Fp8Variant::kE4m3fn;  // FP8 caches: e4m3fn or e4m3fnuz
 };
 
 
@@ -60,7 +61,8 @@ std::string Name(const Shape& s) {
          (s.k_kind == KInput::Kind::kBf16 ? "_bf16" : "") +
          (s.k_kind == KInput::Kind::kQuantized ? "_quantized" : "") +
          (s.ue8m0 ? "" : "_plain") +
-         (s.chunk_rows ? "_chunk" + std::to_string(s.chunk_rows) : "");
+         (s.chunk_rows ? "_chunk" + std::to_string(s.chunk_rows) : "") +
+         (s.fp8 == Fp8Variant::kE4m3fnuz ? "_fnuz" : "");
 }
 
 PageLayout MakeLayout(const Shape& s) {
@@ -69,7 +71,9 @@ PageLayout MakeLayout(const Shape& s) {
                                       s.format == KvFormat::kMxfp4 ? 2 : 1)
                    : PageLayout::Make(s.format, 128, s.page_entries);
   EXPECT_TRUE(l.ok()) << l.status();
-  return *l;
+  PageLayout out = *l;
+  out.fp8 = s.fp8;
+  return out;
 }
 
 class GpuDenseTest : public ::testing::TestWithParam<Shape> {};
@@ -133,8 +137,11 @@ TEST_P(GpuDenseTest, WritesBitExactAndTopkMatchesCpu) {
   ASSERT_TRUE(t.ok()) << t.status();
   ASSERT_TRUE(p.cpu->DenseTopk(layout, p.cpu_pool, rows, nullptr, q.input, sh.topk, want.data()).ok());
   const std::string path = static_cast<gpu::GpuBackend*>(p.gpu.get())->last_logits_path();
+  if (sh.fp8 == Fp8Variant::kE4m3fnuz) {
+    EXPECT_EQ(path.find("mma"), std::string::npos) << "e4m3fnuz cache on an e4m3fn tensor-core path: " << path;
+  }
   std::printf("[   path   ] logits kernel: %s\n", path.c_str());
-  ExpectMfmaPath(sh.max_path, sh.format, path);
+  ExpectMfmaPath(sh.max_path, sh.format, path, sh.fp8 == Fp8Variant::kE4m3fnuz);
   // Each against the reference under its own arithmetic's tolerance.
   const PathTolerance cpu_t = ToleranceFor("cpu", sh.format), gpu_t = ToleranceFor(path, sh.format);
   Margin cpu_m, gpu_m;
@@ -195,6 +202,11 @@ std::vector<Shape> Shapes() {
       // the mma.sync path on the same shapes as wgmma
       {f8, 64, false, 23, 1, 4, 0, 5000, 64, 512, 1},
       {f8, 16, true, 3, 5, 70, 0, 3000, 64, 256, 1, K::kFloat32, true, 37},
+      // e4m3fnuz caches (gfx942's FP8): written and read by the portable
+      // kernels whatever path cap (the sm_90 paths multiply e4m3fn)
+      {f8, 64, false, 23, 1, 4, 0, 5000, 64, 512, 2, K::kFloat32, true, 0, Fp8Variant::kE4m3fnuz},
+      {f8, 16, true, 3, 5, 70, 0, 3000, 64, 256, 2, K::kFloat32, false, 37, Fp8Variant::kE4m3fnuz},
+      {f8, 16, false, 5, 1, 4, 0, 900, 64, 64, 2, K::kQuantized, true, 0, Fp8Variant::kE4m3fnuz},
       // MXFP4
       {mx, 1, false, 5, 1, 1, 0, 300, 64, 64, 2},
       {mx, 3, false, 23, 1, 4, 0, 500, 64, 128, 2},

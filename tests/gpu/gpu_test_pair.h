@@ -133,9 +133,12 @@ inline std::string PathSuffix(int max_path) {
 // A run at max_path kPathMfmaGfx942 / kPathMfmaGfx950 must have taken the
 // MFMA kernel wherever it takes the call (FP8 on both, MXFP4 on gfx950): the
 // instruction model on CUDA, the matrix cores on HIP.
-inline void ExpectMfmaPath(int max_path, KvFormat format, const std::string& path) {
+// (gfx950 multiplies OCP e4m3: an e4m3fnuz cache takes the portable kernel.)
+inline void ExpectMfmaPath(int max_path, KvFormat format, const std::string& path,
+                           bool fnuz = false) {
   if (max_path == gpu::kPathMfmaGfx942 || max_path == gpu::kPathMfmaGfx950) {
-    const bool takes = format == KvFormat::kFp8 || max_path == gpu::kPathMfmaGfx950;
+    const bool takes = format == KvFormat::kFp8 ? max_path == gpu::kPathMfmaGfx942 || !fnuz
+                                                : max_path == gpu::kPathMfmaGfx950;
     const std::string arch = max_path == gpu::kPathMfmaGfx942 ? "gfx942" : "gfx950";
     if (takes) {
       EXPECT_TRUE(path == "mfma_model_" + arch || path == "mfma_" + arch) << path;

@@ -84,7 +84,7 @@ inline KData MakeK(std::mt19937& rng, const PageLayout& layout, int64_t n,
       uint8_t* e = d.quantized.data() + i * eb;
       const float* x = d.f32.data() + i * layout.head_dim;
       if (layout.format == KvFormat::kFp8) {
-        const float s = QuantizeFp8Entry(x, layout.head_dim, ue8m0, e);
+        const float s = QuantizeFp8Entry(x, layout.head_dim, ue8m0, e, layout.fp8);
         std::memcpy(e + vb, &s, 4);
       } else {
         QuantizeMxfp4(x, layout.head_dim, e, e + vb);
@@ -109,7 +109,7 @@ inline QData MakeQ(std::mt19937& rng, const PageLayout& layout, int32_t rows, in
   q.values.resize(static_cast<size_t>(n * layout.value_bytes()));
   for (auto& v : q.values) {
     uint8_t b = static_cast<uint8_t>(byte(rng));
-    if (layout.format == KvFormat::kFp8 && (b & 0x7f) == 0x7f) b ^= 1;  // no NaN
+    if (layout.format == KvFormat::kFp8 && IsFp8Nan(layout.fp8, b)) b ^= 1;  // no NaN
     v = b;
   }
   if (layout.format == KvFormat::kMxfp4) {
@@ -211,7 +211,7 @@ inline std::vector<double> DecodeQRow(const PageLayout& layout, const QData& q, 
     const int64_t qh = static_cast<int64_t>(r) * heads + h;
     for (int32_t d = 0; d < dim; ++d) {
       qd[h * dim + d] = layout.format == KvFormat::kFp8
-                            ? DecodeE4m3(q.values[qh * vb + d])
+                            ? DecodeFp8(layout.fp8, q.values[qh * vb + d])
                             : Mxfp4Element(q.values.data() + qh * vb, q.scales.data() + qh * (dim / 32), d);
     }
   }
@@ -223,7 +223,7 @@ inline void DecodeEntry(const PageLayout& layout, const uint8_t* entry, std::vec
   const int32_t dim = layout.head_dim, vb = layout.value_bytes();
   k->resize(dim);
   for (int32_t d = 0; d < dim; ++d) {
-    (*k)[d] = layout.format == KvFormat::kFp8 ? DecodeE4m3(entry[d]) : Mxfp4Element(entry, entry + vb, d);
+    (*k)[d] = layout.format == KvFormat::kFp8 ? DecodeFp8(layout.fp8, entry[d]) : Mxfp4Element(entry, entry + vb, d);
   }
   float s = 1.f;
   if (layout.format == KvFormat::kFp8) std::memcpy(&s, entry + vb, 4);

@@ -19,7 +19,7 @@
 namespace indexer::testing {
 
 // Element values of one vector in the layer's format, in double: FP8 codes
-// decoded; MXFP4 e2m1 elements times their block's 2^(e8m0 - 127) (exact).
+// decoded in the layout's variant; MXFP4 e2m1 elements times their block's 2^(e8m0 - 127) (exact).
 // `scales`: the D/32 e8m0 bytes (MXFP4 only).
 inline std::vector<double> DecodeVector(const PageLayout& L, const uint8_t* values,
                                         const uint8_t* scales) {
@@ -27,7 +27,7 @@ inline std::vector<double> DecodeVector(const PageLayout& L, const uint8_t* valu
   std::vector<double> out(D);
   for (int d = 0; d < D; ++d) {
     if (L.format == KvFormat::kFp8) {
-      out[d] = DecodeE4m3(values[d]);
+      out[d] = DecodeFp8(L.fp8, values[d]);
     } else {
       out[d] = std::ldexp(double(DecodeE2m1(values[d / 2] >> (4 * (d % 2)))),
                           int(scales[d / 32]) - 127);

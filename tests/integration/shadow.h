@@ -66,6 +66,17 @@ class Shadow {
     return it == len_.end() ? 0 : it->second;
   }
 
+  // Committed entry `e` of sequence `s` in layer `layer`, decoded in the
+  // shadow layer's layout. REQUIRES: it was committed.
+  RefEntry Entry(int32_t layer, const std::string& s, int64_t e) const {
+    for (const TestLayer& t : layers_) {
+      if (t.layer != layer) continue;
+      const auto& all = entries_.at({layer, s});
+      return DecodeEntry(t.layout, &all[e * t.layout.entry_bytes()]);
+    }
+    return {};
+  }
+
   // Inputs of every layer for a step over `seqs` (nothing recorded yet).
   std::vector<LayerData> Make(const std::vector<SeqStep>& seqs) {
     std::vector<LayerData> out;
@@ -259,7 +270,7 @@ class Shadow {
       for (int i = 0; i < D; ++i) d.k_float[e * D + i] = normal(rng_) * mag;
       uint8_t* out = d.k_quant.data() + e * eb;
       if (L.format == KvFormat::kFp8) {
-        const float s = QuantizeFp8Entry(&d.k_float[e * D], D, t.ue8m0, out);
+        const float s = QuantizeFp8Entry(&d.k_float[e * D], D, t.ue8m0, out, L.fp8);
         memcpy(out + vb, &s, 4);
       } else {
         QuantizeMxfp4(&d.k_float[e * D], D, out, out + vb);
@@ -275,7 +286,7 @@ class Shadow {
     d.q_scales.resize(d.rows * H * (D / 32));
     for (int64_t rh = 0; rh < d.rows * H; ++rh) {
       if (L.format == KvFormat::kFp8) {
-        d.w_folded[rh] *= QuantizeFp8Q(&d.q_float[rh * D], D, &d.q_codes[rh * vb]);
+        d.w_folded[rh] *= QuantizeFp8Q(&d.q_float[rh * D], D, &d.q_codes[rh * vb], L.fp8);
       } else {
         QuantizeMxfp4(&d.q_float[rh * D], D, &d.q_codes[rh * vb], &d.q_scales[rh * (D / 32)]);
       }

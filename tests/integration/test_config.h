@@ -27,6 +27,7 @@ struct GroupOpts {
   int block_topk = 0;
   int init_blocks = 0;
   int local_blocks = 1;
+  std::string fp8_variant;  // "" = the default (e4m3fn)
 };
 
 inline config::ServerConfig MakeConfig(const std::vector<GroupOpts>& groups, int next_n = 1,
@@ -47,6 +48,7 @@ inline config::ServerConfig MakeConfig(const std::vector<GroupOpts>& groups, int
     g->set_head_dim(128);
     g->set_page_entries(o.page_entries);
     g->set_compress_ratio(o.compress_ratio);
+    if (!o.fp8_variant.empty()) g->set_fp8_variant(o.fp8_variant);
     if (o.tiled) {
       g->mutable_tiling()->set_n_per_tile(o.page_entries % 16 == 0 ? 16 : 1);
       g->mutable_tiling()->set_d_per_tile(16);

@@ -315,5 +315,69 @@ TEST(WireFormsTest, Bf16AndFp8QueriesAndBf16Keys) {
   EXPECT_LE(shadow.ambiguous_rows() * 50, shadow.consumer_rows());
 }
 
+// An e4m3fnuz cache over the wire: GetServerInfo reports each group's FP8
+// variant; e4m3fn K (k_fp8 = FP8_E4M3) and FP8_E4M3 Q are converted exactly,
+// so the top-k is the shadow's computed from the e4m3fn codes; an import
+// whose LayerEntries.k_fp8 names e4m3fnuz is checked for that variant's NaN.
+TEST(WireFp8VariantTest, FnuzCacheReportedAndFnInputsConverted) {
+  Daemon d(MakeConfig({{.format = "fp8", .page_entries = 16, .num_layers = 2, .pages = 64,
+                        .fp8_variant = "e4m3fnuz"},
+                       {.format = "fp8", .page_entries = 16, .num_layers = 1, .pages = 64}}));
+  auto info = d.client().GetServerInfo();
+  ASSERT_TRUE(info.ok()) << info.status();
+  ASSERT_EQ(info->groups_size(), 2);
+  EXPECT_EQ(info->groups(0).fp8_variant(), "e4m3fnuz");
+  EXPECT_EQ(info->groups(1).fp8_variant(), "e4m3fn");
+  EXPECT_THAT(info->features(), ::testing::Contains("fp8_e4m3fnuz"));
+
+  std::vector<TestLayer> fn_layers = d.layers();
+  for (TestLayer& t : fn_layers) t.layout.fp8 = Fp8Variant::kE4m3fn;
+  Shadow shadow(fn_layers, 5);
+  for (const std::vector<SeqStep>& seqs :
+       std::vector<std::vector<SeqStep>>{{{"a", 50}, {"b", 20}}, {{"a", 1}, {"b", 1}}}) {
+    auto step = d.client().OpenStep(Header(seqs, shadow));
+    ASSERT_TRUE(step.ok()) << step.status();
+    std::vector<LayerData> data = shadow.Make(seqs);
+    for (size_t li = 0; li < fn_layers.size(); ++li) {
+      const TestLayer& t = fn_layers[li];
+      const int64_t D = t.layout.head_dim, H = t.num_heads;
+      v1::LayerRequest r;
+      r.set_layer(static_cast<uint32_t>(t.layer));
+      *r.mutable_k() = client::MakeByteTensor(v1::UINT8, data[li].k_quant,
+                                              {data[li].n_new, t.layout.entry_bytes()});
+      r.set_k_fp8(v1::FP8_E4M3);
+      *r.mutable_q() = client::MakeByteTensor(v1::FP8_E4M3, data[li].q_codes, {data[li].rows, H, D});
+      *r.mutable_weights() = client::MakeFp32Tensor(data[li].w_folded, {data[li].rows, H});
+      auto reply = (*step)->RunLayer(r);
+      ASSERT_TRUE(reply.ok()) << "layer " << t.layer << ": " << reply.status();
+      auto topk = client::ReadInt32Tensor(reply->topk(), {data[li].rows, t.topk}, "topk");
+      ASSERT_TRUE(topk.ok()) << topk.status();
+      shadow.Check(li, seqs, data[li], topk->data());
+    }
+    ASSERT_TRUE((*step)->Commit().ok());
+    shadow.Commit(seqs, data);
+  }
+
+  // e4m3fnuz codes with its NaN (0x80) in an import: refused, naming it.
+  v1::WriteEntriesRequest w;
+  *w.mutable_id() = client::NamedSequenceId("c");
+  w.set_create(true);
+  w.set_num_tokens(1);
+  for (const TestLayer& t : d.layers()) {
+    std::vector<uint8_t> entry(t.layout.entry_bytes(), 0x38);
+    const float s = 1.0f;
+    std::memcpy(entry.data() + t.layout.value_bytes(), &s, 4);
+    entry[7] = 0x80;
+    v1::LayerEntries* le = w.add_layers();
+    le->set_layer(static_cast<uint32_t>(t.layer));
+    *le->mutable_k() = client::MakeByteTensor(v1::UINT8, entry, {1, t.layout.entry_bytes()});
+    le->set_k_fp8(v1::FP8_E4M3FNUZ);
+  }
+  auto len = d.client().WriteEntries(w);
+  ASSERT_FALSE(len.ok());
+  EXPECT_EQ(len.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(len.status().message()), HasSubstr("value 7 is an e4m3fnuz NaN code"));
+}
+
 }  // namespace
 }  // namespace indexer::testing

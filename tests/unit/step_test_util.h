@@ -66,10 +66,10 @@ inline int32_t NumPages(const StepRows& rows) {
   return pages;
 }
 
-// The e4m3 code of `v`. REQUIRES: v is an e4m3 value.
-inline uint8_t E4m3Code(float v) {
+// The FP8 code of `v` in variant `var`. REQUIRES: v is a value of it.
+inline uint8_t E4m3Code(float v, Fp8Variant var = Fp8Variant::kE4m3fn) {
   for (int c = 0; c < 256; ++c) {
-    if (DecodeE4m3(static_cast<uint8_t>(c)) == v)
+    if (DecodeFp8(var, static_cast<uint8_t>(c)) == v)
       return static_cast<uint8_t>(c);
   }
   return 0;
@@ -90,11 +90,11 @@ inline std::vector<uint8_t> MakeEntries(const PageLayout& layout, int64_t n,
     if (layout.format == KvFormat::kFp8) {
       float scale;
       if (exact) {
-        for (int32_t d = 0; d < dim; ++d) e[d] = E4m3Code(kValues[value(*rng)]);
+        for (int32_t d = 0; d < dim; ++d) e[d] = E4m3Code(kValues[value(*rng)], layout.fp8);
         scale = std::ldexp(1.0f, exp(*rng));
       } else {
         for (float& v : x) v = normal(*rng);
-        scale = QuantizeFp8Entry(x.data(), dim, true, e);
+        scale = QuantizeFp8Entry(x.data(), dim, true, e, layout.fp8);
       }
       std::memcpy(e + vb, &scale, sizeof scale);
     } else if (exact) {
@@ -122,7 +122,7 @@ inline std::vector<double> DecodeK(const PageLayout& layout,
   std::vector<double> k(dim);
   *scale = 1.0;
   if (layout.format == KvFormat::kFp8) {
-    for (int32_t d = 0; d < dim; ++d) k[d] = DecodeE4m3(e[d]);
+    for (int32_t d = 0; d < dim; ++d) k[d] = DecodeFp8(layout.fp8, e[d]);
     float s;
     std::memcpy(&s, e + vb, sizeof s);
     *scale = s;
@@ -168,7 +168,7 @@ inline TestQ MakeQ(const PageLayout& layout, int32_t rows, int32_t heads,
     float w_scale = 1.0f;
     if (exact) {
       if (fp8) {
-        for (int32_t d = 0; d < dim; ++d) v[d] = E4m3Code(kValues[value(*rng)]);
+        for (int32_t d = 0; d < dim; ++d) v[d] = E4m3Code(kValues[value(*rng)], layout.fp8);
       } else {
         for (int32_t b = 0; b < vb; ++b) {
           v[b] = static_cast<uint8_t>(nibble(*rng) | nibble(*rng) << 4);
@@ -180,14 +180,14 @@ inline TestQ MakeQ(const PageLayout& layout, int32_t rows, int32_t heads,
     } else {
       for (float& f : x) f = normal(*rng);
       if (fp8) {
-        w_scale = QuantizeFp8Q(x.data(), dim, v);
+        w_scale = QuantizeFp8Q(x.data(), dim, v, layout.fp8);
       } else {
         QuantizeMxfp4(x.data(), dim, v, s);
       }
       q.weights[rh] = uw(*rng) * w_scale;
     }
     for (int32_t d = 0; d < dim; ++d) {
-      q.decoded[rh * dim + d] = fp8 ? DecodeE4m3(v[d]) : Mxfp4Element(v, s, d);
+      q.decoded[rh * dim + d] = fp8 ? DecodeFp8(layout.fp8, v[d]) : Mxfp4Element(v, s, d);
     }
   }
   return q;

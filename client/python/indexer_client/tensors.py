@@ -8,6 +8,8 @@ Element types on the wire and their numpy carriers:
   INT32     int32
   UINT8     uint8 (packed MXFP4 e2m1 pairs, e8m0 scales, whole K entries)
   FP8_E4M3  uint8 (the e4m3fn codes)
+  FP8_E4M3FNUZ  uint8 (the e4m3fnuz codes of gfx942 hardware; converted by the
+            daemon when the layer's cache holds e4m3fn, and the other way)
 
 FP8 and MXFP4 data therefore travel as uint8 arrays with the declared dtype
 set explicitly: ``to_tensor(codes, DataType.FP8_E4M3)``.
@@ -28,6 +30,7 @@ _CARRIER = {
     pb.INT32: np.dtype("<i4"),
     pb.UINT8: np.dtype("u1"),
     pb.FP8_E4M3: np.dtype("u1"),
+    pb.FP8_E4M3FNUZ: np.dtype("u1"),
 }
 
 # numpy dtype -> wire dtype when the caller does not say.
@@ -96,7 +99,7 @@ def to_tensor(array, dtype=None, shape=None, what="tensor"):
         dtype = _DEFAULT.get(array.dtype)
         if dtype is None:
             raise TensorError(f"{what}: numpy dtype {array.dtype} has no default wire dtype; "
-                              "pass dtype= (FP32, BF16, INT32, UINT8, FP8_E4M3)")
+                              "pass dtype= (FP32, BF16, INT32, UINT8, FP8_E4M3, FP8_E4M3FNUZ)")
     if dtype == pb.BF16 and array.dtype == np.float32:
         array = to_bf16_bits(array)
     carrier = _CARRIER.get(dtype)

@@ -49,13 +49,8 @@ static_assert(kMfmaWaves < 16, "named barriers 1..15 (the CUDA model)");
 
 enum class MfmaArch : int { kGfx942 = 942, kGfx950 = 950 };
 
-// Whether an FP8 cache holds e4m3fnuz codes. Every cache is OCP e4m3 until
-// PageLayout carries the cache's variant (branch amdbuild: PageLayout::fp8);
-// then this is `l.fp8 == Fp8Variant::kE4m3fnuz`, the one line to change.
-inline bool MfmaCacheFnuz(const PageLayout& l) {
-  (void)l;
-  return false;
-}
+// Whether an FP8 cache holds e4m3fnuz codes (the cache's variant).
+inline bool MfmaCacheFnuz(const PageLayout& l) { return l.fp8 == Fp8Variant::kE4m3fnuz; }
 
 using L8 = mfma::Fp8x32x32x16;
 using L4 = mfma::Fp4x32x32x64;

@@ -224,9 +224,6 @@ __global__ void __launch_bounds__(kMmaThreads)
 }  // namespace
 
 bool MmaLogitsSupported(const LogitsParams& p, int cc_major, int cc_minor) {
-#if defined(INDEXER_GPU_HIP)
-  return false;
-#else
   const PageLayout& l = p.layout;
   if (cc_major * 10 + cc_minor < 89) return false;
   if (l.head_dim != kMmaDim || !MmaHeadsSupported(p.num_heads)) return false;
@@ -235,7 +232,6 @@ bool MmaLogitsSupported(const LogitsParams& p, int cc_major, int cc_minor) {
   if (l.page_bytes() % 16 != 0) return false;
   if (l.tiled() && l.d_per_tile % (l.format == KvFormat::kFp8 ? 16 : 4) != 0) return false;
   return true;
-#endif
 }
 
 absl::Status LaunchDenseLogitsMma(const LogitsParams& p, Stream stream) {
@@ -258,38 +254,6 @@ absl::Status LaunchDenseLogitsMma(const LogitsParams& p, Stream stream) {
       return absl::OkStatus();
     });
   });
-}
-
-absl::Status LaunchDenseLogits(const LogitsParams& p, int cc_major,
-                               int cc_minor, Stream stream,
-                               const char** which, int max_path) {
-  const char* unused;
-  if (which == nullptr) which = &unused;
-  if (const int arch = MfmaLogitsArch(p, cc_major, cc_minor, max_path); arch != 0) {
-    *which = MfmaPathName(arch);
-    return LaunchDenseLogitsMfma(p, arch, stream);
-  }
-  // An MFMA selection that its kernel does not take runs what that device
-  // would: the portable kernel.
-  if (max_path > 2) max_path = 0;
-  if (max_path >= 2 && WgmmaMxfp4Enabled() && WgmmaMxfp4Supported(p, cc_major, cc_minor)) {
-    *which = "wgmma_mxfp4";
-    return LaunchDenseLogitsWgmmaMxfp4(p, stream);
-  }
-  if (max_path >= 2 && WgmmaLogitsSupported(p, cc_major, cc_minor)) {
-    if (WgmmaWsEnabled() && WgmmaWsSupported(p)) {
-      *which = "wgmma_ws";
-      return LaunchDenseLogitsWgmmaWs(p, stream);
-    }
-    *which = "wgmma";
-    return LaunchDenseLogitsWgmma(p, stream);
-  }
-  if (max_path >= 1 && MmaLogitsSupported(p, cc_major, cc_minor)) {
-    *which = "mma";
-    return LaunchDenseLogitsMma(p, stream);
-  }
-  *which = "portable";
-  return LaunchDenseLogitsPortable(p, stream);
 }
 
 }  // namespace gpu

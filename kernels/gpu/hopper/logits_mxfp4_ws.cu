@@ -483,16 +483,11 @@ int MxWarpgroups(int rows) {
 }  // namespace
 
 bool WgmmaMxfp4Supported(const LogitsParams& p, int cc_major, int cc_minor) {
-#if defined(INDEXER_GPU_HIP)
-  (void)p, (void)cc_major, (void)cc_minor;
-  return false;
-#else
   const PageLayout& l = p.layout;
   return cc_major == 9 && cc_minor == 0 && l.format == KvFormat::kMxfp4 && l.head_dim == kMxDim &&
          !l.tiled() && l.page_entries % kMxTile == 0 && l.page_bytes() % 16 == 0 &&
          MmaHeadsSupported(p.num_heads) && p.max_group_rows >= 1 && p.max_group_rows <= 2 &&
          p.q_scales != nullptr;
-#endif
 }
 
 bool WgmmaMxfp4Enabled() {
@@ -505,10 +500,6 @@ bool WgmmaMxfp4Enabled() {
 }
 
 absl::Status LaunchDenseLogitsWgmmaMxfp4(const LogitsParams& p, Stream stream) {
-#if defined(INDEXER_GPU_HIP)
-  (void)p, (void)stream;
-  return absl::UnimplementedError("MXFP4 wgmma logits: sm_90a only");
-#else
   if (p.unit_end == p.unit_begin) return absl::OkStatus();
   if (!WgmmaMxfp4Supported(p, 9, 0)) {
     return absl::InvalidArgumentError(absl::StrCat(
@@ -523,7 +514,6 @@ absl::Status LaunchDenseLogitsWgmmaMxfp4(const LogitsParams& p, Stream stream) {
     }
     return MxWarpgroups(2) == 2 ? LaunchMx<kHeads, 2, 2>(p, stream) : LaunchMx<kHeads, 2, 3>(p, stream);
   });
-#endif
 }
 
 }  // namespace gpu

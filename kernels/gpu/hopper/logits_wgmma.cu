@@ -248,9 +248,6 @@ bool WgmmaTmaSupported(const PageLayout& l) {
 }
 
 bool WgmmaLogitsSupported(const LogitsParams& p, int cc_major, int cc_minor) {
-#if defined(INDEXER_GPU_HIP)
-  return false;
-#else
   const PageLayout& l = p.layout;
   if (cc_major != 9 || cc_minor != 0) return false;  // built for sm_90a only
   if (l.format != KvFormat::kFp8 || l.head_dim != kWgDim || !MmaHeadsSupported(p.num_heads)) return false;
@@ -259,7 +256,6 @@ bool WgmmaLogitsSupported(const LogitsParams& p, int cc_major, int cc_minor) {
   if (l.page_bytes() % 16 != 0) return false;
   if (l.tiled() && l.d_per_tile % 16 != 0) return false;
   return true;
-#endif
 }
 
 absl::Status LaunchDenseLogitsWgmma(const LogitsParams& p, Stream stream) {

@@ -345,10 +345,6 @@ bool WgmmaWsEnabled() {
 }
 
 absl::Status LaunchDenseLogitsWgmmaWs(const LogitsParams& p, Stream stream) {
-#if defined(INDEXER_GPU_HIP)
-  (void)p, (void)stream;
-  return absl::UnimplementedError("warp-specialized wgmma logits: sm_90a only");
-#else
   if (p.unit_end == p.unit_begin) return absl::OkStatus();
   if (!WgmmaWsSupported(p)) {
     return absl::InvalidArgumentError(absl::StrCat(
@@ -361,7 +357,6 @@ absl::Status LaunchDenseLogitsWgmmaWs(const LogitsParams& p, Stream stream) {
       return LaunchWs<typename WsPick<decltype(h)::value, decltype(r)::value>::C>(p, stream);
     });
   });
-#endif
 }
 
 }  // namespace gpu

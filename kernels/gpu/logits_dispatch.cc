@@ -1,0 +1,87 @@
+// The dense-logits path choice (params.h: LaunchDenseLogits) and the pool's
+// tensor map, the two places where vendor-specific paths join the backend.
+// They join through compat constants, never through an #if: the sm_90 paths
+// of hopper/ are compiled into CUDA builds only (kHopperPaths), so a HIP
+// build has no Hopper path at all rather than stubs that refuse.
+#include "kernels/gpu/params.h"
+
+namespace indexer {
+namespace gpu {
+namespace {
+
+// Templates on the build's constant so that a build without the paths never
+// instantiates the branch that names them (no reference to link).
+template <bool kHopper>
+bool TryHopperLogits(const LogitsParams& p, int cc_major, int cc_minor, Stream stream,
+                     int max_path, const char** which, absl::Status* status) {
+  if constexpr (kHopper) {
+    if (max_path >= 2 && WgmmaMxfp4Enabled() && WgmmaMxfp4Supported(p, cc_major, cc_minor)) {
+      *which = "wgmma_mxfp4";
+      *status = LaunchDenseLogitsWgmmaMxfp4(p, stream);
+      return true;
+    }
+    if (max_path >= 2 && WgmmaLogitsSupported(p, cc_major, cc_minor)) {
+      if (WgmmaWsEnabled() && WgmmaWsSupported(p)) {
+        *which = "wgmma_ws";
+        *status = LaunchDenseLogitsWgmmaWs(p, stream);
+        return true;
+      }
+      *which = "wgmma";
+      *status = LaunchDenseLogitsWgmma(p, stream);
+      return true;
+    }
+    if (max_path >= 1 && MmaLogitsSupported(p, cc_major, cc_minor)) {
+      *which = "mma";
+      *status = LaunchDenseLogitsMma(p, stream);
+      return true;
+    }
+  }
+  (void)p, (void)cc_major, (void)cc_minor, (void)stream, (void)max_path, (void)which,
+      (void)status;
+  return false;
+}
+
+template <bool kHopper>
+bool HopperTensorMap(const PageLayout& layout, int cc_major) {
+  if constexpr (kHopper) {
+    return cc_major == 9 && WgmmaTmaSupported(layout);
+  }
+  (void)layout, (void)cc_major;
+  return false;
+}
+
+}  // namespace
+
+absl::Status LaunchDenseLogits(const LogitsParams& p, int cc_major,
+                               int cc_minor, Stream stream,
+                               const char** which, int max_path) {
+  const char* unused;
+  if (which == nullptr) which = &unused;
+  // The MFMA kernels (gfx942 / gfx950; on CUDA through the instruction
+  // model when asked for: max_path 3 / 4 or INDEXER_GPU_MFMA_MODEL). Before
+  // the e4m3fn gate below: gfx942 multiplies e4m3fnuz.
+  if (const int arch = MfmaLogitsArch(p, cc_major, cc_minor, max_path); arch != 0) {
+    *which = MfmaPathName(arch);
+    return LaunchDenseLogitsMfma(p, arch, stream);
+  }
+  // An MFMA selection that its kernel does not take runs what that device
+  // would: the portable kernel.
+  if (max_path > 2) max_path = 0;
+  absl::Status status;
+  // The sm_90 tensor cores multiply e4m3fn: an e4m3fnuz cache takes the
+  // portable kernel on NVIDIA devices.
+  const bool fn_codes = p.layout.format != KvFormat::kFp8 || p.layout.fp8 == Fp8Variant::kE4m3fn;
+  if (fn_codes &&
+      TryHopperLogits<kHopperPaths>(p, cc_major, cc_minor, stream, max_path, which, &status)) {
+    return status;
+  }
+  *which = "portable";
+  return LaunchDenseLogitsPortable(p, stream);
+}
+
+bool PoolWantsTensorMap(const PageLayout& layout, int cc_major) {
+  return HopperTensorMap<kHopperPaths>(layout, cc_major);
+}
+
+}  // namespace gpu
+}  // namespace indexer

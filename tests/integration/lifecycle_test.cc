@@ -468,7 +468,9 @@ TEST(LifecycleTest, CliExportImportThroughAFile) {
   }
   // A file that is not an export: refused, nothing imported.
   const std::string bad = ::testing::TempDir() + "/lifecycle_bad.bin";
-  std::ofstream(bad) << "\x05\x00\x00\x00abc";
+  // A length of 5 (4 bytes, little-endian), then 3 bytes: a cut message.
+  const std::string cut("\x05\x00\x00\x00" "abc", 7);
+  std::ofstream(bad, std::ios::binary) << cut;
   const std::string bad_cmd = std::string(cli) + " --addr 127.0.0.1:" +
                               std::to_string(b.port()) + " import --in " + bad + " 2>/dev/null";
   EXPECT_NE(std::system(bad_cmd.c_str()), 0);

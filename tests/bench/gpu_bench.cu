@@ -38,20 +38,14 @@
 #include "kernels/backend.h"
 #include "kernels/gpu/gpu_backend.h"
 #include "kernels/gpu/gpu_backend_impl.h"
+#include "tests/bench/bench_util.h"
 #include "tests/bench/hopper/peaks.h"
 
 namespace indexer {
 namespace {
 
-#define CHECK_GPU(expr)                                                     \
-  do {                                                                      \
-    const gpu::Error _e = (expr);                                           \
-    if (_e != gpu::kSuccess) {                                              \
-      std::fprintf(stderr, "%s failed: %s (%s:%d)\n", #expr,                \
-                   gpu::ErrorString(_e), __FILE__, __LINE__);               \
-      std::exit(1);                                                         \
-    }                                                                       \
-  } while (0)
+using bench::Median;
+
 #define CHECK_OK(expr)                                                      \
   do {                                                                      \
     const auto& _s = (expr);                                                \
@@ -105,11 +99,6 @@ __global__ void ReadFlushKernel(const uint4* p, int64_t n, uint32_t* sink) {
     acc ^= v.x ^ v.y ^ v.z ^ v.w;
   }
   if (acc == 0x9e3779b9u) *sink = acc;  // keeps the loads; never true on zeros
-}
-
-double Median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v.empty() ? 0 : v[v.size() / 2];
 }
 
 struct Ceilings {

@@ -10,26 +10,12 @@
 
 #include "kernels/gpu/hopper/mma_sm90.h"
 #include "kernels/gpu/hopper/wgmma_sm90.h"
+#include "tests/bench/bench_util.h"
 #include "tests/bench/hopper/peaks.h"
 
 namespace indexer {
 namespace bench {
 namespace {
-
-#define CHECK_GPU(expr)                                                     \
-  do {                                                                      \
-    const gpu::Error _e = (expr);                                           \
-    if (_e != gpu::kSuccess) {                                              \
-      std::fprintf(stderr, "%s failed: %s (%s:%d)\n", #expr,                \
-                   gpu::ErrorString(_e), __FILE__, __LINE__);               \
-      std::exit(1);                                                         \
-    }                                                                       \
-  } while (0)
-
-double Median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v.empty() ? 0 : v[v.size() / 2];
-}
 
 // The mma.sync m16n8k32 e4m3 rate: independent accumulator chains per warp.
 __global__ void MmaPeakKernel(float* sink, int iters) {

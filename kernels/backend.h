@@ -51,6 +51,9 @@ class StepContext {
   // The step's rows, built once per step and group, validated and (gpu)
   // uploaded by PrepareStep; RunLayer reads them from here.
   const StepRows& rows() const { return rows_; }
+  // Where the backend's PrepareStep spent its time, for the daemon's debug
+  // log of each step header ("" when the backend does not say).
+  virtual std::string PrepareParts() const { return {}; }
 
  private:
   const StepRows rows_;

@@ -1,6 +1,7 @@
 #include "kernels/gpu/gpu_backend.h"
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
@@ -145,7 +146,7 @@ absl::Status GpuBackend::Init() {
   GPU_RETURN_IF_ERROR(MemsetAsync(topk_state_, 0, int64_t{ws_.max_rows} * kTopkStateWords * 4, stream_));
   GPU_RETURN_IF_ERROR(StreamSynchronize(stream_));
   RETURN_IF_ERROR(take(int64_t{ws_.max_rows} * 64 * 4, &aux_));
-  RETURN_IF_ERROR(take(2 * sizeof(uint32_t), &bad_));
+  RETURN_IF_ERROR(take(sizeof(bad_host_), &bad_));
   RETURN_IF_ERROR(take(ws_.arena_bytes, &arena_base_));
   arena_ = std::make_unique<DeviceArena>(arena_base_, ws_.arena_bytes);
   return absl::OkStatus();
@@ -251,9 +252,21 @@ absl::StatusOr<GpuBackend::Pool> GpuBackend::FindPool(
 }
 
 absl::StatusOr<std::unique_ptr<GpuBackend::Step>> GpuBackend::MakeStep(
-    const PageLayout& layout, const StepRows& rows) {
+    const PageLayout& layout, StepRows rows) {
+  using Clock = std::chrono::steady_clock;
+  const auto us = [](Clock::time_point a, Clock::time_point b) {
+    return std::chrono::duration<double, std::micro>(b - a).count();
+  };
+  Step::Parts parts;
+  auto t = Clock::now();
+  const auto lap = [&](double* part) {
+    const auto now = Clock::now();
+    *part = us(t, now);
+    t = now;
+  };
   RETURN_IF_ERROR(ValidateStepRows(layout, rows, INT64_MAX));
   const int64_t max_page = MaxPage(layout, rows);
+  lap(&parts.validate);
   const int32_t vb = std::max(layout.value_bytes(), 1);
   const PlanLimits limits{
       ws_.logits_floats,
@@ -267,6 +280,7 @@ absl::StatusOr<std::unique_ptr<GpuBackend::Step>> GpuBackend::MakeStep(
   // Each unit's first physical page: the ws producer's first copy of a unit
   // then waits on the unit's load alone, not on a block-table load after it.
   for (LogitsUnit& u : plan.units) u.page0 = rows.Page(u.seq, LogicalPage(u.e_begin, layout.page_entries));
+  lap(&parts.plan);
 
   std::vector<int32_t> img;
   // One allocation (each part padded to 16 words): growing by doubling
@@ -283,10 +297,13 @@ absl::StatusOr<std::unique_ptr<GpuBackend::Step>> GpuBackend::MakeStep(
   const int64_t o_g = Append(img, plan.groups.data(), plan.groups.size());
   const int64_t o_u = Append(img, plan.units.data(), plan.units.size());
   const int64_t bytes = static_cast<int64_t>(img.size()) * 4;
+  lap(&parts.image);
   ASSIGN_OR_RETURN(uint8_t* meta, arena_->Allocate(bytes, "step metadata"));
+  lap(&parts.arena);
   auto step_or = [&]() -> absl::Status {
     absl::MutexLock lock(&mu_);
     RETURN_IF_ERROR(BeginCall());
+    lap(&parts.wait);  // the lock and the previous staged copy
     DrainOnError drain(stream_);
     RETURN_IF_ERROR(Upload(meta, img.data(), bytes));
     if (host_in_.used == 0) {
@@ -316,12 +333,17 @@ absl::StatusOr<std::unique_ptr<GpuBackend::Step>> GpuBackend::MakeStep(
                      reinterpret_cast<const LogitsGroup*>(w + o_g),
                      reinterpret_cast<const LogitsUnit*>(w + o_u),
                      w + o_rs};
-  return std::make_unique<Step>(arena_.get(), meta, std::move(plan), dev, rows, max_page);
+  auto step =
+      std::make_unique<Step>(arena_.get(), meta, std::move(plan), dev, std::move(rows), max_page);
+  lap(&parts.upload);  // the staged copy's enqueue (and the Step's copy of the rows)
+  step->set_parts(parts);
+  step->set_image_bytes(bytes);
+  return step;
 }
 
 absl::StatusOr<std::unique_ptr<StepContext>> GpuBackend::PrepareStep(
     const PageLayout& layout, StepRows rows) {
-  ASSIGN_OR_RETURN(std::unique_ptr<Step> s, MakeStep(layout, rows));
+  ASSIGN_OR_RETURN(std::unique_ptr<Step> s, MakeStep(layout, std::move(rows)));
   return std::unique_ptr<StepContext>(std::move(s));
 }
 
@@ -353,26 +375,32 @@ absl::Status GpuBackend::BeginCall() {
   downloads_.clear();
   spans_.clear();
   ev_used_ = 0;
+  chain_edge_ = -1;
+  chain_next_span_ = false;
   checks_armed_ = false;
+  checks_launched_ = false;
   out_device_ = false;
   return absl::OkStatus();
 }
 
 absl::Status GpuBackend::ArmChecks() {
+  chain_edge_ = -1;  // the checks run between spans
   if (checks_armed_) return absl::OkStatus();
   // 0xffffffff: no bad element; the check kernels lower it.
-  GPU_RETURN_IF_ERROR(MemsetAsync(bad_, 0xff, 2 * sizeof(uint32_t), stream_));
+  GPU_RETURN_IF_ERROR(MemsetAsync(bad_, 0xff, sizeof(bad_host_), stream_));
   checks_armed_ = true;
   return absl::OkStatus();
 }
 
 absl::Status GpuBackend::Emit(int32_t* dst, const int32_t* src, int64_t bytes) {
   if (!out_device_) return Download(dst, src, bytes);
+  chain_edge_ = -1;
   GPU_RETURN_IF_ERROR(CopyD2D(dst, src, static_cast<size_t>(bytes), stream_));
   return absl::OkStatus();
 }
 
 absl::Status GpuBackend::Upload(void* dst, const void* src, int64_t bytes) {
+  chain_edge_ = -1;
   if (uint8_t* staged = host_in_.Take(bytes)) {
     std::memcpy(staged, src, static_cast<size_t>(bytes));
     src = staged;
@@ -382,6 +410,7 @@ absl::Status GpuBackend::Upload(void* dst, const void* src, int64_t bytes) {
 }
 
 absl::Status GpuBackend::Download(void* dst, const void* src, int64_t bytes) {
+  chain_edge_ = -1;
   uint8_t* staged = host_out_.Take(bytes);
   if (staged == nullptr) {
     GPU_RETURN_IF_ERROR(CopyD2H(dst, src, static_cast<size_t>(bytes), stream_));
@@ -393,15 +422,25 @@ absl::Status GpuBackend::Download(void* dst, const void* src, int64_t bytes) {
 }
 
 absl::Status GpuBackend::BeginSpan() {
+  const bool chain = chain_next_span_ && chain_edge_ >= 0;
+  chain_next_span_ = false;
+  if (chain) {
+    span_begin_ = chain_edge_;
+    if (ev_used_ + 1 > kEvents) return absl::InternalError("span: no event left after a chained start");
+    return absl::OkStatus();
+  }
   if (ev_used_ + 2 > kEvents) RETURN_IF_ERROR(Sync());
   GPU_RETURN_IF_ERROR(EventRecord(ev_[ev_used_], stream_));
+  span_begin_ = ev_used_++;
   return absl::OkStatus();
 }
 
 absl::Status GpuBackend::EndSpan(double* sum) {
-  GPU_RETURN_IF_ERROR(EventRecord(ev_[ev_used_ + 1], stream_));
-  spans_.push_back({ev_used_, sum});
-  ev_used_ += 2;
+  GPU_RETURN_IF_ERROR(EventRecord(ev_[ev_used_], stream_));
+  spans_.push_back({span_begin_, ev_used_, sum});
+  chain_edge_ = ev_used_++;
+  // A chained start needs one free event; keep two so either start fits.
+  if (ev_used_ + 2 > kEvents) chain_edge_ = -1;
   return absl::OkStatus();
 }
 
@@ -409,11 +448,49 @@ absl::Status GpuBackend::Sync() {
   GPU_RETURN_IF_ERROR(StreamSynchronize(stream_));
   for (const PendingSpan& s : spans_) {
     float ms = 0.f;
-    GPU_RETURN_IF_ERROR(EventElapsedMs(&ms, ev_[s.first], ev_[s.first + 1]));
+    GPU_RETURN_IF_ERROR(EventElapsedMs(&ms, ev_[s.first], ev_[s.last]));
     *s.sum += ms * 1000.0;
   }
   spans_.clear();
   ev_used_ = 0;
+  chain_edge_ = -1;
+  return absl::OkStatus();
+}
+
+absl::Status GpuBackend::LaunchDeviceChecks(const PageLayout& layout, const StepRows& rows,
+                                            const KInput* k, const QInput* q) {
+  CheckParams cp{};
+  cp.layout = layout;
+  const int64_t n = rows.NewEntries();
+  if (k != nullptr && k->on_device && n > 0) {
+    // The host never sees device K: its values are checked here, on the
+    // stream, and the verdict read after the call's one synchronization.
+    CheckPart& part = cp.parts[cp.num_parts++];
+    part.src = k->data;
+    part.kind = k->kind == KInput::Kind::kFloat32 ? CheckKind::kFloat32
+                : k->kind == KInput::Kind::kBf16  ? CheckKind::kBf16
+                                                  : CheckKind::kQuantized;
+    part.count = part.kind == CheckKind::kQuantized ? n : n * layout.head_dim;
+    part.first_bad = bad_;
+  }
+  if (q != nullptr && q->on_device && rows.num_rows > 0) {
+    // Weights, Q's codes (FP8: the cache variant's NaN codes; e2m1 has
+    // none) and Q's e8m0 scales (MXFP4).
+    const int64_t rh = int64_t{rows.num_rows} * q->num_heads;
+    if (cp.num_parts + 2 > kMaxCheckParts) return absl::InternalError("check: too many parts");
+    cp.parts[cp.num_parts++] = {q->weights, rh, CheckKind::kFloat32, bad_ + 1};
+    if (layout.format == KvFormat::kMxfp4) {
+      cp.parts[cp.num_parts++] = {q->scales, rh * (layout.head_dim / kMxBlock), CheckKind::kE8m0,
+                                  bad_ + 3};
+    } else {
+      cp.parts[cp.num_parts++] = {q->values, rh * layout.value_bytes(), CheckKind::kFp8Codes,
+                                  bad_ + 2};
+      q_check_fp8_ = layout.fp8;
+    }
+  }
+  if (cp.num_parts == 0) return absl::OkStatus();
+  RETURN_IF_ERROR(ArmChecks());
+  RETURN_IF_ERROR(LaunchCheckInput(cp, stream_));
   return absl::OkStatus();
 }
 
@@ -434,6 +511,16 @@ absl::Status GpuBackend::EndCall() {
     return absl::InvalidArgumentError(absl::StrCat(
         "weights: element ", bad_host_[1],
         " of the device tensor is NaN or Inf; expected finite values"));
+  }
+  if (bad_host_[2] != UINT32_MAX) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "q: byte ", bad_host_[2], " of the device tensor is an ", Fp8VariantName(q_check_fp8_),
+        " NaN code; expected finite codes"));
+  }
+  if (bad_host_[3] != UINT32_MAX) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "q_scale: byte ", bad_host_[3],
+        " of the device tensor is 0xff (e8m0 NaN); expected 0x00..0xfe"));
   }
   return absl::OkStatus();
 }
@@ -477,20 +564,7 @@ absl::Status GpuBackend::WriteImpl(const PageLayout& layout, PoolHandle pool_h,
   const int64_t piece = std::max<int64_t>(1, ws_.k_bytes / row_bytes);
   CallScope call(this, nested);
   RETURN_IF_ERROR(call.Begin());
-  if (k.on_device) {
-    // The host never sees device K: its values are checked here, on the
-    // stream, and the verdict read after the call's one synchronization.
-    RETURN_IF_ERROR(ArmChecks());
-    CheckParams cp{};
-    cp.src = k.data;
-    cp.kind = k.kind == KInput::Kind::kFloat32 ? CheckKind::kFloat32
-              : k.kind == KInput::Kind::kBf16  ? CheckKind::kBf16
-                                               : CheckKind::kQuantized;
-    cp.count = cp.kind == CheckKind::kQuantized ? n : n * layout.head_dim;
-    cp.layout = layout;
-    cp.first_bad = bad_;
-    RETURN_IF_ERROR(LaunchCheckInput(cp, stream_));
-  }
+  if (!checks_launched_) RETURN_IF_ERROR(LaunchDeviceChecks(layout, rows, &k, nullptr));
   for (int64_t b = 0; b < n; b += piece) {
     // Pieces share k_stage_: stream order keeps each copy after the last
     // piece's kernel.
@@ -518,16 +592,7 @@ absl::Status GpuBackend::DenseWalk(
   const bool mx = layout.format == KvFormat::kMxfp4;
   const int64_t h = q.num_heads;
   const int64_t vb = layout.value_bytes(), nb = layout.head_dim / kMxBlock;
-  if (q.on_device) {
-    RETURN_IF_ERROR(ArmChecks());
-    CheckParams cp{};
-    cp.src = q.weights;
-    cp.count = int64_t{step->plan().chunks.empty() ? 0 : step->plan().chunks.back().row_end} * h;
-    cp.kind = CheckKind::kFloat32;
-    cp.layout = layout;
-    cp.first_bad = bad_ + 1;
-    RETURN_IF_ERROR(LaunchCheckInput(cp, stream_));
-  }
+  if (!checks_launched_) RETURN_IF_ERROR(LaunchDeviceChecks(layout, step->rows(), nullptr, &q));
   // Every logits kernel this call ran, '+'-joined (sub-chunks may differ:
   // group rows pick the kernel), for tests that bound each kernel's error.
   std::string paths;
@@ -673,8 +738,12 @@ absl::Status GpuBackend::DenseImpl(const PageLayout& layout, PoolHandle pool_h,
   }
   CallScope call(this, nested);
   RETURN_IF_ERROR(call.Begin());
+  // The logits span may start where the write's ended, and the top-k's
+  // where the logits' did (BeginSpan: only if nothing ran in between).
+  chain_next_span_ = true;
   RETURN_IF_ERROR(DenseWalk(p, layout, pool, step, q, timings, [&](const SubChunk& sc) {
     const int64_t rb = sc.row_begin;
+    chain_next_span_ = true;
     // A device output takes the top-k straight from the kernel (no copy
     // through out_, one call less per layer).
     int32_t* const direct = out_device_ ? out + rb * topk : nullptr;

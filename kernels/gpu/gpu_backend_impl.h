@@ -168,9 +168,9 @@ class GpuBackend : public Backend {
     const void* src;
     size_t bytes;
   };
-  // A timed span: elapsed time of events [first, first + 1] added to *sum.
+  // A timed span: elapsed time of events [first, last] added to *sum.
   struct PendingSpan {
-    int first;
+    int first, last;
     double* sum;
   };
   static constexpr int kEvents = 64;
@@ -240,8 +240,9 @@ class GpuBackend : public Backend {
   absl::Status Init();
   absl::StatusOr<Pool> FindPool(PoolHandle handle,
                                 const PageLayout& layout) const;
-  absl::StatusOr<std::unique_ptr<Step>> MakeStep(const PageLayout& layout,
-                                                 const StepRows& rows);
+  // Validates and uploads the rows; the Step keeps them (single-layer
+  // calls pass a copy, PrepareStep moves its own in).
+  absl::StatusOr<std::unique_ptr<Step>> MakeStep(const PageLayout& layout, StepRows rows);
   // The step of `ctx`, checked to be this backend's for `rows`, its pages in
   // `pool`; null for a null ctx, after validating `rows` against `pool`.
   absl::StatusOr<Step*> CheckedStep(const PageLayout& layout,
@@ -257,8 +258,17 @@ class GpuBackend : public Backend {
   // Enqueues device `src` -> host `dst`; `dst` is written by EndCall.
   absl::Status Download(void* dst, const void* src, int64_t bytes)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // A timed span. When the caller set chain_next_span_ and nothing was
+  // enqueued since the last span's end (no copy, no check), the span starts
+  // at that end's event instead of recording its own: adjacent spans share
+  // their boundary (a dense layer records 4 events, not 6).
   absl::Status BeginSpan() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::Status EndSpan(double* sum) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The device inputs' value checks (k entries or floats; weights, Q codes,
+  // Q scales) in one launch, once per call: arms bad_ and enqueues them.
+  absl::Status LaunchDeviceChecks(const PageLayout& layout, const StepRows& rows,
+                                  const KInput* k, const QInput* q)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // DenseTopk's argument checks (shared with the candidate layers).
   absl::Status CheckDenseArgs(const PageLayout& layout, const QInput& q,
                               int32_t topk, int32_t num_rows,
@@ -314,6 +324,11 @@ class GpuBackend : public Backend {
   Stream stream_ ABSL_GUARDED_BY(mu_) = nullptr;
   Event ev_[kEvents] ABSL_GUARDED_BY(mu_) = {};
   int ev_used_ ABSL_GUARDED_BY(mu_) = 0;
+  int span_begin_ ABSL_GUARDED_BY(mu_) = 0;  // the open span's first event
+  // The last span's end event while nothing was enqueued after it, else -1.
+  int chain_edge_ ABSL_GUARDED_BY(mu_) = -1;
+  bool chain_next_span_ ABSL_GUARDED_BY(mu_) = false;
+  bool checks_launched_ ABSL_GUARDED_BY(mu_) = false;  // this call's, by RunLayer
   std::vector<PendingSpan> spans_ ABSL_GUARDED_BY(mu_);
   HostStage host_in_ ABSL_GUARDED_BY(mu_);
   HostStage host_out_ ABSL_GUARDED_BY(mu_);
@@ -341,7 +356,10 @@ class GpuBackend : public Backend {
   int32_t* aux_ = nullptr;
   // [2] first bad element of device K, of device weights (0xffffffff: none).
   uint32_t* bad_ = nullptr;
-  uint32_t bad_host_[2] ABSL_GUARDED_BY(mu_) = {};
+  // First bad element of the call's device inputs: k, weights, q (FP8
+  // codes), q_scale (e8m0); 0xffffffff = none.
+  uint32_t bad_host_[4] ABSL_GUARDED_BY(mu_) = {};
+  Fp8Variant q_check_fp8_ ABSL_GUARDED_BY(mu_) = Fp8Variant::kE4m3fn;  // q's NaN rule
   bool checks_armed_ ABSL_GUARDED_BY(mu_) = false;
   bool out_device_ ABSL_GUARDED_BY(mu_) = false;
   std::string last_path_ ABSL_GUARDED_BY(mu_);

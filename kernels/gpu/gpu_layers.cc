@@ -30,6 +30,11 @@ absl::StatusOr<LayerTimings> GpuBackend::RunLayer(PoolHandle pool_h, StepContext
   CallScope call(this, /*nested=*/false);
   RETURN_IF_ERROR(call.Begin());
   out_device_ = work.out_on_device;
+  // Every device input's value check in one launch, before the layer's
+  // work (the write and the dense walk then launch none of their own).
+  RETURN_IF_ERROR(LaunchDeviceChecks(layout, rows, work.k,
+                                     work.kind == LayerKind::kBlock ? nullptr : &work.q));
+  checks_launched_ = true;
   if (work.k != nullptr && rows.NewEntries() > 0) {
     RETURN_IF_ERROR(WriteImpl(layout, pool_h, rows, ctx, *work.k, &timings.write_us, true));
   }
@@ -135,9 +140,11 @@ absl::Status GpuBackend::SourceImpl(const PageLayout& layout, PoolHandle pool_h,
   if (n > 0) {
     CallScope call(this, nested);
     RETURN_IF_ERROR(call.Begin());
+    chain_next_span_ = true;  // see DenseImpl
     RETURN_IF_ERROR(DenseWalk(p, layout, pool, step, q, timings, [&](const SubChunk& sc) {
       const int64_t rb = sc.row_begin, nr = sc.row_end - sc.row_begin;
       const int32_t* visible = step->dev().row_visible + rb;
+      chain_next_span_ = true;
       if (topk > 0) {
         RETURN_IF_ERROR(TopkPieces(logits_, sc.stride, visible, nr, sc.max_visible, topk,
                                    &timings->topk_us, [&](int64_t a, int64_t m) {

@@ -4,11 +4,13 @@
 
 #include <cstdint>
 #include <map>
+#include <string>
 #include <utility>
 #include <vector>
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "absl/synchronization/mutex.h"
 #include "kernels/common/status_macros.h"
 #include "kernels/geometry/step_geometry.h"
@@ -21,11 +23,13 @@ namespace gpu {
 // made from rows validated once (MakeStep).
 class GpuBackend::Step : public StepContext {
  public:
+  // Takes the rows (PrepareStep's are moved in, not copied: a B=64 x 32k
+  // step's block table alone is 128 KiB).
   Step(DeviceArena* arena, uint8_t* meta, StepPlan plan, DeviceStepRows dev,
-       const StepRows& rows, int64_t max_page)
-      : StepContext(rows), arena_(arena), meta_(meta), plan_(std::move(plan)), dev_(dev),
-        num_rows_(rows.num_rows), num_seqs_(rows.num_seqs),
-        max_pages_(rows.max_pages), new_entries_(rows.NewEntries()),
+       StepRows rows, int64_t max_page)
+      : StepContext(std::move(rows)), arena_(arena), meta_(meta), plan_(std::move(plan)),
+        dev_(dev), num_rows_(this->rows().num_rows), num_seqs_(this->rows().num_seqs),
+        max_pages_(this->rows().max_pages), new_entries_(this->rows().NewEntries()),
         max_page_(max_page) {}
   ~Step() override {
     arena_->Release(meta_);
@@ -83,6 +87,20 @@ class GpuBackend::Step : public StepContext {
   }
   DeviceArena* arena() const { return arena_; }
 
+  // MakeStep's phases, in microseconds (PrepareParts prints them).
+  struct Parts {
+    double validate = 0, plan = 0, image = 0, arena = 0, wait = 0, upload = 0;
+  };
+  void set_parts(const Parts& p) { parts_ = p; }
+  std::string PrepareParts() const override {
+    return absl::StrFormat(
+        "validate %.1f us, plan %.1f us (%d units), image %.1f us (%d KiB), arena %.1f us, "
+        "wait for the stream %.1f us, upload %.1f us",
+        parts_.validate, parts_.plan, static_cast<int>(plan_.units.size()), parts_.image,
+        static_cast<int>(image_bytes_ / 1024), parts_.arena, parts_.wait, parts_.upload);
+  }
+  void set_image_bytes(int64_t b) { image_bytes_ = b; }
+
   const StepPlan& plan() const { return plan_; }
   const DeviceStepRows& dev() const { return dev_; }
   bool Matches(const StepRows& rows) const {
@@ -106,6 +124,8 @@ class GpuBackend::Step : public StepContext {
   const DeviceStepRows dev_;
   const int32_t num_rows_, num_seqs_, max_pages_;
   const int64_t new_entries_, max_page_;
+  Parts parts_;
+  int64_t image_bytes_ = 0;
   mutable absl::Mutex pools_mu_;
   std::map<int32_t, CandPool> pools_ ABSL_GUARDED_BY(pools_mu_);
 };

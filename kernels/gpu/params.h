@@ -53,13 +53,24 @@ enum class CheckKind : int32_t {
   kBf16,         // bf16 elements: NaN / Inf
   kQuantized,    // linear entries of `layout`: e4m3 NaN codes and fp32
                  // scales not finite > 0 (FP8), e8m0 0xff scales (MXFP4)
+  kFp8Codes,     // bytes: NaN codes of layout.fp8 (e4m3fn 0x7f / 0xff,
+                 // e4m3fnuz 0x80)
+  kE8m0,         // bytes: 0xff (the e8m0 NaN)
 };
-struct CheckParams {
+// One tensor to check: its first bad element's index lowers *first_bad.
+struct CheckPart {
   const void* src;
-  int64_t count;  // elements (kFloat32 / kBf16) or entries (kQuantized)
+  int64_t count;  // elements (kFloat32 / kBf16 / bytes) or entries (kQuantized)
   CheckKind kind;
-  PageLayout layout;
   uint32_t* first_bad;  // device word, set to 0xffffffff before
+};
+// Up to kMaxCheckParts tensors in one launch (a layer's device weights, Q
+// values and Q scales cost one kernel, not three).
+constexpr int kMaxCheckParts = 3;
+struct CheckParams {
+  CheckPart parts[kMaxCheckParts];
+  int32_t num_parts;
+  PageLayout layout;
 };
 absl::Status LaunchCheckInput(const CheckParams& p, Stream stream);
 

@@ -99,17 +99,23 @@ __global__ void __launch_bounds__(kWriteThreads)
 }
 
 __global__ void CheckInputKernel(CheckParams p) {
+  // blockIdx.y: the part; a grid-stride walk over its elements.
+  const CheckPart& part = p.parts[blockIdx.y];
   const int64_t stride = int64_t{gridDim.x} * blockDim.x;
-  for (int64_t i = int64_t{blockIdx.x} * blockDim.x + threadIdx.x; i < p.count; i += stride) {
+  for (int64_t i = int64_t{blockIdx.x} * blockDim.x + threadIdx.x; i < part.count; i += stride) {
     bool bad = false;
-    if (p.kind == CheckKind::kFloat32) {
-      bad = !isfinite(static_cast<const float*>(p.src)[i]);
-    } else if (p.kind == CheckKind::kBf16) {
+    if (part.kind == CheckKind::kFloat32) {
+      bad = !isfinite(static_cast<const float*>(part.src)[i]);
+    } else if (part.kind == CheckKind::kBf16) {
       // All-ones exponent: Inf or NaN.
-      bad = (static_cast<const uint16_t*>(p.src)[i] & 0x7f80u) == 0x7f80u;
+      bad = (static_cast<const uint16_t*>(part.src)[i] & 0x7f80u) == 0x7f80u;
+    } else if (part.kind == CheckKind::kFp8Codes) {
+      bad = IsFp8Nan(p.layout.fp8, static_cast<const uint8_t*>(part.src)[i]);
+    } else if (part.kind == CheckKind::kE8m0) {
+      bad = static_cast<const uint8_t*>(part.src)[i] == 0xff;
     } else {
       const PageLayout& l = p.layout;
-      const uint8_t* e = static_cast<const uint8_t*>(p.src) + i * l.entry_bytes();
+      const uint8_t* e = static_cast<const uint8_t*>(part.src) + i * l.entry_bytes();
       const int32_t vb = l.value_bytes();
       if (l.format == KvFormat::kFp8) {
         for (int32_t b = 0; b < vb && !bad; ++b) bad = IsFp8Nan(l.fp8, e[b]);
@@ -120,17 +126,22 @@ __global__ void CheckInputKernel(CheckParams p) {
         for (int32_t b = 0; b < l.scale_bytes() && !bad; ++b) bad = e[vb + b] == 0xff;
       }
     }
-    if (bad) atomicMin(p.first_bad, static_cast<uint32_t>(i));
+    if (bad) atomicMin(part.first_bad, static_cast<uint32_t>(i));
   }
 }
 
 }  // namespace
 
 absl::Status LaunchCheckInput(const CheckParams& p, Stream stream) {
-  if (p.count == 0) return absl::OkStatus();
-  const int64_t want = (p.count + kWriteThreads - 1) / kWriteThreads;
-  const int blocks = static_cast<int>(want < 1024 ? want : 1024);
-  GPU_LAUNCH(CheckInputKernel, blocks, kWriteThreads, 0, stream, p);
+  if (p.num_parts < 1 || p.num_parts > kMaxCheckParts) {
+    return absl::InvalidArgumentError("check: expected 1..kMaxCheckParts parts");
+  }
+  int64_t most = 0;
+  for (int i = 0; i < p.num_parts; ++i) most = most > p.parts[i].count ? most : p.parts[i].count;
+  if (most == 0) return absl::OkStatus();
+  const int64_t want = (most + kWriteThreads - 1) / kWriteThreads;
+  const dim3 grid(static_cast<unsigned>(want < 1024 ? want : 1024), static_cast<unsigned>(p.num_parts));
+  GPU_LAUNCH(CheckInputKernel, grid, kWriteThreads, 0, stream, p);
   return absl::OkStatus();
 }
 

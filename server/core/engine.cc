@@ -220,6 +220,16 @@ absl::StatusOr<std::unique_ptr<Step>> Engine::BeginStep(const StepSpec& spec) {
   return step;
 }
 
+std::string Step::PrepareParts() const {
+  std::string out;
+  for (const auto& ctx : ctx_) {
+    std::string part = ctx->PrepareParts();
+    if (part.empty()) continue;
+    absl::StrAppend(&out, out.empty() ? "" : "; ", part);
+  }
+  return out;
+}
+
 void Engine::FinishStep(Step* step, bool commit) {
   const Clock::time_point now = Clock::now();
   absl::MutexLock lock(&mu_);

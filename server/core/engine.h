@@ -95,6 +95,9 @@ class Step {
     double admit_us = 0, rows_us = 0, prepare_us = 0;
   };
   const BeginTimes& begin_times() const { return begin_times_; }
+  // The backend's own split of its prepare, per layer group ("" when the
+  // backend does not say); built on demand (the daemon's debug log).
+  std::string PrepareParts() const;
   std::vector<int64_t> reserved_pages() const;
 
   // Validates the layer's inputs, writes its new entries and returns its

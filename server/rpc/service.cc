@@ -412,12 +412,14 @@ class StepReactor final
     step_ = std::move(step);
     if (spdlog::should_log(spdlog::level::debug)) {
       const indexer::Step::BeginTimes& bt = step_->begin_times();
+      const std::string parts = step_->PrepareParts();
       spdlog::debug("[{}] begin: {} sequences, {} rows, client {}, peer {}; after receipt: "
                     "parsed {:.1f} us, then admission {:.1f} us, rows {:.1f} us, backend prepare "
-                    "{:.1f} us; handled {:.1f} us",
+                    "{:.1f} us{}{}; handled {:.1f} us",
                     Who(), spec.seqs.size(), step_->num_rows(), ClientQuotas::Display(client_),
                     LogSafe(ctx_->peer(), 128), MicrosBetween(header_at_, parsed_), bt.admit_us,
-                    bt.rows_us, bt.prepare_us, MicrosBetween(header_at_, Clock::now()));
+                    bt.rows_us, bt.prepare_us, parts.empty() ? "" : " = ", parts,
+                    MicrosBetween(header_at_, Clock::now()));
     }
     return absl::OkStatus();
   }

@@ -1,8 +1,8 @@
 // Device-resident inputs and outputs of Backend::RunLayer on the gpu backend:
 // the same layer with host inputs and with device copies (and a device
 // output) gives the same top-k and the same pool bytes, bit for bit; device
-// K or weights holding NaN fail the layer with INVALID_ARGUMENT naming the
-// field. Skips without a GPU.
+// K, weights or Q holding NaN (an e4m3fn NaN code in Q) fail the layer with
+// INVALID_ARGUMENT naming the field. Skips without a GPU.
 #include <cmath>
 #include <cstdint>
 #include <algorithm>
@@ -245,12 +245,13 @@ TEST(GpuDeviceTensors, NonFiniteDeviceInputsFailNamingTheField) {
   ASSERT_TRUE(ctx.ok());
   std::mt19937 rng(5);
   Inputs in = MakeInputs(rng, L, rows.NewEntries(), rows.num_rows, 64);
-  for (const std::string field : {"k", "weights", "k quantized"}) {
+  for (const std::string field : {"k", "weights", "k quantized", "q"}) {
     SCOPED_TRACE(field);
     Inputs bad = in;
     if (field == "k") bad.k_f32[130] = std::nanf("");
     if (field == "weights") bad.weights[7] = INFINITY;
     if (field == "k quantized") bad.k_quant[1] = 0x7f;  // e4m3 NaN code
+    if (field == "q") bad.q_values[300] = 0xff;          // e4m3fn NaN code (negative)
     const bool quant = field == "k quantized";
     KInput k;
     k.kind = quant ? KInput::Kind::kQuantized : KInput::Kind::kFloat32;
@@ -269,10 +270,15 @@ TEST(GpuDeviceTensors, NonFiniteDeviceInputsFailNamingTheField) {
     auto t = be.RunLayer(*pool, ctx->get(), work);
     ASSERT_FALSE(t.ok());
     EXPECT_EQ(t.status().code(), absl::StatusCode::kInvalidArgument) << t.status();
-    const std::string want = field == "weights" ? "weights: element 7" : quant ? "k: element 0" : "k: element 130";
+    const std::string want = field == "weights" ? "weights: element 7"
+                             : field == "q"     ? "q: byte 300 of the device tensor is an e4m3fn NaN code"
+                             : quant            ? "k: element 0"
+                                                : "k: element 130";
     EXPECT_NE(std::string(t.status().message()).find(want), std::string::npos) << t.status();
   }
-  // Clean inputs pass on the same backend afterwards (the flag is reset).
+  // Clean inputs pass on the same backend afterwards (the flags are reset).
+  // 0x80 is e4m3fn's -0 (a NaN only in e4m3fnuz): Q holding it is finite.
+  in.q_values[3] = 0x80;
   KInput k;
   DeviceCopy k_dev(in.k_f32.data(), in.k_f32.size() * 4);
   k.data = k_dev.get();

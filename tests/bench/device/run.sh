@@ -20,10 +20,13 @@
 #             client's --busy-poll-us off and on, with and without MPS, for
 #             one-layer and eight-layer steps (the same-host split: step
 #             start, way in, server, backend enqueue / wait, way out)
+#   layers61  the 61-layer DeepSeek-V3.2 step (device regions, B=64 x 32k)
+#             as service runs it, then again under MPS with the client
+#             busy-polling
 #   env       GPU, driver, SOURCE.txt, python/torch (printed first by every run)
 # Aliases kept for older notes and results files: gpu-tests and integration
-# (parts of suite), memcheck (= sanitize), committed, layers61 and python
-# (parts of service and suite).
+# (parts of suite), memcheck (= sanitize), committed and python (parts of
+# service and suite).
 #
 # Knobs (environment), all optional, none needed for a full run:
 #   DEV           the pack folder (default dev/; dev-NAME for a copy from
@@ -152,18 +155,36 @@ part_committed() {
   kill -0 "$DPID" && echo "daemon alive after committed steps"
   daemon_stop
 }
-part_layers61() {
+part_layers61() {  # part_layers61 [mps]
   # A DeepSeek-V3.2 decode step: 61 dense layers in sequence, device
-  # regions, B=64 x 32k (17 GB of K).
-  daemon_start layers61 --profile deepseek-v3.2-fp8 --config-dir "$ROOT/deploy/configs" \
+  # regions, B=64 x 32k (17 GB of K). With "mps": under MPS, the client
+  # busy-polling (the configuration docs/frontend.md recommends).
+  local mode=${1:-plain} poll=()
+  if [[ $mode == mps ]]; then
+    mps_start || { echo "MPS could not start"; return 0; }
+    poll=(--busy-poll-us 1000)
+  fi
+  daemon_start layers61-$mode --profile deepseek-v3.2-fp8 --config-dir "$ROOT/deploy/configs" \
     --device gpu:0 --cache-mb 18000
-  timeout "$TO" indexer-cli --addr "$DADDR" bench --batch 64 --context 32768 --warmup 3 --steps 50 \
-    --transport device 2>&1 | bench_filter > /tmp/layers61.txt
+  echo "== 61 layers ($mode)"
+  timeout "$TO" indexer-cli --addr "$DADDR" "${poll[@]}" bench --batch 64 --context 32768 --warmup 3 \
+    --steps 50 --transport device 2>&1 | bench_filter > /tmp/layers61-$mode.txt
   echo "bench rc ${PIPESTATUS[0]}"
-  tail -4 /tmp/layers61.txt
+  tail -4 /tmp/layers61-$mode.txt
   # Per-layer table: columns 9 and 10 are the logits and top-k p50.
-  awk '$2 == "dense" { k += $9 + $10; n++ } END { printf "kernels: %d layers, sum of logits + top-k p50 %.1f us\n", n, k }' /tmp/layers61.txt
+  awk '$2 == "dense" { k += $9 + $10; n++ } END { printf "kernels: %d layers, sum of logits + top-k p50 %.1f us\n", n, k }' /tmp/layers61-$mode.txt
   daemon_stop
+  [[ $mode == mps ]] && mps_stop
+  return 0
+}
+mps_start() {
+  export CUDA_MPS_PIPE_DIRECTORY=/tmp/mps CUDA_MPS_LOG_DIRECTORY=/tmp/mps-log
+  mkdir -p /tmp/mps /tmp/mps-log
+  nvidia-cuda-mps-control -d
+}
+mps_stop() {
+  echo quit | nvidia-cuda-mps-control
+  unset CUDA_MPS_PIPE_DIRECTORY CUDA_MPS_LOG_DIRECTORY
 }
 stage_service() { part_transports; part_committed; part_layers61; }
 
@@ -192,8 +213,7 @@ stage_latency() {
   bench_line "8 layers, poll 1000 B=64x32k device" --busy-poll-us 1000 bench --batch 64 --context 32768 --transport device
   daemon_stop
   echo "== MPS"
-  export CUDA_MPS_PIPE_DIRECTORY=/tmp/mps CUDA_MPS_LOG_DIRECTORY=/tmp/mps-log; mkdir -p /tmp/mps /tmp/mps-log
-  if nvidia-cuda-mps-control -d; then
+  if mps_start; then
     daemon_start latency-mps --config "$CFG" --device gpu:0
     bench_line "MPS poll 1000 B=64x32k device" --busy-poll-us 1000 bench --batch 64 --context 32768 --transport device
     bench_line "MPS poll 1000 B=1x128k device" --busy-poll-us 1000 bench --batch 1 --context 131072 --transport device
@@ -203,7 +223,7 @@ stage_latency() {
     bench_line "MPS 8 layers, poll 1000 B=64x32k device" --busy-poll-us 1000 bench --batch 64 --context 32768 --transport device
     bench_line "MPS 8 layers, poll 1000 B=1x128k device" --busy-poll-us 1000 bench --batch 1 --context 131072 --transport device
     daemon_stop
-    echo quit | nvidia-cuda-mps-control
+    mps_stop
   else
     echo "MPS could not start"
   fi
@@ -218,7 +238,7 @@ stage_integration() { part_integration; }
 stage_python() { part_python; }
 stage_memcheck() { stage_sanitize; }
 stage_committed() { part_committed; }
-stage_layers61() { part_layers61; }
+stage_layers61() { part_layers61; part_layers61 mps; }
 
 stages=("$@")
 ((${#stages[@]})) || stages=(suite sanitize bench service)

@@ -170,7 +170,7 @@ part_layers61() {  # part_layers61 [mps]
   timeout "$TO" indexer-cli --addr "$DADDR" "${poll[@]}" bench --batch 64 --context 32768 --warmup 3 \
     --steps 50 --transport device 2>&1 | bench_filter > /tmp/layers61-$mode.txt
   echo "bench rc ${PIPESTATUS[0]}"
-  tail -4 /tmp/layers61-$mode.txt
+  tail -5 /tmp/layers61-$mode.txt
   # Per-layer table: columns 9 and 10 are the logits and top-k p50.
   awk '$2 == "dense" { k += $9 + $10; n++ } END { printf "kernels: %d layers, sum of logits + top-k p50 %.1f us\n", n, k }' /tmp/layers61-$mode.txt
   daemon_stop

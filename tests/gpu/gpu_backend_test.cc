@@ -181,6 +181,10 @@ std::vector<Shape> Shapes() {
       {f8, 64, false, 23, 1, 2, 0, 30000, 64, 2048, 2},
       {f8, 64, false, 23, 1, 1, 0, 30000, 64, 1024, 2},
       {f8, 128, false, 5, 1, 1, 9000, 20000, 64, 512, 2},
+      // ... with every ring slot reused and two or three units a block
+      // (~3900 tiles: units of 256 entries over 396 blocks)
+      {f8, 64, false, 8, 1, 1, 28000, 32000, 64, 2048, 2},
+      {f8, 64, false, 8, 2, 2, 28000, 32000, 64, 2048, 2},
       // small totals: one-tile units (a unit from the middle of an E = 128
       // page too) and units of a few tiles (n 40000 above: two or three)
       {f8, 64, false, 2, 1, 1, 0, 4000, 64, 512, 2},

@@ -79,6 +79,11 @@ struct WsConfig {
   static_assert(kTeam >= 1 && kMath % kTeam == 0, "whole teams");
   static_assert(kGroupRows <= kMaxGroupRows, "no more rows than a plan group holds");
   static_assert(kSlots >= 2 * kTeams, "at least double-buffered per team");
+  // Tile n takes slot n % kSlots and team n % kTeams: each slot must serve
+  // one team, so that a team waiting on a slot's `full` parity has itself
+  // seen the phase before (with an odd ring shared by two teams a team
+  // could pass a wait one phase early).
+  static_assert(kSlots % kTeams == 0, "every slot serves a single team");
   static_assert(kOffQ % 1024 == 0 && kQBytes % 1024 == 0, "swizzled tiles 1024-byte aligned");
   static_assert(kOffScale % 16 == 0, "bulk copies land 16-byte aligned");
   static_assert(kSmem * kMinBlocks <= 227 * 1024, "kMinBlocks blocks fit one SM's shared memory");
@@ -370,17 +375,26 @@ absl::Status LaunchWs(const LogitsParams& p_in, Stream stream) {
 // warpgroups, slots, blocks per SM>, picked by H and the group's rows.
 template <int kHeads, int kRows>
 struct WsPick;
-// H = 64. One row: N = 64, two warpgroups on separate tiles, three blocks
-// per SM (72 registers). With the top-k histogram per warpgroup (2 x 8 KiB)
-// five ring slots keep three blocks in an SM's shared memory (75 KiB each).
+// With the top-k's first histogram (LogitsParams::topk_hist): the H 64
+// decode configurations below plus 2 x 8 KiB of histograms, in fewer ring
+// slots so that three blocks still fit an SM's shared memory: two per team
+// for one row (68 KiB), five for the one team of two rows (75 KiB).
+template <int kRows>
+struct WsHistPick;
 template <>
-struct WsPick<64, 1> { using C = WsConfig<64, 1, 1, 2, 5, 3, true>; };
+struct WsHistPick<1> { using C = WsConfig<64, 1, 1, 2, 4, 3, true>; };
+template <>
+struct WsHistPick<2> { using C = WsConfig<64, 1, 2, 2, 5, 3, true>; };
+// H = 64. One row: N = 64, two warpgroups on separate tiles, three blocks
+// per SM (72 registers, 67 KiB).
+template <>
+struct WsPick<64, 1> { using C = WsConfig<64, 1, 1, 2, 6, 3>; };
 // Two rows (next_n 2): both warpgroups on every tile, one row each, so the
 // registers and blocks per SM stay those of one row. (Measured against one
 // N = 128 warpgroup per tile at two blocks per SM, B=64 n=32k: 139 vs 142 us
 // and 134 vs 160 us; against two such teams in one block per SM: 139 vs 208.)
 template <>
-struct WsPick<64, 2> { using C = WsConfig<64, 1, 2, 2, 5, 3, true>; };
+struct WsPick<64, 2> { using C = WsConfig<64, 1, 2, 2, 6, 3>; };
 // Three or four rows (next_n 3-4, prefill groups): a team of two
 // warpgroups of N = 128, two blocks per SM (96 registers). (Prefill 4k x 32k:
 // 700 TFLOP/s; two such teams in one block per SM 580, a team of four N = 64
@@ -421,7 +435,7 @@ bool WgmmaWsEnabled() {
 }
 
 bool WgmmaWsFillsTopkHist(const LogitsParams& p) {
-  // The configurations of WsPick with kHist: H 64, groups of one or two rows.
+  // WsHistPick's configurations: H 64, groups of one or two rows.
   return p.topk_hist != nullptr && TopkFuseEnabled() && WgmmaWsSupported(p) && p.num_heads == 64 &&
          p.max_group_rows <= 2;
 }
@@ -432,6 +446,10 @@ absl::Status LaunchDenseLogitsWgmmaWs(const LogitsParams& p, Stream stream) {
     return absl::InvalidArgumentError(absl::StrCat(
         "warp-specialized wgmma logits: expected a tensor-mapped pool and groups of <= ",
         kMaxGroupRows, " rows, got ", p.max_group_rows, " rows, use_tma ", p.use_tma));
+  }
+  if (WgmmaWsFillsTopkHist(p)) {
+    if (p.max_group_rows <= 1) return LaunchWs<WsHistPick<1>::C>(p, stream);
+    return LaunchWs<WsHistPick<2>::C>(p, stream);
   }
   return DispatchWgmmaRows(p.max_group_rows <= 1 ? 1 : p.max_group_rows <= 2 ? 2 : 4,
                            [&](auto r) -> absl::Status {

@@ -349,9 +349,10 @@ absl::Status LaunchWs(const LogitsParams& p_in, Stream stream) {
   if (!C::kHist || !TopkFuseEnabled()) p.topk_hist = nullptr;
   // K is read once: its copies carry the L2 evict-first policy, so the
   // logits the top-k reads next (and what other layers keep in L2) stay.
-  // Same call, H200 (h200_2026-12-01_kfp8.md): logits -2 to -6 us at
-  // B=64 8k-128k, top-k -1.4 to -2.6 us. Env INDEXER_GPU_WS_EVICT_FIRST=0
-  // turns it off (A/B runs).
+  // Same call, H200 (h200_2026-12-01_kfp8.md): logits -6.4 us at B=64 8k,
+  // -2.2 at B=8 32k, -0.8 at B=64 32k, noise elsewhere; top-k -1.4 to
+  // -2.6 us at B=64/128 x 32k and B=64 x 128k. Env
+  // INDEXER_GPU_WS_EVICT_FIRST=0 turns it off (A/B runs).
   static const bool evict_first = [] {
     const char* v = std::getenv("INDEXER_GPU_WS_EVICT_FIRST");
     return v == nullptr || std::atoi(v) != 0;

@@ -588,7 +588,8 @@ absl::Status GpuBackend::WriteImpl(const PageLayout& layout, PoolHandle pool_h,
 absl::Status GpuBackend::DenseWalk(
     const Pool& p, const PageLayout& layout, const uint8_t* pool, Step* step,
     const QInput& q, LayerTimings* timings,
-    absl::FunctionRef<absl::Status(const SubChunk&)> after, const GatherWalk* gather) {
+    absl::FunctionRef<absl::Status(const SubChunk&)> after, const GatherWalk* gather,
+    int32_t fuse_topk) {
   const bool mx = layout.format == KvFormat::kMxfp4;
   const int64_t h = q.num_heads;
   const int64_t vb = layout.value_bytes(), nb = layout.head_dim / kMxBlock;
@@ -633,6 +634,10 @@ absl::Status GpuBackend::DenseWalk(
     lp.weights = qw;
     lp.logits = logits_;
     lp.stride = sc.stride;
+    if (fuse_topk > 0 && gather == nullptr && TopkWantsHist(nr, sc.max_visible, fuse_topk)) {
+      lp.topk_hist = topk_state_;
+      lp.topk_min_visible = fuse_topk;
+    }
     const char* which = "portable";
     if (gather != nullptr) {
       // Only the pool's slots, one row a group, entry by entry (no tensor
@@ -659,8 +664,11 @@ absl::Status GpuBackend::DenseWalk(
       paths += (paths.empty() ? "" : "+") + std::string(which);
     }
     last_path_ = paths;
+    topk_hist_ready_ = LogitsFillTopkHist(lp, which);
     RETURN_IF_ERROR(EndSpan(&timings->logits_us));
-    RETURN_IF_ERROR(after(sc));
+    absl::Status st = after(sc);
+    topk_hist_ready_ = false;
+    RETURN_IF_ERROR(st);
   }
   return absl::OkStatus();
 }
@@ -668,7 +676,8 @@ absl::Status GpuBackend::DenseWalk(
 absl::Status GpuBackend::TopkPieces(
     const float* logits, int64_t stride, const int32_t* row_visible,
     int64_t rows, int32_t max_visible, int32_t topk, double* us,
-    absl::FunctionRef<absl::Status(int64_t, int64_t)> piece_done, int32_t* direct_out) {
+    absl::FunctionRef<absl::Status(int64_t, int64_t)> piece_done, int32_t* direct_out,
+    bool hist_ready) {
   const int64_t piece = std::max<int64_t>(1, ws_.out_ints / topk);
   for (int64_t a = 0; a < rows; a += piece) {
     const int64_t m = std::min(piece, rows - a);
@@ -683,12 +692,27 @@ absl::Status GpuBackend::TopkPieces(
     tp.cand_pos = cand_pos_;
     tp.state = topk_state_;
     PlanTopkSplit(tp.num_rows, max_visible, topk, props_.multiProcessorCount, ws_.cand, &tp);
+    if (hist_ready) {
+      // The logits kernel filled the rows' state for one cooperative piece
+      // (TopkWantsHist); anything else would leave that state unconsumed.
+      if (a != 0 || m != rows || tp.cand_stride == 0) {
+        return absl::InternalError("top-k: fused histogram without its one cooperative piece");
+      }
+      tp.hist_ready = true;
+    }
     RETURN_IF_ERROR(BeginSpan());
     RETURN_IF_ERROR(LaunchTopk(tp, stream_));
     RETURN_IF_ERROR(EndSpan(us));
     RETURN_IF_ERROR(piece_done(a, m));
   }
   return absl::OkStatus();
+}
+
+bool GpuBackend::TopkWantsHist(int64_t rows, int32_t max_visible, int32_t topk) const {
+  if (topk <= 0 || rows > std::max<int64_t>(1, ws_.out_ints / topk)) return false;
+  TopkParams tp{};
+  PlanTopkSplit(static_cast<int32_t>(rows), max_visible, topk, props_.multiProcessorCount, ws_.cand, &tp);
+  return tp.cand_stride > 0;
 }
 
 absl::Status GpuBackend::CheckDenseArgs(const PageLayout& layout,
@@ -751,8 +775,8 @@ absl::Status GpuBackend::DenseImpl(const PageLayout& layout, PoolHandle pool_h,
                       sc.max_visible, topk, &timings->topk_us, [&](int64_t a, int64_t m) {
                         if (direct != nullptr) return absl::OkStatus();
                         return Emit(out + (rb + a) * topk, out_, m * topk * 4);
-                      }, direct);
-  }));
+                      }, direct, topk_hist_ready_);
+  }, /*gather=*/nullptr, topk));
   RETURN_IF_ERROR(call.End());
   return absl::OkStatus();
 }

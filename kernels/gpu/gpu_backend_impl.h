@@ -299,8 +299,13 @@ class GpuBackend : public Backend {
                          const uint8_t* pool, Step* step, const QInput& q,
                          LayerTimings* timings,
                          absl::FunctionRef<absl::Status(const SubChunk&)> after,
-                         const GatherWalk* gather = nullptr)
+                         const GatherWalk* gather = nullptr, int32_t fuse_topk = 0)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // fuse_topk > 0 (DenseWalk): the top-k of that k follows each sub-chunk's
+  // logits; where it will run cooperatively in one piece and the logits
+  // kernel can, the kernel builds its first histogram (topk_hist_ready_
+  // true during `after`: TopkPieces' hist_ready).
+  bool TopkWantsHist(int64_t rows, int32_t max_visible, int32_t topk) const;
   // Top-k of `rows` rows of `logits` (row lengths on the device) in pieces
   // that fit out_; after each piece's kernels `piece_done(first, count)`
   // enqueues what reads out_ ([count, topk]). With `direct_out` (device
@@ -309,7 +314,7 @@ class GpuBackend : public Backend {
                           const int32_t* row_visible, int64_t rows,
                           int32_t max_visible, int32_t topk, double* us,
                           absl::FunctionRef<absl::Status(int64_t, int64_t)> piece_done,
-                          int32_t* direct_out = nullptr)
+                          int32_t* direct_out = nullptr, bool hist_ready = false)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Waits for the stream, adds the spans' times, fills the downloads.
   absl::Status Sync() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -363,6 +368,7 @@ class GpuBackend : public Backend {
   bool checks_armed_ ABSL_GUARDED_BY(mu_) = false;
   bool out_device_ ABSL_GUARDED_BY(mu_) = false;
   std::string last_path_ ABSL_GUARDED_BY(mu_);
+  bool topk_hist_ready_ ABSL_GUARDED_BY(mu_) = false;
   int max_path_ ABSL_GUARDED_BY(mu_) = 2;
 };
 

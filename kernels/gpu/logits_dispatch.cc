@@ -5,6 +5,8 @@
 // build has no Hopper path at all rather than stubs that refuse.
 #include "kernels/gpu/params.h"
 
+#include <string_view>
+
 namespace indexer {
 namespace gpu {
 namespace {
@@ -50,7 +52,20 @@ bool HopperTensorMap(const PageLayout& layout, int cc_major) {
   return false;
 }
 
+template <bool kHopper>
+bool HopperFillsTopkHist(const LogitsParams& p, const char* which) {
+  if constexpr (kHopper) {
+    return which != nullptr && std::string_view(which) == "wgmma_ws" && WgmmaWsFillsTopkHist(p);
+  }
+  (void)p, (void)which;
+  return false;
+}
+
 }  // namespace
+
+bool LogitsFillTopkHist(const LogitsParams& p, const char* which) {
+  return p.topk_hist != nullptr && HopperFillsTopkHist<kHopperPaths>(p, which);
+}
 
 absl::Status LaunchDenseLogits(const LogitsParams& p, int cc_major,
                                int cc_minor, Stream stream,

@@ -103,6 +103,16 @@ struct LogitsParams {
   const int32_t* gather_entries = nullptr;
   int32_t gather_stride = 0;
   int32_t gather_block = 0;
+  // Fused first pass of the cooperative top-k (TopkParams::hist_ready):
+  // kernels that can (LogitsFillTopkHist) add each row's key histogram
+  // (top 11 bits of the ordered keys of [0, n_r)) to topk_hist[row *
+  // kTopkStateWords ..+ 2048] (the top-k's zeroed row state, sub-chunk
+  // rows), rows with n_r <= topk_min_visible left out. Null: no histogram.
+  uint32_t* topk_hist = nullptr;
+  int32_t topk_min_visible = 0;
+  // Set by the ws launcher: K copies with the L2 evict-first policy (on
+  // unless env INDEXER_GPU_WS_EVICT_FIRST=0).
+  bool k_evict_first = false;
 };
 
 // The fastest path the device, format, layout and H allow: "wgmma_ws" or
@@ -114,6 +124,9 @@ struct LogitsParams {
 absl::Status LaunchDenseLogits(const LogitsParams& p, int cc_major,
                                int cc_minor, Stream stream,
                                const char** which = nullptr, int max_path = 2);
+// True when the kernel LaunchDenseLogits ran for `p` (named `which`) added
+// the rows' histograms to p.topk_hist (the top-k may skip its first pass).
+bool LogitsFillTopkHist(const LogitsParams& p, const char* which);
 // The wave64 MFMA kernels (kernels/gpu/amd/logits_mfma.cu; `arch` 942 or
 // 950): FP8 on gfx942 (e4m3fnuz operands) and gfx950 (OCP e4m3), MXFP4 on
 // gfx950 (scaled FP4 MFMA); D = 128, H <= 64, any layout. On CUDA they run
@@ -157,6 +170,10 @@ absl::Status LaunchDenseLogitsWgmma(const LogitsParams& p, Stream stream);
 bool WgmmaWsEnabled();
 bool WgmmaWsSupported(const LogitsParams& p);
 absl::Status LaunchDenseLogitsWgmmaWs(const LogitsParams& p, Stream stream);
+// True when LaunchDenseLogitsWgmmaWs fills p.topk_hist for `p` (one row per
+// warpgroup: H 64 groups of <= 2 rows). Env INDEXER_GPU_TOPK_FUSE=0 turns
+// the fused histogram off (A/B runs).
+bool WgmmaWsFillsTopkHist(const LogitsParams& p);
 // Hopper warpgroup-MMA MXFP4 path (sm_90a, logits_mxfp4_ws.cu): linear
 // pages of a multiple of 64 entries, D = 128, H = 16, 32 or 64, groups of
 // <= 2 rows (decode); K streamed by bulk copies and widened to e5m2 in
@@ -182,6 +199,10 @@ struct TopkParams {
   uint32_t* state;
   uint32_t* cand_keys;
   int32_t* cand_pos;
+  // Cooperative path only: the rows' histograms are already in `state`
+  // (the logits kernel filled them, LogitsFillTopkHist): one launch, no
+  // histogram pass.
+  bool hist_ready = false;
 };
 
 // Entries a top-k block keeps in shared memory.

@@ -12,20 +12,23 @@
 // row to finish B selects the rest of the k from the candidates (they share
 // the top 11 bits, so its radix passes start at the second). Two launches
 // (the second may be placed while the first drains, on sm_90), no memset:
-// C leaves the row's state zeroed.
+// C leaves the row's state zeroed. Where the logits kernel built A's
+// histogram in its epilogue (TopkParams::hist_ready), B runs alone: each
+// slice picks the bin from the finished histogram.
 #include "kernels/gpu/gpu_compat.h"  // first: the runtime defines __device__ & co.
 
 #include <algorithm>
 
 #include "kernels/format/numeric.h"
 #include "kernels/gpu/params.h"
+#include "kernels/gpu/topk_key.h"
 
 namespace indexer {
 namespace gpu {
 namespace {
 
 constexpr int kTopkThreads = 512;
-constexpr int kBins = 2048;
+constexpr int kBins = kTopkBins;
 static_assert(kTopkThreads % kWarpSize == 0, "whole warps per block");
 static_assert(kBins % kTopkThreads == 0, "each thread owns whole bins");
 constexpr int kBinsPerThread = kBins / kTopkThreads;
@@ -33,14 +36,6 @@ constexpr int kWarps = kTopkThreads / kWarpSize;
 // Pass p looks at bits [shift, shift + log2(bins)): 31..21, 20..10, 9..0.
 __device__ __forceinline__ int PassShift(int pass) { return pass == 0 ? 21 : pass == 1 ? 10 : 0; }
 __device__ __forceinline__ uint32_t PassBins(int pass) { return pass == 2 ? 1024u : 2048u; }
-
-// Larger key = larger logit; -0.0 folded onto +0.0. Finite keys are >= 1,
-// so key 0 pads candidate lists.
-__device__ __forceinline__ uint32_t OrderedKey(float f) {
-  uint32_t u = FloatToBits(f);
-  if (u == 0x80000000u) u = 0;
-  return (u & 0x80000000u) ? ~u : (u | 0x80000000u);
-}
 
 // Sum of `local` over the threads after this one in the block (suffix sum
 // in threadIdx order): within the warp by shuffles, across warps through
@@ -170,13 +165,37 @@ struct CoopRow {
 };
 static_assert(sizeof(CoopRow) == kTopkStateWords * 4, "state size the host reserves");
 
-__device__ __forceinline__ uint32_t TopBin(uint32_t key) { return key >> 21; }
-
 struct SliceShared {
   uint32_t hist[kBins];
   uint32_t warp_sum[kWarps];
   uint32_t last;
 };
+
+// The bin of the row's k-th key from its complete histogram (read from
+// L2): one thread writes it to *bin and the keys in bins above it to
+// *above. REQUIRES: called by all threads; the histogram sums to n > k.
+__device__ void PickRowBin(const CoopRow* st, uint32_t k, uint32_t* warp_sum, uint32_t* bin,
+                           uint32_t* above_out) {
+  uint32_t local = 0;
+  uint32_t mine[kBinsPerThread];
+#pragma unroll
+  for (int j = 0; j < kBinsPerThread; ++j) {
+    mine[j] = LoadCg(&st->hist[threadIdx.x * kBinsPerThread + j]);
+    local += mine[j];
+  }
+  const int lane = LaneId(), warp = WarpId();
+  uint32_t above = CountAfter(local, lane, warp, warp_sum);
+  if (above < k && k <= above + local) {
+    for (int j = kBinsPerThread - 1; j >= 0; --j) {
+      if (above + mine[j] >= k) {
+        *bin = threadIdx.x * kBinsPerThread + j;
+        *above_out = above;
+        break;
+      }
+      above += mine[j];
+    }
+  }
+}
 
 // Stage A: slice blockIdx.x of row blockIdx.y.
 __global__ void __launch_bounds__(kTopkThreads) CoopHistKernel(const TopkParams p) {
@@ -204,26 +223,7 @@ __global__ void __launch_bounds__(kTopkThreads) CoopHistKernel(const TopkParams 
   if (!sh.last) return;
   // ---- the last slice: bin of the k-th key from the row's histogram -------
   __threadfence();
-  uint32_t local = 0;
-  uint32_t mine[kBinsPerThread];
-#pragma unroll
-  for (int j = 0; j < kBinsPerThread; ++j) {
-    mine[j] = LoadCg(&st->hist[threadIdx.x * kBinsPerThread + j]);  // L2, after the fence
-    local += mine[j];
-  }
-  const int lane = LaneId(), warp = WarpId();
-  uint32_t above = CountAfter(local, lane, warp, sh.warp_sum);
-  const uint32_t k = static_cast<uint32_t>(p.topk);
-  if (above < k && k <= above + local) {
-    for (int j = kBinsPerThread - 1; j >= 0; --j) {
-      if (above + mine[j] >= k) {
-        st->bin = threadIdx.x * kBinsPerThread + j;
-        st->above = above;
-        break;
-      }
-      above += mine[j];
-    }
-  }
+  PickRowBin(st, static_cast<uint32_t>(p.topk), sh.warp_sum, &st->bin, &st->above);
 }
 
 // Stage C, run by the last slice of stage B to finish its row: the rest of
@@ -284,7 +284,6 @@ __global__ void __launch_bounds__(kTopkThreads) CoopEmitKernel(const TopkParams 
     return;
   }
   CoopRow* st = reinterpret_cast<CoopRow*>(p.state) + row;
-  const uint32_t bin = st->bin;
   const int32_t begin = blockIdx.x * p.slice_len;
   const int32_t len = max(0, min(n, begin + p.slice_len) - begin);  // <= kTopkCache
   const float* x = p.logits + static_cast<int64_t>(row) * p.stride + begin;
@@ -292,6 +291,7 @@ __global__ void __launch_bounds__(kTopkThreads) CoopEmitKernel(const TopkParams 
   uint32_t* ck = p.cand_keys + static_cast<int64_t>(row) * p.cand_stride;
   int32_t* cp = p.cand_pos + static_cast<int64_t>(row) * p.cand_stride;
   const int lane = LaneId(), warp = WarpId();
+  const uint32_t bin_a = p.hist_ready ? 0u : st->bin;  // stage A's pick
   // Each warp owns a contiguous, warp-aligned range of the slice.
   const int32_t chunk = ((len + kWarps - 1) / kWarps + kWarpSize - 1) / kWarpSize * kWarpSize;
   const int32_t w0 = warp * chunk, w1 = min(len, w0 + chunk);
@@ -310,7 +310,23 @@ __global__ void __launch_bounds__(kTopkThreads) CoopEmitKernel(const TopkParams 
       if (i < w1) sh.cache[i] = keys[b];
     }
   }
-  WarpSync();
+  uint32_t bin;
+  if (p.hist_ready) {
+    // No stage A: the logits kernel left the row's histogram complete, and
+    // every slice picks the bin itself (2048 words from L2 and a scan, less
+    // than a launch; after the key loads above, so their latencies overlap).
+    // One slice records it for stage C, before its stage-B arrival below.
+    PickRowBin(st, static_cast<uint32_t>(p.topk), sh.sel.warp_sum, &sh.sel.bin, &sh.sel.above);
+    __syncthreads();
+    bin = sh.sel.bin;
+    if (blockIdx.x == 0 && threadIdx.x == 0) {
+      st->bin = bin;
+      st->above = sh.sel.above;
+    }
+  } else {
+    bin = bin_a;
+    WarpSync();
+  }
   uint32_t n_gt = 0, n_eq = 0;
   for (int32_t o = w0; o < w1; o += kWarpSize) {
     const int32_t i = o + lane;
@@ -420,6 +436,10 @@ absl::Status LaunchTopk(const TopkParams& p, Stream stream) {
     return absl::OkStatus();
   }
   const dim3 grid(p.slices, p.num_rows);
+  if (p.hist_ready) {
+    GPU_LAUNCH_AFTER_PREVIOUS(CoopEmitKernel, grid, kTopkThreads, 0, stream, p);
+    return absl::OkStatus();
+  }
   GPU_LAUNCH(CoopHistKernel, grid, kTopkThreads, 0, stream, p);
   // Stage B may start while stage A drains (it waits for A's results).
   GPU_LAUNCH_AFTER_PREVIOUS(CoopEmitKernel, grid, kTopkThreads, 0, stream, p);

@@ -175,6 +175,16 @@ std::vector<Shape> Shapes() {
       {f8, 64, false, 23, 1, 2, 0, 5000, 64, 512, 2},
       {f8, 64, false, 1, 1, 1, 30000, 40000, 64, 2048, 2},   // split top-k
       {f8, 64, false, 3, 2, 2, 9000, 20000, 64, 1024, 2, K::kBf16},
+      // the split top-k's first histogram built in the ws epilogue: long
+      // rows beside rows of n <= k (left out of it), groups of one and two
+      // rows in one launch, E = 128 pages
+      {f8, 64, false, 23, 1, 2, 0, 30000, 64, 2048, 2},
+      {f8, 64, false, 23, 1, 1, 0, 30000, 64, 1024, 2},
+      {f8, 128, false, 5, 1, 1, 9000, 20000, 64, 512, 2},
+      // ... with every ring slot reused and two or three units a block
+      // (~3900 tiles: units of 256 entries over 396 blocks)
+      {f8, 64, false, 8, 1, 1, 28000, 32000, 64, 2048, 2},
+      {f8, 64, false, 8, 2, 2, 28000, 32000, 64, 2048, 2},
       // small totals: one-tile units (a unit from the middle of an E = 128
       // page too) and units of a few tiles (n 40000 above: two or three)
       {f8, 64, false, 2, 1, 1, 0, 4000, 64, 512, 2},

@@ -23,6 +23,11 @@
 // every thread of the team arrived).
 //   wgmma m64nNk32 x 4:  C[64 entries, N] = K[64, 128] . Q[N, 128]^T
 //   epilogue:             logit[e] = kscale[e] * sum_h w[h] * ReLU(C[e, h])
+// When the split top-k follows (LogitsParams::topk_hist, H 64 decode), the
+// epilogue also counts each logit's top-k key in its warpgroup's shared
+// histogram (the top-k's first radix digit), added to the row's global one
+// when the warpgroup leaves the row: the top-k then skips its histogram
+// pass over the logits (one launch instead of two).
 #include "kernels/gpu/gpu_compat.h"  // first: the runtime defines __device__ & co.
 
 #include <algorithm>
@@ -32,6 +37,7 @@
 #include "kernels/gpu/dispatch.h"
 #include "kernels/gpu/paged.h"
 #include "kernels/gpu/params.h"
+#include "kernels/gpu/topk_key.h"
 #include "kernels/gpu/hopper/wgmma_sm90.h"
 
 namespace indexer {
@@ -46,12 +52,17 @@ constexpr int kWgSize = 4 * kWarpSize;  // a warpgroup: four warps
 
 // One configuration of the kernel: index heads H, rows per warpgroup
 // (wgmma N = kRowsWg x H), warpgroups per team (sharing each tile), math
-// warpgroups, ring slots and the blocks per SM the register cap is set for.
-template <int kHeads_, int kRowsWg_, int kTeam_, int kMath_, int kSlots_, int kMinBlocks_>
+// warpgroups, ring slots and the blocks per SM the register cap is set for;
+// kHist: each warpgroup keeps a shared histogram of its row's top-k keys
+// (LogitsParams::topk_hist) and adds it to the row's global one whenever
+// its group changes.
+template <int kHeads_, int kRowsWg_, int kTeam_, int kMath_, int kSlots_, int kMinBlocks_,
+          bool kHist_ = false>
 struct WsConfig {
   static constexpr int kHeads = kHeads_;
   static constexpr int kRowsWg = kRowsWg_, kTeam = kTeam_, kMath = kMath_;
   static constexpr int kSlots = kSlots_, kMinBlocks = kMinBlocks_;
+  static constexpr bool kHist = kHist_;
   static constexpr int kTeams = kMath / kTeam;
   static constexpr int kGroupRows = kRowsWg * kTeam;          // rows a group may have
   static constexpr int kN = kRowsWg * kHeads;                 // wgmma N
@@ -59,21 +70,35 @@ struct WsConfig {
   static constexpr int kQBytes = kN * kWsDim;                 // one warpgroup's Q rows
   // Shared memory from a 1024-byte aligned base: K slots | Q per warpgroup
   // (both in the 128-byte swizzle, 1024-byte aligned) | scales per slot |
-  // weights per warpgroup | alignment slack.
+  // weights per warpgroup | key histogram per warpgroup (kHist) |
+  // alignment slack.
   static constexpr int kOffQ = kSlots * kWsTileBytes;
   static constexpr int kOffScale = kOffQ + kMath * kQBytes;
   static constexpr int kOffW = kOffScale + kSlots * kWsScaleBytes;
-  static constexpr int kSmem = kOffW + kMath * kN * 4 + 1024;
+  static constexpr int kOffHist = kOffW + kMath * kN * 4;
+  static constexpr int kHistWords = kHist ? kTopkBins : 0;
+  static constexpr int kSmem = kOffHist + kMath * kHistWords * 4 + 1024;
 
   static_assert(kN == 16 || kN == 32 || kN == 64 || kN == 128, "wgmma N of 16 to 128");
   static_assert(kMath >= 1 && kMath <= 4, "1..4 math warpgroups (named barriers 1..kMath)");
   static_assert(kTeam >= 1 && kMath % kTeam == 0, "whole teams");
   static_assert(kGroupRows <= kMaxGroupRows, "no more rows than a plan group holds");
   static_assert(kSlots >= 2 * kTeams, "at least double-buffered per team");
+  // Tile n takes slot n % kSlots and team n % kTeams: each slot must serve
+  // one team, so that a team waiting on a slot's `full` parity has itself
+  // seen the phase before (with an odd ring shared by two teams a team
+  // could pass a wait one phase early).
+  static_assert(kSlots % kTeams == 0, "every slot serves a single team");
   static_assert(kOffQ % 1024 == 0 && kQBytes % 1024 == 0, "swizzled tiles 1024-byte aligned");
   static_assert(kOffScale % 16 == 0, "bulk copies land 16-byte aligned");
   static_assert(kSmem * kMinBlocks <= 227 * 1024, "kMinBlocks blocks fit one SM's shared memory");
+  static_assert(!kHist || kRowsWg == 1, "a histogram per warpgroup holds one row");
 };
+
+// One line of `addr` into L1 (no register holds the data).
+__device__ __forceinline__ void PrefetchL1(const void* addr) {
+  asm volatile("prefetch.global.L1 [%0];\n" ::"l"(addr));
+}
 
 template <class C>
 __global__ void __launch_bounds__(C::kThreads, C::kMinBlocks)
@@ -103,6 +128,11 @@ __global__ void __launch_bounds__(C::kThreads, C::kMinBlocks)
       MbarInit(&empty[s], C::kTeam * kWgSize);  // one arrival per team thread
     }
     FenceMbarInit();
+  }
+  const bool hist = C::kHist && p.topk_hist != nullptr;
+  if (hist) {
+    uint32_t* h = reinterpret_cast<uint32_t*>(smem + C::kOffHist);
+    for (int b = tid; b < C::kMath * C::kHistWords; b += C::kThreads) h[b] = 0;
   }
   __syncthreads();  // the last block-wide barrier: the roles part here
 
@@ -149,9 +179,14 @@ __global__ void __launch_bounds__(C::kThreads, C::kMinBlocks)
       // n / kSlots - 1 of `empty`.
       if (n >= kSlots) MbarWait(&empty[slot], static_cast<uint32_t>(n / kSlots + 1) & 1u);
       MbarArriveExpectTx(&full[slot], kWsTileBytes + kWsScaleBytes);
-      TmaLoad3d(k_s + slot * kWsTileBytes, &p.tmap, 0, cur.e, cur_page, &full[slot]);
-      BulkLoad(ks_s + slot * kWsTile, p.pool + l.PageOffset(cur_page) + l.ScaleOffset(cur.e, 0), kWsScaleBytes,
-               &full[slot]);
+      const uint8_t* scales = p.pool + l.PageOffset(cur_page) + l.ScaleOffset(cur.e, 0);
+      if (p.k_evict_first) {
+        TmaLoad3dHint(k_s + slot * kWsTileBytes, &p.tmap, 0, cur.e, cur_page, &full[slot], kL2EvictFirst);
+        BulkLoadHint(ks_s + slot * kWsTile, scales, kWsScaleBytes, &full[slot], kL2EvictFirst);
+      } else {
+        TmaLoad3d(k_s + slot * kWsTileBytes, &p.tmap, 0, cur.e, cur_page, &full[slot]);
+        BulkLoad(ks_s + slot * kWsTile, scales, kWsScaleBytes, &full[slot]);
+      }
       if (pos < 0) break;
     }
     return;
@@ -165,8 +200,16 @@ __global__ void __launch_bounds__(C::kThreads, C::kMinBlocks)
   uint8_t* q_s = smem + C::kOffQ + wg * C::kQBytes;                   // [kN, 128] swizzled
   float* w_s = reinterpret_cast<float*>(smem + C::kOffW) + wg * kN;  // [kN], halved
   const uint64_t desc_q = Sw128KMajorDesc(q_s);
+  uint32_t* hist_s = reinterpret_cast<uint32_t*>(smem + C::kOffHist) + wg * C::kHistWords;  // [2048]
   int32_t cu = u_first, ct = 0;  // cursor: unit, tile in unit
   LogitsUnit u = p.step.units[cu];
+  // The unit after the cursor's is prefetched into L1 a unit ahead (the
+  // cursor crosses a unit every few tiles; an L2 load would sit in the
+  // chain, and a register copy of it costs spills at this register cap).
+  auto prefetch_next = [&]() {
+    if (cu + 1 < u_last) PrefetchL1(p.step.units + cu + 1);
+  };
+  prefetch_next();
   int32_t u_tiles = (u.e_end - u.e_begin + kWsTile - 1) / kWsTile;
   // Moves the cursor one tile on; false past the share's last tile.
   auto advance = [&]() -> bool {
@@ -174,6 +217,7 @@ __global__ void __launch_bounds__(C::kThreads, C::kMinBlocks)
     if (++cu >= u_last) return false;
     ct = 0;
     u = p.step.units[cu];
+    prefetch_next();
     u_tiles = (u.e_end - u.e_begin + kWsTile - 1) / kWsTile;
     return true;
   };
@@ -181,12 +225,26 @@ __global__ void __launch_bounds__(C::kThreads, C::kMinBlocks)
   for (int i = 0; i < team && more; ++i) more = advance();
   int32_t staged = -1;            // group whose Q this warpgroup holds
   int32_t my_rows = 0, row0 = 0;  // its rows of that group; the first (sub-chunk row)
-  int32_t n_r[kRowsWg];
+  int32_t n_r[kRowsWg] = {};
   const int e0 = wwarp * 16 + gq;  // the thread's entries e0, e0 + 8 of a tile
 
+  // ---- the old group's histogram to its row's global one, zeroed --------
+  // REQUIRES: the warpgroup's barrier after its last epilogue of the group.
+  auto flush = [&]() {
+    const bool keep = my_rows > 0 && n_r[0] > p.topk_min_visible;
+    uint32_t* g = p.topk_hist + static_cast<int64_t>(row0) * kTopkStateWords;
+    for (int b = wt; b < kTopkBins; b += kWgSize) {
+      const uint32_t c = hist_s[b];
+      if (c != 0) {
+        if (keep) atomicAdd(g + b, c);
+        hist_s[b] = 0;
+      }
+    }
+  };
   // ---- this warpgroup's rows of the cursor's group (zero past the group) --
   auto stage = [&]() {
     NamedBarrierSync(1 + wg, kWgSize);  // every warp is done with the old Q
+    if (hist && staged >= 0) flush();   // (the barrier below orders its zeroing)
     staged = u.group;
     // The group's rows ride in the unit: the Q load waits on no group load.
     const int32_t first = role * kRowsWg;  // the group's row this warpgroup starts at
@@ -239,8 +297,12 @@ __global__ void __launch_bounds__(C::kThreads, C::kMinBlocks)
       if (r < my_rows) {
         // Every lane of the quad holds both sums: two lanes store.
         float* out = p.logits + static_cast<int64_t>(row0 + r) * p.stride;
-        if (t == 0 && pos0 < n_r[r]) out[pos0] = sums.x * ks0;
-        if (t == 1 && pos0 + 8 < n_r[r]) out[pos0 + 8] = sums.y * ks1;
+        const float v = t == 0 ? sums.x * ks0 : sums.y * ks1;
+        const int32_t pos = t == 0 ? pos0 : pos0 + 8;
+        if (t < 2 && pos < n_r[r]) {
+          out[pos] = v;
+          if (hist) atomicAdd(&hist_s[TopBin(OrderedKey(v))], 1u);
+        }
       }
     }
   };
@@ -263,12 +325,39 @@ __global__ void __launch_bounds__(C::kThreads, C::kMinBlocks)
     }
     for (int i = 0; i < kTeams && more; ++i) more = advance();
   }
+  if (hist && staged >= 0) {
+    NamedBarrierSync(1 + wg, kWgSize);  // every warp's last epilogue done
+    flush();
+  }
 #endif  // INDEXER_GPU_WGMMA
 }
 
+// Env INDEXER_GPU_TOPK_FUSE=0 keeps the histogram out of the epilogue (the
+// top-k then runs its own first pass; A/B runs).
+bool TopkFuseEnabled() {
+  static const bool on = [] {
+    const char* v = std::getenv("INDEXER_GPU_TOPK_FUSE");
+    return v == nullptr || std::atoi(v) != 0;
+  }();
+  return on;
+}
+
 template <class C>
-absl::Status LaunchWs(const LogitsParams& p, Stream stream) {
+absl::Status LaunchWs(const LogitsParams& p_in, Stream stream) {
   auto* kernel = &DenseLogitsWgmmaWsKernel<C>;
+  LogitsParams p = p_in;
+  if (!C::kHist || !TopkFuseEnabled()) p.topk_hist = nullptr;
+  // K is read once: its copies carry the L2 evict-first policy, so the
+  // logits the top-k reads next (and what other layers keep in L2) stay.
+  // Same call, H200 (h200_2026-12-01_kfp8.md): logits -6.4 us at B=64 8k,
+  // -2.2 at B=8 32k, -0.8 at B=64 32k, noise elsewhere; top-k -1.4 to
+  // -2.6 us at B=64/128 x 32k and B=64 x 128k. Env
+  // INDEXER_GPU_WS_EVICT_FIRST=0 turns it off (A/B runs).
+  static const bool evict_first = [] {
+    const char* v = std::getenv("INDEXER_GPU_WS_EVICT_FIRST");
+    return v == nullptr || std::atoi(v) != 0;
+  }();
+  p.k_evict_first = evict_first;
   // Once per process and configuration: the shared-memory limit and the
   // blocks per SM (host calls that would otherwise sit between the timing
   // events).
@@ -295,6 +384,16 @@ absl::Status LaunchWs(const LogitsParams& p, Stream stream) {
 // warpgroups, slots, blocks per SM>, picked by H and the group's rows.
 template <int kHeads, int kRows>
 struct WsPick;
+// With the top-k's first histogram (LogitsParams::topk_hist): the H 64
+// decode configurations below plus 2 x 8 KiB of histograms, in fewer ring
+// slots so that three blocks still fit an SM's shared memory: two per team
+// for one row (68 KiB), five for the one team of two rows (75 KiB).
+template <int kRows>
+struct WsHistPick;
+template <>
+struct WsHistPick<1> { using C = WsConfig<64, 1, 1, 2, 4, 3, true>; };
+template <>
+struct WsHistPick<2> { using C = WsConfig<64, 1, 2, 2, 5, 3, true>; };
 // H = 64. One row: N = 64, two warpgroups on separate tiles, three blocks
 // per SM (72 registers, 67 KiB).
 template <>
@@ -344,12 +443,22 @@ bool WgmmaWsEnabled() {
   return on;
 }
 
+bool WgmmaWsFillsTopkHist(const LogitsParams& p) {
+  // WsHistPick's configurations: H 64, groups of one or two rows.
+  return p.topk_hist != nullptr && TopkFuseEnabled() && WgmmaWsSupported(p) && p.num_heads == 64 &&
+         p.max_group_rows <= 2;
+}
+
 absl::Status LaunchDenseLogitsWgmmaWs(const LogitsParams& p, Stream stream) {
   if (p.unit_end == p.unit_begin) return absl::OkStatus();
   if (!WgmmaWsSupported(p)) {
     return absl::InvalidArgumentError(absl::StrCat(
         "warp-specialized wgmma logits: expected a tensor-mapped pool and groups of <= ",
         kMaxGroupRows, " rows, got ", p.max_group_rows, " rows, use_tma ", p.use_tma));
+  }
+  if (WgmmaWsFillsTopkHist(p)) {
+    if (p.max_group_rows <= 1) return LaunchWs<WsHistPick<1>::C>(p, stream);
+    return LaunchWs<WsHistPick<2>::C>(p, stream);
   }
   return DispatchWgmmaRows(p.max_group_rows <= 1 ? 1 : p.max_group_rows <= 2 ? 2 : 4,
                            [&](auto r) -> absl::Status {

@@ -102,6 +102,22 @@ __device__ __forceinline__ void TmaLoad3d(void* smem, const TensorMap* tmap, int
       " [%0], [%1, {%2, %3, %4}], [%5];\n" ::"r"(SmemAddr(smem)), "l"(reinterpret_cast<uint64_t>(tmap)),
       "r"(c0), "r"(c1), "r"(c2), "r"(SmemAddr(bar)) : "memory");
 }
+// The same with an L2 cache policy (kL2EvictFirst: lines read once, let
+// go before others).
+inline constexpr uint64_t kL2EvictFirst = 0x12F0000000000000ull;  // CUTLASS's CacheHintSm90 encoding
+__device__ __forceinline__ void TmaLoad3dHint(void* smem, const TensorMap* tmap, int32_t c0, int32_t c1,
+                                              int32_t c2, uint64_t* bar, uint64_t policy) {
+  asm volatile(
+      "cp.async.bulk.tensor.3d.shared::cluster.global.tile.mbarrier::complete_tx::bytes.L2::cache_hint"
+      " [%0], [%1, {%2, %3, %4}], [%5], %6;\n" ::"r"(SmemAddr(smem)), "l"(reinterpret_cast<uint64_t>(tmap)),
+      "r"(c0), "r"(c1), "r"(c2), "r"(SmemAddr(bar)), "l"(policy) : "memory");
+}
+__device__ __forceinline__ void BulkLoadHint(void* smem, const void* gmem, uint32_t bytes, uint64_t* bar,
+                                             uint64_t policy) {
+  asm volatile(
+      "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes.L2::cache_hint [%0], [%1], %2, [%3], %4;\n"
+      ::"r"(SmemAddr(smem)), "l"(gmem), "r"(bytes), "r"(SmemAddr(bar)), "l"(policy) : "memory");
+}
 // `bytes` (a multiple of 16, both ends 16-byte aligned) global -> shared.
 __device__ __forceinline__ void BulkLoad(void* smem, const void* gmem, uint32_t bytes, uint64_t* bar) {
   asm volatile(

@@ -14,6 +14,7 @@
 #include "kernels/geometry/step_geometry.h"  // ValidateStepRows: one set of rules
 #include "kernels/gpu/gpu_backend_impl.h"
 #include "kernels/gpu/gpu_step.h"
+#include "kernels/gpu/knobs.h"
 
 namespace indexer {
 namespace gpu {
@@ -25,23 +26,10 @@ absl::Status Bad(absl::string_view field, absl::string_view expected,
       absl::StrCat(field, ": expected ", expected, ", got ", got));
 }
 
-int64_t EnvMegabytes(const char* name, int64_t dflt) {
-  const char* v = std::getenv(name);
-  if (v == nullptr || *v == '\0') return dflt;
-  const int64_t mb = std::atoll(v);
-  return mb > 0 ? mb : dflt;
-}
-
 // Entries per work unit of the persistent FP8 wgmma kernel: the planner's
-// rule for it (kWsUnits), or INDEXER_GPU_WS_UNIT entries (a multiple of 64;
-// experiments).
+// rule for it (kWsUnits), or the INDEXER_GPU_WS_UNIT knob (knobs.h).
 int32_t WsUnitEntries() {
-  static const int32_t unit = [] {
-    const char* v = std::getenv("INDEXER_GPU_WS_UNIT");
-    const int32_t n = v == nullptr ? 0 : std::atoi(v);
-    return n >= 64 && n % 64 == 0 ? n : kWsUnits;
-  }();
-  return unit;
+  return Knobs().ws_unit_entries > 0 ? Knobs().ws_unit_entries : kWsUnits;
 }
 
 // Appends `v` to the int32 metadata image, 64-byte aligned; returns the
@@ -106,7 +94,7 @@ absl::StatusOr<std::unique_ptr<GpuBackend>> GpuBackend::Create(int ordinal) {
 
 absl::Status GpuBackend::Init() {
   absl::MutexLock lock(&mu_);
-  ws_.logits_floats = EnvMegabytes("INDEXER_GPU_LOGITS_MB", 1024) * (1 << 20) / 4;
+  ws_.logits_floats = Knobs().logits_mb * (1 << 20) / 4;
   ws_.q_bytes = static_cast<int64_t>(ws_.max_rows) * ws_.max_heads * 128;
   ws_.k_bytes = int64_t{256} << 20;
   ws_.out_ints = static_cast<int64_t>(ws_.max_rows) * 2048;
@@ -171,9 +159,10 @@ GpuBackend::~GpuBackend() {
 }
 
 std::string GpuBackend::Describe() const {
+  const std::string knobs = KnobsSet();
   return absl::StrCat(kRuntimeName, ":", ordinal_, " ", props_.name, " (",
                       props_.multiProcessorCount, " SMs, cc ", props_.major,
-                      ".", props_.minor, ")");
+                      ".", props_.minor, ")", knobs.empty() ? "" : "; knobs set: ", knobs);
 }
 
 std::string GpuBackend::last_logits_path() const {

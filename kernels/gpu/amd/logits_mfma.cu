@@ -33,6 +33,7 @@
 
 #include "kernels/gpu/amd/mfma_lanes.h"
 #include "kernels/gpu/paged.h"
+#include "kernels/gpu/knobs.h"
 #include "kernels/gpu/params.h"
 
 namespace indexer {
@@ -213,18 +214,9 @@ absl::Status Launch(const LogitsParams& p, Stream stream) {
   return absl::OkStatus();
 }
 
-// INDEXER_GPU_MFMA_MODEL=gfx942|gfx950 (CUDA): the default logits choice runs
-// the MFMA kernels through the instruction model as that device would. Read once.
-int EnvModelArch() {
-  static const int arch = [] {
-    const char* v = std::getenv("INDEXER_GPU_MFMA_MODEL");
-    if (v == nullptr) return 0;
-    if (std::strcmp(v, "gfx942") == 0) return 942;
-    if (std::strcmp(v, "gfx950") == 0) return 950;
-    return 0;
-  }();
-  return arch;
-}
+// The INDEXER_GPU_MFMA_MODEL knob (knobs.h): on CUDA the default logits
+// choice runs the MFMA kernels through the instruction model.
+int EnvModelArch() { return Knobs().mfma_model_arch; }
 
 }  // namespace
 

@@ -47,6 +47,7 @@
 #include "kernels/format/mxfp4.h"
 #include "kernels/gpu/dispatch.h"
 #include "kernels/gpu/paged.h"
+#include "kernels/gpu/knobs.h"
 #include "kernels/gpu/params.h"
 #include "kernels/gpu/hopper/wgmma_sm90.h"
 
@@ -472,10 +473,7 @@ absl::Status LaunchMx(const LogitsParams& p, Stream stream) {
 // 142 registers; experiments, unset in production). H200, B = 64, 32k:
 // N = 64 164.4 us at 3, 168.2 at 4; N = 128 183.0 us at 3, 211.7 at 2.
 int MxWarpgroups(int rows) {
-  static const int env = [] {
-    const char* v = std::getenv("INDEXER_GPU_MXFP4_WARPGROUPS");
-    return v == nullptr ? 0 : std::atoi(v);
-  }();
+  const int env = Knobs().mxfp4_warpgroups;
   if (rows == 1) return env == 4 ? 4 : 3;
   return env == 2 ? 2 : 3;
 }
@@ -491,12 +489,8 @@ bool WgmmaMxfp4Supported(const LogitsParams& p, int cc_major, int cc_minor) {
 }
 
 bool WgmmaMxfp4Enabled() {
-  // INDEXER_GPU_WGMMA_MXFP4=0 leaves MXFP4 on the mma.sync kernel (A/B runs).
-  static const bool on = [] {
-    const char* v = std::getenv("INDEXER_GPU_WGMMA_MXFP4");
-    return v == nullptr || std::atoi(v) != 0;
-  }();
-  return on;
+  // INDEXER_GPU_WGMMA_MXFP4=0 leaves MXFP4 on the mma.sync kernel (A/B runs; knobs.h).
+  return Knobs().wgmma_mxfp4;
 }
 
 absl::Status LaunchDenseLogitsWgmmaMxfp4(const LogitsParams& p, Stream stream) {

@@ -36,6 +36,7 @@
 #include "absl/strings/str_cat.h"
 #include "kernels/gpu/dispatch.h"
 #include "kernels/gpu/paged.h"
+#include "kernels/gpu/knobs.h"
 #include "kernels/gpu/params.h"
 #include "kernels/gpu/topk_key.h"
 #include "kernels/gpu/hopper/wgmma_sm90.h"
@@ -332,15 +333,9 @@ __global__ void __launch_bounds__(C::kThreads, C::kMinBlocks)
 #endif  // INDEXER_GPU_WGMMA
 }
 
-// Env INDEXER_GPU_TOPK_FUSE=0 keeps the histogram out of the epilogue (the
-// top-k then runs its own first pass; A/B runs).
-bool TopkFuseEnabled() {
-  static const bool on = [] {
-    const char* v = std::getenv("INDEXER_GPU_TOPK_FUSE");
-    return v == nullptr || std::atoi(v) != 0;
-  }();
-  return on;
-}
+// INDEXER_GPU_TOPK_FUSE=0 keeps the histogram out of the epilogue (the
+// top-k then runs its own first pass; A/B runs; knobs.h).
+bool TopkFuseEnabled() { return Knobs().topk_fuse; }
 
 template <class C>
 absl::Status LaunchWs(const LogitsParams& p_in, Stream stream) {
@@ -353,11 +348,7 @@ absl::Status LaunchWs(const LogitsParams& p_in, Stream stream) {
   // -2.2 at B=8 32k, -0.8 at B=64 32k, noise elsewhere; top-k -1.4 to
   // -2.6 us at B=64/128 x 32k and B=64 x 128k. Env
   // INDEXER_GPU_WS_EVICT_FIRST=0 turns it off (A/B runs).
-  static const bool evict_first = [] {
-    const char* v = std::getenv("INDEXER_GPU_WS_EVICT_FIRST");
-    return v == nullptr || std::atoi(v) != 0;
-  }();
-  p.k_evict_first = evict_first;
+  p.k_evict_first = Knobs().ws_evict_first;
   // Once per process and configuration: the shared-memory limit and the
   // blocks per SM (host calls that would otherwise sit between the timing
   // events).
@@ -367,8 +358,7 @@ absl::Status LaunchWs(const LogitsParams& p_in, Stream stream) {
     GPU_RETURN_IF_ERROR(MaxActiveBlocksPerSm(&n, kernel, C::kThreads, C::kSmem));
     // INDEXER_GPU_WS_BLOCKS_PER_SM caps the grid (experiments; unset in
     // production).
-    const char* cap = std::getenv("INDEXER_GPU_WS_BLOCKS_PER_SM");
-    if (cap != nullptr && std::atoi(cap) > 0) n = std::min(n, std::atoi(cap));
+    if (Knobs().ws_blocks_per_sm > 0) n = std::min(n, Knobs().ws_blocks_per_sm);
     return std::max(n, 1);
   }();
   if (!per_sm.ok()) return per_sm.status();
@@ -435,12 +425,8 @@ bool WgmmaWsSupported(const LogitsParams& p) {
 }
 
 bool WgmmaWsEnabled() {
-  // INDEXER_GPU_WGMMA_WS=0 selects the serial wgmma kernel (A/B runs).
-  static const bool on = [] {
-    const char* v = std::getenv("INDEXER_GPU_WGMMA_WS");
-    return v == nullptr || std::atoi(v) != 0;
-  }();
-  return on;
+  // INDEXER_GPU_WGMMA_WS=0 selects the serial wgmma kernel (A/B runs; knobs.h).
+  return Knobs().wgmma_ws;
 }
 
 bool WgmmaWsFillsTopkHist(const LogitsParams& p) {

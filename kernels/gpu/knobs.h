@@ -1,0 +1,48 @@
+// The gpu backend's environment knobs, every one of them, read once per
+// process (the first Knobs() call) and in one place. They exist for A/B runs
+// and experiments on a device: production sets none of them, and the daemon
+// logs the ones that are set (KnobsSet) beside its device at start.
+//
+//   INDEXER_GPU_WGMMA_WS=0           FP8: the serial wgmma kernel instead of
+//                                    the warp-specialized one
+//   INDEXER_GPU_WGMMA_MXFP4=0        MXFP4: mma.sync instead of wgmma
+//   INDEXER_GPU_TOPK_FUSE=0          wgmma_ws builds no top-k histogram
+//   INDEXER_GPU_WS_EVICT_FIRST=0     wgmma_ws reads K without the L2
+//                                    evict-first hint
+//   INDEXER_GPU_WS_UNIT=N            wgmma_ws work units of N entries (a
+//                                    multiple of 64; else the planner's rule)
+//   INDEXER_GPU_WS_BLOCKS_PER_SM=N   caps wgmma_ws's blocks per SM
+//   INDEXER_GPU_MXFP4_WARPGROUPS=N   wgmma_mxfp4's math warpgroups (the other
+//                                    measured size: 4 for one row, 2 for two)
+//   INDEXER_GPU_MFMA_MODEL=gfx942|gfx950  CUDA: the default logits choice runs
+//                                    the MFMA kernels through the instruction
+//                                    model
+//   INDEXER_GPU_LOGITS_MB=N          the logits workspace (default 1024 MiB)
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+namespace indexer {
+namespace gpu {
+
+struct GpuKnobs {
+  bool wgmma_ws = true;
+  bool wgmma_mxfp4 = true;
+  bool topk_fuse = true;
+  bool ws_evict_first = true;
+  int32_t ws_unit_entries = 0;   // 0: the planner's rule
+  int32_t ws_blocks_per_sm = 0;  // 0: as many as fit
+  int32_t mxfp4_warpgroups = 0;  // 0: the default sizes
+  int32_t mfma_model_arch = 0;   // 0, 942 or 950
+  int64_t logits_mb = 1024;
+};
+
+// The process's knobs (parsed on first use; unparsable values keep the
+// default).
+const GpuKnobs& Knobs();
+// "NAME=value, ..." of the knobs set in the environment, "" when none.
+std::string KnobsSet();
+
+}  // namespace gpu
+}  // namespace indexer

@@ -397,9 +397,13 @@ absl::Status GpuBackend::BlockImpl(const PageLayout& layout, PoolHandle pool_h,
     RETURN_IF_ERROR(EndSpan(&timings->logits_us));
     last_path_ = which;
     // Top-k: every head's rows in one launch into out_ ([Hi, nr, k]), one
-    // warp per (head, row); rows longer than it takes (or outputs larger
-    // than out_) through the general top-k, one head at a time.
-    if (width <= BlockTopkMaxWidth() && heads * nr * k <= ws_.out_ints) {
+    // warp per (head, row), up to kWarpTopkWidth blocks; longer rows (or
+    // outputs larger than out_) through the general top-k, one head at a
+    // time. The gate is measured (H200, h200_2026-12-01_kblock.md): the
+    // warp kernel at 1024 blocks (128k) took 50-55 us against the general
+    // top-k's 36-43; at 256 blocks 32-34 against 33-39.
+    constexpr int32_t kWarpTopkWidth = 256;
+    if (width <= std::min(BlockTopkMaxWidth(), kWarpTopkWidth) && heads * nr * k <= ws_.out_ints) {
       BlockTopkParams tp{};
       tp.scores = logits_;
       tp.width = width;

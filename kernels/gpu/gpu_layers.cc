@@ -346,7 +346,30 @@ absl::Status GpuBackend::BlockImpl(const PageLayout& layout, PoolHandle pool_h,
   const int64_t heads = q.num_heads, dim = layout.head_dim, k = spec.topk_blocks;
   CallScope call(this, nested);
   RETURN_IF_ERROR(call.Begin());
-  for (const SubChunk& sc : step->plan().chunks) {
+  // The streaming kernel's work map: once per step and page size.
+  const int32_t ctas = BlockWorkMapCtas(props_.major, props_.multiProcessorCount, max_path_);
+  const Step::BlockMap* map = nullptr;
+  if (ctas > 0) {
+    Step::BlockMap* m = step->MutableBlockMap(layout.page_entries);
+    if (m->mem == nullptr) {
+      std::vector<int32_t> starts, pairs;
+      RETURN_IF_ERROR(PlanBlockWork(rows, layout.page_entries, step->plan().chunks, ctas, &starts,
+                                    &pairs, &m->cta_offsets));
+      m->host = std::move(starts);
+      const int64_t nstarts = static_cast<int64_t>(m->host.size());
+      m->host.insert(m->host.end(), pairs.begin(), pairs.end());
+      const int64_t bytes = static_cast<int64_t>(m->host.size()) * 4;
+      ASSIGN_OR_RETURN(m->mem, step->arena()->Allocate(bytes, "block work map"));
+      m->starts = reinterpret_cast<const int32_t*>(m->mem);
+      m->cta = m->starts + nstarts;
+      m->ctas = ctas;
+      RETURN_IF_ERROR(Upload(m->mem, m->host.data(), bytes));
+    }
+    map = m;
+  }
+  const std::vector<SubChunk>& chunks = step->plan().chunks;
+  for (size_t ci = 0; ci < chunks.size(); ++ci) {
+    const SubChunk& sc = chunks[ci];
     const int64_t rb = sc.row_begin, nr = sc.row_end - sc.row_begin;
     const int32_t width = CeilDiv(sc.max_visible, layout.page_entries);
     if (heads * nr * width > ws_.logits_floats || heads * nr > int64_t{ws_.max_rows} * 64) {
@@ -369,14 +392,41 @@ absl::Status GpuBackend::BlockImpl(const PageLayout& layout, PoolHandle pool_h,
     bp.scores = logits_;
     bp.width = width;
     bp.causal = aux_;
-    // Tensor cores where the device, Hi and layout allow (set_max_logits_path
-    // 0 keeps the portable kernel, for tests).
-    const bool mma = max_path_ >= 1 && BlockScoresMmaSupported(bp, props_.major, props_.minor);
-    last_path_ = mma ? "block_mma" : "block_portable";
+    BlockWorkMap wm{};
+    if (map != nullptr) wm = {map->starts, map->cta + map->cta_offsets[ci], map->ctas};
+    // The kernel choice: logits_dispatch.cc (set_max_logits_path 0 keeps
+    // the portable kernel, 1 the mma.sync one, for tests).
+    const char* which = "block_portable";
     RETURN_IF_ERROR(BeginSpan());
-    RETURN_IF_ERROR(mma ? LaunchBlockScoresMma(bp, props_.multiProcessorCount, stream_)
-                        : LaunchBlockScores(bp, stream_));
+    RETURN_IF_ERROR(LaunchBlockScorePath(bp, map != nullptr ? &wm : nullptr, props_.major,
+                                         props_.minor, props_.multiProcessorCount, stream_,
+                                         max_path_, &which));
     RETURN_IF_ERROR(EndSpan(&timings->logits_us));
+    last_path_ = which;
+    // Top-k: every head's rows in one launch into out_ ([Hi, nr, k]), one
+    // warp per (head, row), up to kWarpTopkWidth blocks; longer rows (or
+    // outputs larger than out_) through the general top-k, one head at a
+    // time. The gate is measured (H200, h200_2026-12-01_kblock.md): the
+    // warp kernel at 1024 blocks (128k) took 50-55 us against the general
+    // top-k's 36-43; at 256 blocks 32-34 against 33-39.
+    constexpr int32_t kWarpTopkWidth = 256;
+    if (width <= std::min(BlockTopkMaxWidth(), kWarpTopkWidth) && heads * nr * k <= ws_.out_ints) {
+      BlockTopkParams tp{};
+      tp.scores = logits_;
+      tp.width = width;
+      tp.causal = aux_;
+      tp.num_rows = static_cast<int32_t>(nr);
+      tp.num_heads = q.num_heads;
+      tp.topk = spec.topk_blocks;
+      tp.out = out_;
+      RETURN_IF_ERROR(BeginSpan());
+      RETURN_IF_ERROR(LaunchBlockTopk(tp, stream_));
+      RETURN_IF_ERROR(EndSpan(&timings->topk_us));
+      for (int64_t h = 0; h < heads; ++h) {
+        RETURN_IF_ERROR(Emit(out + (h * rows.num_rows + rb) * k, out_ + h * nr * k, nr * k * 4));
+      }
+      continue;
+    }
     // One head's rows at a time: out is [Hi, num_rows, k].
     for (int64_t h = 0; h < heads; ++h) {
       RETURN_IF_ERROR(TopkPieces(logits_ + h * nr * width, width, aux_ + h * nr, nr, width,

@@ -33,6 +33,9 @@ class GpuBackend::Step : public StepContext {
         max_page_(max_page) {}
   ~Step() override {
     arena_->Release(meta_);
+    for (auto& [entries, map] : block_maps_) {
+      if (map.mem != nullptr) arena_->Release(map.mem);
+    }
     for (auto& [set, pool] : pools_) {
       arena_->Release(pool.mem);
       if (pool.gather_mem != nullptr) arena_->Release(pool.gather_mem);
@@ -101,6 +104,25 @@ class GpuBackend::Step : public StepContext {
   }
   void set_image_bytes(int64_t b) { image_bytes_ = b; }
 
+  // The block path's work map for pages of one size (plan.h:
+  // PlanBlockWork), made by the step's first block layer of that size and
+  // shared by the others: device starts and CTA pairs in one arena
+  // allocation, the sub-chunks' offsets into the pairs.
+  struct BlockMap {
+    uint8_t* mem = nullptr;
+    const int32_t* starts = nullptr;
+    const int32_t* cta = nullptr;
+    int32_t ctas = 0;
+    std::vector<int64_t> cta_offsets;
+    std::vector<int32_t> host;  // starts then pairs: the upload's source
+  };
+  // The map of `page_entries` (empty, mem null, until made).
+  // REQUIRES: as GetPool.
+  BlockMap* MutableBlockMap(int32_t page_entries) {
+    absl::MutexLock lock(&pools_mu_);
+    return &block_maps_[page_entries];
+  }
+
   const StepPlan& plan() const { return plan_; }
   const DeviceStepRows& dev() const { return dev_; }
   bool Matches(const StepRows& rows) const {
@@ -128,6 +150,7 @@ class GpuBackend::Step : public StepContext {
   int64_t image_bytes_ = 0;
   mutable absl::Mutex pools_mu_;
   std::map<int32_t, CandPool> pools_ ABSL_GUARDED_BY(pools_mu_);
+  std::map<int32_t, BlockMap> block_maps_ ABSL_GUARDED_BY(pools_mu_);
 };
 
 }  // namespace gpu

@@ -1,5 +1,6 @@
-// The dense-logits path choice (params.h: LaunchDenseLogits) and the pool's
-// tensor map, the two places where vendor-specific paths join the backend.
+// The dense-logits and block-score path choices (params.h: LaunchDenseLogits,
+// LaunchBlockScorePath) and the pool's tensor map, the places where
+// vendor-specific paths join the backend.
 // They join through compat constants, never through an #if: the sm_90 paths
 // of hopper/ are compiled into CUDA builds only (kHopperPaths), so a HIP
 // build has no Hopper path at all rather than stubs that refuse.
@@ -61,7 +62,57 @@ bool HopperFillsTopkHist(const LogitsParams& p, const char* which) {
   return false;
 }
 
+
+template <bool kHopper>
+bool TryHopperBlock(const BlockScoreParams& p, const BlockWorkMap* wm, int cc_major, int cc_minor,
+                    int32_t num_sms, Stream stream, int max_path, const char** which,
+                    absl::Status* status) {
+  if constexpr (kHopper) {
+    if (max_path >= 2 && wm != nullptr && BlockScoresStreamSupported(p, cc_major, cc_minor)) {
+      *which = "block_stream";
+      *status = LaunchBlockScoresStream(p, *wm, stream);
+      return true;
+    }
+    if (max_path >= 1 && BlockScoresMmaSupported(p, cc_major, cc_minor)) {
+      *which = "block_mma";
+      *status = LaunchBlockScoresMma(p, num_sms, stream);
+      return true;
+    }
+  }
+  (void)p, (void)wm, (void)cc_major, (void)cc_minor, (void)num_sms, (void)stream, (void)max_path,
+      (void)which, (void)status;
+  return false;
+}
+
+template <bool kHopper>
+int32_t HopperBlockCtas(int cc_major, int32_t num_sms, int max_path) {
+  if constexpr (kHopper) {
+    if (max_path >= 2 && cc_major == 9) return BlockScoresStreamCtas(num_sms);
+  }
+  (void)cc_major, (void)num_sms, (void)max_path;
+  return 0;
+}
+
 }  // namespace
+
+int32_t BlockWorkMapCtas(int cc_major, int32_t num_sms, int max_path) {
+  return HopperBlockCtas<kHopperPaths>(cc_major, num_sms, max_path);
+}
+
+absl::Status LaunchBlockScorePath(const BlockScoreParams& p, const BlockWorkMap* wm, int cc_major,
+                                  int cc_minor, int32_t num_sms, Stream stream, int max_path,
+                                  const char** which) {
+  const char* unused;
+  if (which == nullptr) which = &unused;
+  absl::Status status;
+  if (TryHopperBlock<kHopperPaths>(p, wm, cc_major, cc_minor, num_sms, stream, max_path, which,
+                                   &status)) {
+    return status;
+  }
+  *which = "block_portable";
+  return LaunchBlockScores(p, stream);
+}
+
 
 bool LogitsFillTopkHist(const LogitsParams& p, const char* which) {
   return p.topk_hist != nullptr && HopperFillsTopkHist<kHopperPaths>(p, which);

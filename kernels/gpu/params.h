@@ -297,12 +297,61 @@ struct BlockScoreParams {
   int32_t* causal;           // [Hi, num_rows] out
 };
 absl::Status LaunchBlockScores(const BlockScoreParams& p, Stream stream);
-// The same scores on tensor cores (hopper/block_scores_mma.cu: mma.sync
-// fp16 with Q split in two fp16 parts, sm_89+ builds): MXFP4, D = 128,
-// Hi <= 8, 4-byte value chunks. Within the block path's tolerance of the
-// portable kernel's fp32 sums, not bit-identical to them.
+
+// The block path's per-step work map (made once per step and page size by
+// the host, plan.cc: PlanBlockWork; kept in the step's device memory): the
+// rows' causal pages flattened, row r's pages b at flat index starts[r] + b,
+// and per sub-chunk of the step's plan an even split of its flat range over
+// the persistent kernel's CTAs.
+struct BlockWorkMap {
+  const int32_t* starts;     // [step rows + 1] exclusive prefix of causal pages
+  const int32_t* cta;        // [ctas + 1][2] {first flat index, its row}; the
+                             // last pair ends the sub-chunk's range
+  int32_t ctas;              // grid of the launch
+};
+
+// The block path's kernel choice, the one place for it (logits_dispatch.cc):
+// max_path >= 2 on sm_90 with a work map and a layout the streaming kernel
+// takes: "block_stream"; max_path >= 1 on sm_89+: "block_mma"; otherwise
+// "block_portable". `wm` may be null (no streaming kernel then).
+// CTAs of the streaming kernel's work map on this device (0: the kernel
+// cannot run here at this max_path; no map needed).
+int32_t BlockWorkMapCtas(int cc_major, int32_t num_sms, int max_path);
+absl::Status LaunchBlockScorePath(const BlockScoreParams& p, const BlockWorkMap* wm, int cc_major,
+                                  int cc_minor, int32_t num_sms, Stream stream, int max_path,
+                                  const char** which);
+
+// Block top-k (paths_kernels.cu): one warp per (head, row), the top
+// `topk` of the row's causal scores by a bitwise threshold search over
+// their order keys in registers; rows of <= topk blocks give 0..causal-1
+// then -1. Takes rows of at most BlockTopkMaxWidth() blocks.
+struct BlockTopkParams {
+  const float* scores;       // [Hi, num_rows, width] fp32
+  int32_t width;
+  const int32_t* causal;     // [Hi, num_rows] causal blocks of each row
+  int32_t num_rows;
+  int32_t num_heads;
+  int32_t topk;
+  int32_t* out;              // [Hi, num_rows, topk] int32, -1 = no block
+};
+int32_t BlockTopkMaxWidth();
+absl::Status LaunchBlockTopk(const BlockTopkParams& p, Stream stream);
+
+// ---- the sm_89+ / sm_90 block kernels of hopper/ (CUDA builds only; named
+// only by LaunchBlockScorePath under kHopperPaths).
+// mma.sync fp16 with Q split in two fp16 parts (block_scores_mma.cu): MXFP4,
+// D = 128, Hi <= 8, 4-byte value chunks. Within the block path's tolerance
+// of the portable kernel's fp32 sums, not bit-identical to them.
 bool BlockScoresMmaSupported(const BlockScoreParams& p, int cc_major, int cc_minor);
 absl::Status LaunchBlockScoresMma(const BlockScoreParams& p, int32_t num_sms, Stream stream);
+// The same arithmetic as a persistent streaming kernel (sm_90,
+// block_scores_stream.cu): CTAs walk the work map's (row, page) items,
+// whole pages by bulk copies into per-warp rings. Pages of a multiple of 16
+// bytes and of at most 128 entries.
+bool BlockScoresStreamSupported(const BlockScoreParams& p, int cc_major, int cc_minor);
+// CTAs of the streaming kernel on a device of `num_sms` multiprocessors.
+int32_t BlockScoresStreamCtas(int32_t num_sms);
+absl::Status LaunchBlockScoresStream(const BlockScoreParams& p, const BlockWorkMap& wm, Stream stream);
 
 }  // namespace gpu
 }  // namespace indexer

@@ -12,7 +12,8 @@
 //             the pool, straight into compact rows (logits_wgmma.cu), and
 //             GatherPool then only counts the slots.
 //   block:    BlockScores (per head, row, page: max of scale * q . k,
-//             sentinels for init / local blocks) -> top-k per (head, row).
+//             sentinels for init / local blocks) -> BlockTopk, one warp
+//             per (head, row), all heads in one launch.
 // Portable (CUDA and HIP): no wave-width assumption beyond kWarpSize.
 #include "kernels/gpu/gpu_compat.h"  // first: the runtime defines __device__ & co.
 
@@ -265,7 +266,82 @@ __global__ void __launch_bounds__(kPathThreads) BlockScoresKernel(const BlockSco
   }
 }
 
+
+// ---- block top-k --------------------------------------------------------------
+// Warp (h, r): the top `topk` of the row's `causal` scores. Their order keys
+// (larger float -> larger key) stay in registers, kBtSlots per lane; the
+// threshold T (the topk-th largest key) is found bit by bit from the top,
+// counting keys >= a candidate with ballots; then every key > T and the
+// first keys == T (index order) up to topk are written.
+constexpr int kBtSlots = 32;
+
+__device__ __forceinline__ uint32_t OrderKey(float x) {
+  const uint32_t u = __float_as_uint(x);
+  return (u & 0x80000000u) != 0u ? ~u : (u | 0x80000000u);
+}
+
+__global__ void __launch_bounds__(kPathThreads) BlockTopkKernel(const BlockTopkParams p) {
+  const int64_t item = static_cast<int64_t>(blockIdx.x) * kPathWarps + WarpId();  // h * rows + r
+  if (item >= static_cast<int64_t>(p.num_heads) * p.num_rows) return;  // whole warps
+  const int lane = LaneId();
+  const int32_t causal = p.causal[item], k = p.topk;
+  int32_t* out = p.out + item * k;
+  if (causal <= k) {
+    for (int32_t i = lane; i < k; i += kWarpSize) out[i] = i < causal ? i : -1;
+    return;
+  }
+  const float* row = p.scores + item * p.width;
+  const int32_t active = CeilDivD(causal, kWarpSize);
+  uint32_t key[kBtSlots];
+#pragma unroll
+  for (int s = 0; s < kBtSlots; ++s) {
+    const int32_t i = s * kWarpSize + lane;
+    key[s] = s < active && i < causal ? OrderKey(row[i]) : 0u;  // 0: below every real key
+  }
+  uint32_t thr = 0;
+#pragma unroll 1
+  for (int bit = 31; bit >= 0; --bit) {
+    const uint32_t cand = thr | (1u << bit);
+    int32_t cnt = 0;
+#pragma unroll
+    for (int s = 0; s < kBtSlots; ++s) {
+      if (s < active) cnt += PopCount64(Ballot(key[s] >= cand));
+    }
+    if (cnt >= k) thr = cand;
+  }
+  // thr >= 1: more than k real keys are >= 1, so no padding key is chosen.
+  const uint64_t below = LanesBelow();
+  int32_t pos = 0;
+#pragma unroll
+  for (int s = 0; s < kBtSlots; ++s) {
+    if (s < active) {
+      const uint64_t m = Ballot(key[s] > thr);
+      if (key[s] > thr) out[pos + PopCount64(m & below)] = s * kWarpSize + lane;
+      pos += PopCount64(m);
+    }
+  }
+#pragma unroll
+  for (int s = 0; s < kBtSlots; ++s) {
+    if (s < active && pos < k) {
+      const uint64_t m = Ballot(key[s] == thr);
+      const int32_t rank = PopCount64(m & below);
+      if (key[s] == thr && pos + rank < k) out[pos + rank] = s * kWarpSize + lane;
+      pos = min(k, pos + PopCount64(m));
+    }
+  }
+}
+
 }  // namespace
+
+int32_t BlockTopkMaxWidth() { return kBtSlots * kWarpSize; }
+
+absl::Status LaunchBlockTopk(const BlockTopkParams& p, Stream stream) {
+  const int64_t items = static_cast<int64_t>(p.num_heads) * p.num_rows;
+  if (items == 0 || p.topk == 0) return absl::OkStatus();
+  const int64_t blocks = (items + kPathWarps - 1) / kPathWarps;
+  GPU_LAUNCH(BlockTopkKernel, static_cast<unsigned>(blocks), kPathThreads, 0, stream, p);
+  return absl::OkStatus();
+}
 
 absl::Status LaunchBlockMaxima(const BlockMaxParams& p, Stream stream) {
   if (p.num_rows == 0) return absl::OkStatus();

@@ -112,5 +112,38 @@ void PlanGather(const StepRows& rows, int32_t row_begin, int32_t row_end, int64_
   }
 }
 
+absl::Status PlanBlockWork(const StepRows& rows, int32_t page_entries,
+                           const std::vector<SubChunk>& chunks, int32_t ctas,
+                           std::vector<int32_t>* starts, std::vector<int32_t>* cta,
+                           std::vector<int64_t>* cta_offsets) {
+  const int32_t nr = rows.num_rows;
+  starts->assign(static_cast<size_t>(nr) + 1, 0);
+  int64_t total = 0;
+  for (int32_t r = 0; r < nr; ++r) {
+    total += (static_cast<int64_t>(rows.row_visible[r]) + page_entries - 1) / page_entries;
+    if (total > INT32_MAX) {
+      return absl::ResourceExhaustedError(absl::StrCat(
+          "block path: the step's causal pages exceed ", INT32_MAX, " (row ", r, ")"));
+    }
+    (*starts)[r + 1] = static_cast<int32_t>(total);
+  }
+  cta->clear();
+  cta_offsets->clear();
+  for (const SubChunk& sc : chunks) {
+    cta_offsets->push_back(static_cast<int64_t>(cta->size()));
+    const int64_t lo = (*starts)[sc.row_begin], span = (*starts)[sc.row_end] - lo;
+    int32_t r = sc.row_begin;
+    for (int32_t c = 0; c <= ctas; ++c) {
+      const int64_t f = lo + span * c / ctas;
+      // The row holding f (starts[r] <= f < starts[r + 1]); the range's end
+      // stays on the sub-chunk's last row.
+      while (r + 1 < sc.row_end && (*starts)[r + 1] <= f) ++r;
+      cta->push_back(static_cast<int32_t>(f));
+      cta->push_back(r);
+    }
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace gpu
 }  // namespace indexer

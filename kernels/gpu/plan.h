@@ -93,5 +93,18 @@ absl::StatusOr<StepPlan> PlanStep(const StepRows& rows,
 void PlanGather(const StepRows& rows, int32_t row_begin, int32_t row_end, int64_t pool_entries,
                 int32_t num_sms, std::vector<LogitsGroup>* groups, std::vector<LogitsUnit>* units);
 
+// The block path's work map (params.h: BlockWorkMap) for pages of
+// `page_entries`: starts[r] = sum over rows before r of their causal pages
+// (num_rows + 1 values), and per sub-chunk [row_begin, row_end) of `chunks`
+// the even split of its flat range [starts[row_begin], starts[row_end])
+// over `ctas` CTAs as ctas + 1 pairs {first flat index, its row} (an empty
+// CTA repeats its neighbour's pair; its row is always a row of the
+// sub-chunk). cta_offsets[i] is where sub-chunk i's pairs begin in *cta.
+// RESOURCE_EXHAUSTED when the flat range does not fit int32.
+absl::Status PlanBlockWork(const StepRows& rows, int32_t page_entries,
+                           const std::vector<SubChunk>& chunks, int32_t ctas,
+                           std::vector<int32_t>* starts, std::vector<int32_t>* cta,
+                           std::vector<int64_t>* cta_offsets);
+
 }  // namespace gpu
 }  // namespace indexer

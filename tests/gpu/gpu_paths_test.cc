@@ -235,11 +235,13 @@ INSTANTIATE_TEST_SUITE_P(
 
 // The block path on the gpu against a float64 reference of the block scores
 // (sentinels included): count, range, distinctness, -1 fill, and every
-// chosen block scores at least the reference's k-th. Both kernels: the
-// tensor-core one (max path 2: mma.sync fp16, Hi <= 8) and the portable
-// one (0); odd sizes: rows of one entry, of a page + 1, fewer causal blocks
-// than the top-k, Hi 5 and 8 (two column tiles), Hi 9 (portable), tiled
-// pages.
+// chosen block scores at least the reference's k-th. The three kernels:
+// the streaming one (max path 2 on sm_90: persistent CTAs over the step's
+// work map, bulk page copies, mma.sync fp16), the mma.sync one (1; 2 off
+// sm_90) and the portable one (0); odd sizes: rows of one entry, of a page
+// + 1, fewer causal blocks than the top-k, Hi 5 and 8 (two column tiles),
+// Hi 9 (portable), tiled pages, many rows of mixed lengths, a row over
+// more blocks than the block top-k takes.
 TEST(GpuBlockTest, BlockTopkMatchesReference) {
   SKIP_WITHOUT_GPU();
   struct Case {
@@ -256,9 +258,19 @@ TEST(GpuBlockTest, BlockTopkMatchesReference) {
       {64, 8, 5, 0, 0, {3000, 70}, {1, 1}},
       {64, 9, 5, 0, 1, {2000}, {2}},
       {64, 4, 6, 0, 1, {2500, 64}, {1, 1}, true},
+      // the streaming kernel's work map: 23 rows of mixed lengths (rows
+      // that cross CTA ranges, one-entry rows, next_n 2), a long row over
+      // many CTAs, Hi 8 on full pages
+      {128, 4, 16, 1, 2, {0, 5000, 127, 128, 129, 300, 9000, 1, 70, 4000, 255, 256, 2000, 30000, 15,
+                          640, 1100, 3, 7000, 500, 12000, 64, 900},
+       {1, 1, 1, 1, 2, 1, 1, 1, 1, 2, 1, 1, 1, 1, 1, 1, 1, 2, 1, 1, 1, 1, 1}},
+      {64, 1, 16, 0, 1, {60000}, {1}},
+      {128, 8, 16, 2, 1, {9000, 300}, {2, 1}},
+      // more blocks than the block top-k takes (1250 > 1024): the general top-k
+      {16, 4, 6, 2, 1, {20000}, {1}},
   };
   for (const Case& c : cases) {
-    for (int max_path : {2, 0}) {
+    for (int max_path : {2, 1, 0}) {
       const PageLayout layout = c.tiled ? *PageLayout::Make(KvFormat::kMxfp4, 128, c.page_entries, 16, 16, 2)
                                         : *PageLayout::Make(KvFormat::kMxfp4, 128, c.page_entries);
       std::mt19937 rng(5 + c.page_entries + c.heads);
@@ -283,7 +295,10 @@ TEST(GpuBlockTest, BlockTopkMatchesReference) {
       gpu::DeviceProp prop;
       ASSERT_EQ(gpu::GetDeviceProperties(&prop, 0), gpu::kSuccess);
       if (prop.major * 10 + prop.minor >= 89) {
-        EXPECT_EQ(path, max_path >= 1 && c.heads <= 8 ? "block_mma" : "block_portable");
+        const bool stream = prop.major == 9 && max_path >= 2 && c.page_entries % 16 == 0;
+        EXPECT_EQ(path, c.heads > 8 || max_path == 0 ? "block_portable"
+                        : stream                     ? "block_stream"
+                                                     : "block_mma");
       }
       std::vector<uint8_t> entry(layout.entry_bytes());
       for (int32_t r = 0; r < rows.num_rows; ++r) {

@@ -1,0 +1,415 @@
+// MiniMax-M3 block scores (SPEC §5 block path) as a persistent streaming
+// kernel, sm_90:
+//   score[h, r, b] = max over the visible entries e of page b of
+//                    scale * (q[r, h] . k[e])
+// with the init / local sentinels of the portable BlockScoresKernel.
+//
+// Why this shape. With Hi = 4 the multiply is small (8 m16n8k16 per 16
+// entries); the kernel is bound by K's bytes and by the instructions that
+// turn e2m1 into fp16. So: whole pages come by bulk copies (cp.async.bulk,
+// one instruction per page) into a ring of kSwStages pages per warp, two
+// pages in flight per warp while the third is scored; the e2m1 -> fp16
+// widening is 11 integer instructions per 8 values (below); each page's
+// 512 e8m0 scales are turned into floats once per page, not once per lane.
+//
+// Arithmetic (as block_scores_mma.cu): Q is fp32; per (head, block j) it is
+// scaled by 2^(14 - E_j) (E_j the exponent of the block's largest |q|) and
+// split into two fp16 parts hi + lo (|q' - hi - lo| <= 2^-22 |q'| for
+// normal parts). An e2m1 nibble s.e1e0.m placed at fp16 bits 15 and 11..9
+// is exactly its value times 2^-14, so one mma chain per block gives
+// P_j = sum (hi + lo) * k * 2^-14 = 2^-E_j sum q k_e2m1 with fp32
+// accumulation; dot = sum_j P_j * 2^(ek_j - 127) * 2^E_j.
+//
+// Columns: n8 tile nt holds heads 4 nt .. 4 nt + 3, columns 0-3 their hi
+// parts and 4-7 their lo parts; lanes t and t ^ 2 add a head's parts. Lane
+// (g, t) holds the bytes 4t..4t+3 of each block j of rows g and g + 8 (its
+// 8 elements 32 j + 8 t + i): the even elements i feed k-step 2 j, the odd
+// ones k-step 2 j + 1, with Q's B fragments in the same order.
+//
+// Work: the step's work map (BlockWorkMap) splits the flat (row, page) items
+// of the launch evenly over the CTAs; warp w of a CTA takes items first + w,
+// first + w + kSwWarps, ..., so that B = 1 long rows and B = 128 short rows
+// alike fill the device. Per item the warp scores the whole page and writes
+// the Hi block scores directly; forced (init / local) pages are not read.
+#include "kernels/gpu/gpu_compat.h"  // first: the runtime defines __device__ & co.
+
+#include <algorithm>
+
+#include "absl/strings/str_cat.h"
+#include "kernels/format/fp8.h"
+#include "kernels/format/mxfp4.h"
+#include "kernels/gpu/hopper/mma_sm90.h"
+#include "kernels/gpu/hopper/wgmma_sm90.h"
+#include "kernels/gpu/paged.h"
+#include "kernels/gpu/params.h"
+
+namespace indexer {
+namespace gpu {
+namespace {
+
+constexpr int kSwWarps = 4;
+constexpr int kSwThreads = kSwWarps * 32;
+constexpr int kSwStages = 3;           // pages per warp ring: 2 in flight + 1 scored
+constexpr int kSwCtasPerSm = 2;
+constexpr int kSwDim = 128;            // D
+constexpr int kSwMaxEntries = 128;     // E (one page's scales staged as float4)
+constexpr int kSwMaxHeads = 8;         // two n8 tiles
+constexpr float kSwInitSentinel = 1e30f;   // as BlockScoresKernel
+constexpr float kSwLocalSentinel = 1e29f;
+static_assert(kSwDim == 4 * kMxBlock, "four MXFP4 blocks of 32 per entry");
+static_assert(kSwStages >= 2, "one page scored while the next arrives");
+
+// Shared memory of one warp: its page ring, the scored page's scales as
+// floats, one mbarrier per ring slot.
+struct SwWarpSmem {
+  int64_t page_stride;  // page bytes rounded up to 128
+  int64_t scales_at;    // float4 [E rounded up to 16]
+  int64_t bars_at;      // uint64 [kSwStages]
+  int64_t bytes;        // the warp's share, a multiple of 128
+};
+__host__ __device__ inline SwWarpSmem SwSmemOf(int64_t page_bytes, int32_t page_entries) {
+  SwWarpSmem s;
+  s.page_stride = (page_bytes + 127) / 128 * 128;
+  s.scales_at = kSwStages * s.page_stride;
+  s.bars_at = s.scales_at + static_cast<int64_t>((page_entries + 15) / 16 * 16) * 16;
+  s.bytes = (s.bars_at + 8 * kSwStages + 127) / 128 * 128;
+  return s;
+}
+
+#if INDEXER_GPU_WGMMA
+// 2^(x - 127) of an e8m0 byte x < 255 (checked at input), as the float's
+// bits: normal for x >= 1, the subnormal 2^-127 for 0.
+__device__ __forceinline__ float SwE8m0(uint32_t x) {
+  return __uint_as_float(x != 0u ? x << 23 : 0x00400000u);
+}
+
+// One row's walk state: the row holding flat item f and its geometry.
+struct SwCursor {
+  int32_t f;           // flat item
+  int32_t r;           // its row (step numbering)
+  int32_t start, next; // starts[r], starts[r + 1]
+  int32_t n, causal;   // visible entries, causal pages
+};
+
+// Moves c to the row of c.f; items at or past f_end (the CTA's end) stay
+// on the last row reached (starts[] ends there).
+__device__ __forceinline__ void SwAdvance(const int32_t* starts, const DeviceStepRows& step,
+                                          int32_t per_page, int32_t f_end, SwCursor& c) {
+  bool moved = false;
+  while (c.f < f_end && c.f >= c.next) {
+    ++c.r;
+    c.start = c.next;
+    c.next = starts[c.r + 1];
+    moved = true;
+  }
+  if (moved) {
+    c.n = step.row_visible[c.r];
+    c.causal = (c.n + per_page - 1) / per_page;
+  }
+}
+
+// Forced pages (sentinels) are scored without reading K.
+__device__ __forceinline__ float SwForced(int32_t b, int32_t causal, int32_t init, int32_t local) {
+  return b < min(causal, init) ? kSwInitSentinel : b >= max(0, causal - local) ? kSwLocalSentinel : 0.f;
+}
+
+// Row lr's Q in this lane's B fragments (column g of each tile, every
+// k-step) and the Q factors 2^E_j of its accumulator columns 2t, 2t + 1.
+template <int kNT>
+__device__ __forceinline__ void SwLoadQ(const BlockScoreParams& p, int32_t lr, int g, int t,
+                                        uint2 (&bq)[kNT][8], float (&f0)[kNT][4],
+                                        float (&f1)[kNT][4]) {
+  const bool lo_part = g >= 4;
+#pragma unroll
+  for (int nt = 0; nt < kNT; ++nt) {
+    const int h = nt * 4 + (g & 3);
+    float ef[4];
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      float x[8];
+      if (h < p.num_heads) {
+        const float4* src = reinterpret_cast<const float4*>(
+            p.q + (static_cast<int64_t>(lr) * p.num_heads + h) * kSwDim + 32 * j + 8 * t);
+        const float4 a = src[0], b = src[1];
+        x[0] = a.x, x[1] = a.y, x[2] = a.z, x[3] = a.w, x[4] = b.x, x[5] = b.y, x[6] = b.z, x[7] = b.w;
+      } else {
+#pragma unroll
+        for (int i = 0; i < 8; ++i) x[i] = 0.f;
+      }
+      float m = 0.f;
+#pragma unroll
+      for (int i = 0; i < 8; ++i) m = fmaxf(m, fabsf(x[i]));
+      m = fmaxf(m, ShflXor(m, 1));
+      m = fmaxf(m, ShflXor(m, 2));
+      // E: the exponent of the block's largest |q| (0 for an all-zero
+      // block), in [-126, 127] so that 2^E and 2^-E are exact floats.
+      const int32_t biased = static_cast<int32_t>((__float_as_uint(m) >> 23) & 0xffu);
+      const int32_t e = m == 0.f ? 0 : max(biased - 127, -126);
+      const float down = format_internal::ExactPow2(-e);
+      uint32_t part[8];
+#pragma unroll
+      for (int i = 0; i < 8; ++i) {
+        const float y = x[i] * down * 16384.f;  // |y| < 2^15: fp16 holds it
+        const uint16_t hi = F32ToF16Rn(y);
+        part[i] = lo_part ? F32ToF16Rn(y - F16ToF32(hi)) : hi;
+      }
+      bq[nt][2 * j] = make_uint2(part[0] | part[2] << 16, part[4] | part[6] << 16);
+      bq[nt][2 * j + 1] = make_uint2(part[1] | part[3] << 16, part[5] | part[7] << 16);
+      ef[j] = format_internal::ExactPow2(e);
+    }
+    // Column c's Q is held by the lanes g = c.
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      f0[nt][j] = ShflIdx(ef[j], 8 * t);
+      f1[nt][j] = ShflIdx(ef[j], 8 * t + 4);
+    }
+  }
+}
+
+// Eight e2m1 nibbles of w (element i in nibble i) as the fp16 high bytes of
+// value * 2^-14: even elements in `even` (byte i = element 2i), odd ones in
+// `odd`. A byte s000mmm0 is the high byte of the half with sign s and bits
+// 11..9 = e1 e0 m.
+__device__ __forceinline__ void SwSplitE2m1(uint32_t w, uint32_t& even, uint32_t& odd) {
+  even = ((w << 1) & 0x0e0e0e0eu) | ((w << 4) & 0x80808080u);
+  odd = ((w >> 3) & 0x0e0e0e0eu) | (w & 0x80808080u);
+}
+// Bytes 0, 1 (`sel` 0x1404) or 2, 3 (0x3424) of `bytes` as the high bytes of
+// two halves (low bytes 0).
+__device__ __forceinline__ uint32_t SwHalves(uint32_t bytes, uint32_t sel) {
+  return __byte_perm(bytes, 0u, sel);
+}
+#endif  // INDEXER_GPU_WGMMA
+
+template <int kNT, bool kTiled>
+__global__ void __launch_bounds__(kSwThreads, kSwCtasPerSm)
+    BlockScoresStreamKernel(const BlockScoreParams p, const BlockWorkMap wm) {
+#if INDEXER_GPU_WGMMA
+  extern __shared__ __align__(128) uint8_t sw_smem[];
+  const PageLayout& l = p.layout;
+  const int32_t per_page = l.page_entries;
+  const uint32_t page_bytes = static_cast<uint32_t>(l.page_bytes());
+  const SwWarpSmem lay = SwSmemOf(page_bytes, per_page);
+  const int warp = WarpId(), lane = LaneId(), g = lane / 4, t = lane % 4;
+  uint8_t* const my = sw_smem + warp * lay.bytes;
+  float4* const sc = reinterpret_cast<float4*>(my + lay.scales_at);
+  uint64_t* const bars = reinterpret_cast<uint64_t*>(my + lay.bars_at);
+
+  // Causal pages per (head, row) for the top-k: a grid-strided pass.
+  for (int32_t i = blockIdx.x * kSwThreads + threadIdx.x; i < p.num_rows; i += wm.ctas * kSwThreads) {
+    const int32_t causal = (p.step.row_visible[p.row_base + i] + per_page - 1) / per_page;
+    for (int32_t h = 0; h < p.num_heads; ++h) p.causal[h * p.num_rows + i] = causal;
+  }
+
+  if (lane == 0) {
+    for (int s = 0; s < kSwStages; ++s) MbarInit(&bars[s], 1);
+    FenceMbarInit();
+  }
+  __syncwarp();
+
+  const int32_t* cta = wm.cta + 2 * blockIdx.x;
+  const int32_t f_end = cta[2];
+  // Producer cursor (the next item to fetch) and consumer cursor (the item
+  // scored), both starting at the CTA's first row.
+  SwCursor pc;
+  pc.f = cta[0] + warp;
+  pc.r = cta[1];
+  pc.start = wm.starts[pc.r];
+  pc.next = wm.starts[pc.r + 1];
+  pc.n = p.step.row_visible[pc.r];
+  pc.causal = (pc.n + per_page - 1) / per_page;
+  SwAdvance(wm.starts, p.step, per_page, f_end, pc);
+  SwCursor cc = pc;
+  const int64_t head_stride = static_cast<int64_t>(p.num_rows) * p.width;
+  const int32_t max_pages = p.step.max_pages;
+
+  // Fetch of c's item into ring slot `slot` (lane 0; nothing when the item
+  // is past the CTA's range or forced), then c to the warp's next item.
+  auto fetch = [&](SwCursor& c, int slot) {
+    if (c.f >= f_end) return;
+    const int32_t b = c.f - c.start;
+    if (SwForced(b, c.causal, p.init_blocks, p.local_blocks) == 0.f && lane == 0) {
+      const int32_t seq = p.step.row_seq[c.r];
+      const int32_t page = p.step.block_table[static_cast<int64_t>(seq) * max_pages + b];
+      // The slot's last reader (this warp's lanes, generic proxy) before
+      // the copy engine's write.
+      FenceProxyAsyncShared();
+      MbarArriveExpectTx(&bars[slot], page_bytes);
+      BulkLoad(my + slot * lay.page_stride, p.pool + l.PageOffset(page), page_bytes, &bars[slot]);
+    }
+    c.f += kSwWarps;
+    SwAdvance(wm.starts, p.step, per_page, f_end, c);
+  };
+
+  // ---- prologue: the first kSwStages - 1 items in flight -------------------
+#pragma unroll
+  for (int s = 0; s < kSwStages - 1; ++s) fetch(pc, s);
+
+  uint2 bq[kNT][8];
+  float f0[kNT][4], f1[kNT][4];
+  int32_t q_row = -1;
+  uint32_t phase = 0;  // bit s: parity of ring slot s's next completion
+  const bool linear = !kTiled;
+
+#pragma unroll 1
+  for (int32_t k = 0; cc.f < f_end; ++k) {
+    const int slot = k % kSwStages;
+    fetch(pc, (k + kSwStages - 1) % kSwStages);
+    const int32_t b = cc.f - cc.start, lr = cc.r - p.row_base;
+    float* score0 = p.scores + static_cast<int64_t>(lr) * p.width + b;  // head 0
+    const float forced = SwForced(b, cc.causal, p.init_blocks, p.local_blocks);
+    if (forced != 0.f) {
+      if (lane < p.num_heads) score0[lane * head_stride] = forced;
+    } else {
+      if (cc.r != q_row) {
+        SwLoadQ<kNT>(p, lr, g, t, bq, f0, f1);
+        q_row = cc.r;
+      }
+      const int32_t count = min(per_page, cc.n - b * per_page);  // visible entries of the page
+      const int32_t tiles16 = (count + 15) / 16 * 16;
+      MbarWait(&bars[slot], (phase >> slot) & 1u);
+      phase ^= 1u << slot;
+      const uint8_t* page = my + slot * lay.page_stride;
+
+      // ---- the page's scales as floats (0 past the visible entries) -------
+      for (int32_t e = lane; e < tiles16; e += 32) {
+        float4 f = make_float4(0.f, 0.f, 0.f, 0.f);
+        if (e < count) {
+          uint32_t s;
+          if (linear) {
+            s = *reinterpret_cast<const uint32_t*>(page + l.ScaleOffset(e, 0));
+          } else {
+            s = 0;
+#pragma unroll
+            for (int j = 0; j < 4; ++j) s |= static_cast<uint32_t>(page[l.ScaleOffset(e, j)]) << (8 * j);
+          }
+          f = make_float4(SwE8m0(s & 0xffu), SwE8m0((s >> 8) & 0xffu), SwE8m0((s >> 16) & 0xffu),
+                          SwE8m0(s >> 24));
+        }
+        sc[e] = f;
+      }
+      __syncwarp();
+
+      // ---- 16-entry tiles --------------------------------------------------
+      float mx[kNT][2];
+#pragma unroll
+      for (int nt = 0; nt < kNT; ++nt) mx[nt][0] = mx[nt][1] = -INFINITY;
+#pragma unroll 1
+      for (int32_t e0 = 0; e0 < count; e0 += 16) {
+        const int32_t ea = e0 + g, eb = e0 + g + 8;
+        uint32_t wa[4], wb[4];
+        if (linear) {
+          const uint8_t* va = page + l.ValueOffset(ea, 4 * t);
+          const uint8_t* vb = page + l.ValueOffset(eb, 4 * t);
+#pragma unroll
+          for (int j = 0; j < 4; ++j) {
+            wa[j] = *reinterpret_cast<const uint32_t*>(va + 16 * j);
+            wb[j] = *reinterpret_cast<const uint32_t*>(vb + 16 * j);
+          }
+        } else {
+#pragma unroll
+          for (int j = 0; j < 4; ++j) {
+            wa[j] = *reinterpret_cast<const uint32_t*>(page + l.ValueOffset(ea, 16 * j + 4 * t));
+            wb[j] = *reinterpret_cast<const uint32_t*>(page + l.ValueOffset(eb, 16 * j + 4 * t));
+          }
+        }
+        const float4 ska = sc[ea], skb = sc[eb];
+        const float ska_j[4] = {ska.x, ska.y, ska.z, ska.w};
+        const float skb_j[4] = {skb.x, skb.y, skb.z, skb.w};
+        float acc[kNT][4];
+#pragma unroll
+        for (int nt = 0; nt < kNT; ++nt) acc[nt][0] = acc[nt][1] = acc[nt][2] = acc[nt][3] = 0.f;
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+          uint32_t ae, ao, be, bo;
+          SwSplitE2m1(wa[j], ae, ao);
+          SwSplitE2m1(wb[j], be, bo);
+          const uint32_t a0 = SwHalves(ae, 0x1404), a1 = SwHalves(be, 0x1404);
+          const uint32_t a2 = SwHalves(ae, 0x3424), a3 = SwHalves(be, 0x3424);
+          const uint32_t c0 = SwHalves(ao, 0x1404), c1 = SwHalves(bo, 0x1404);
+          const uint32_t c2 = SwHalves(ao, 0x3424), c3 = SwHalves(bo, 0x3424);
+#pragma unroll
+          for (int nt = 0; nt < kNT; ++nt) {
+            float d[4] = {0.f, 0.f, 0.f, 0.f};
+            MmaF16(d, a0, a1, a2, a3, bq[nt][2 * j].x, bq[nt][2 * j].y);
+            MmaF16(d, c0, c1, c2, c3, bq[nt][2 * j + 1].x, bq[nt][2 * j + 1].y);
+            acc[nt][0] = fmaf(d[0], ska_j[j] * f0[nt][j], acc[nt][0]);
+            acc[nt][1] = fmaf(d[1], ska_j[j] * f1[nt][j], acc[nt][1]);
+            acc[nt][2] = fmaf(d[2], skb_j[j] * f0[nt][j], acc[nt][2]);
+            acc[nt][3] = fmaf(d[3], skb_j[j] * f1[nt][j], acc[nt][3]);
+          }
+        }
+        // hi + lo (lanes t, t ^ 2); rows past the page's visible entries
+        // do not count.
+        const bool oka = ea < count, okb = eb < count;
+#pragma unroll
+        for (int nt = 0; nt < kNT; ++nt) {
+#pragma unroll
+          for (int c = 0; c < 4; ++c) acc[nt][c] += ShflXor(acc[nt][c], 2);
+          mx[nt][0] = fmaxf(mx[nt][0], fmaxf(oka ? acc[nt][0] : -INFINITY, okb ? acc[nt][2] : -INFINITY));
+          mx[nt][1] = fmaxf(mx[nt][1], fmaxf(oka ? acc[nt][1] : -INFINITY, okb ? acc[nt][3] : -INFINITY));
+        }
+      }
+      // Maxima over the 8 row lanes; lanes g = 0, t < 2 hold heads
+      // 4 nt + 2t, + 1. The scale is positive: applied to the maximum.
+#pragma unroll
+      for (int nt = 0; nt < kNT; ++nt) {
+#pragma unroll
+        for (int c = 0; c < 2; ++c) {
+          float v = mx[nt][c];
+          v = fmaxf(v, ShflXor(v, 4));
+          v = fmaxf(v, ShflXor(v, 8));
+          v = fmaxf(v, ShflXor(v, 16));
+          const int h = 4 * nt + 2 * t + c;
+          if (g == 0 && t < 2 && h < p.num_heads) score0[h * head_stride] = v * p.scale;
+        }
+      }
+      // Every lane is done with the slot and the scales before either is
+      // written again.
+      __syncwarp();
+    }
+    cc.f += kSwWarps;
+    SwAdvance(wm.starts, p.step, per_page, f_end, cc);
+  }
+#endif  // INDEXER_GPU_WGMMA
+}
+
+template <int kNT, bool kTiled>
+absl::Status LaunchStream(const BlockScoreParams& p, const BlockWorkMap& wm, int64_t smem, Stream stream) {
+  auto* kernel = &BlockScoresStreamKernel<kNT, kTiled>;
+  GPU_RETURN_IF_ERROR(SetMaxDynamicSmem(kernel, static_cast<int>(smem)));
+  GPU_LAUNCH(kernel, wm.ctas, kSwThreads, smem, stream, p, wm);
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+bool BlockScoresStreamSupported(const BlockScoreParams& p, int cc_major, int cc_minor) {
+  (void)cc_minor;
+  const PageLayout& l = p.layout;
+  if (cc_major != 9) return false;
+  if (l.format != KvFormat::kMxfp4 || l.head_dim != kSwDim) return false;
+  if (p.num_heads < 1 || p.num_heads > kSwMaxHeads) return false;
+  if (l.page_entries > kSwMaxEntries) return false;
+  // Bulk copies: 16-byte sizes and page offsets; 4-byte value words.
+  if (l.page_bytes() % 16 != 0) return false;
+  // Whole 16-entry tiles inside the page.
+  if (l.page_entries % 16 != 0) return false;
+  if (l.tiled() && l.d_per_tile % 4 != 0) return false;
+  return kSwWarps * SwSmemOf(l.page_bytes(), l.page_entries).bytes <= 113 * 1024;
+}
+
+int32_t BlockScoresStreamCtas(int32_t num_sms) { return std::max(num_sms, 1) * kSwCtasPerSm; }
+
+absl::Status LaunchBlockScoresStream(const BlockScoreParams& p, const BlockWorkMap& wm, Stream stream) {
+  if (p.num_rows == 0 || p.width == 0 || wm.ctas == 0) return absl::OkStatus();
+  const int64_t smem = kSwWarps * SwSmemOf(p.layout.page_bytes(), p.layout.page_entries).bytes;
+  const bool tiled = p.layout.tiled();
+  if (p.num_heads <= 4) {
+    return tiled ? LaunchStream<1, true>(p, wm, smem, stream) : LaunchStream<1, false>(p, wm, smem, stream);
+  }
+  return tiled ? LaunchStream<2, true>(p, wm, smem, stream) : LaunchStream<2, false>(p, wm, smem, stream);
+}
+
+}  // namespace gpu
+}  // namespace indexer

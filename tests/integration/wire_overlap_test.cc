@@ -19,6 +19,7 @@
 #include "gtest/gtest.h"
 #include "indexer/client.h"
 #include "kernels/cpu/cpu_backend.h"
+#include "kernels/forwarding_backend.h"
 #include "server/rpc/server.h"
 #include "tests/integration/test_config.h"
 #include "tests/integration/wire_harness.h"
@@ -174,10 +175,10 @@ TEST(OverlapTest, TwoClientsStepsOpenAtOnceInterleaveAndCommit) {
 // A one-shot gate in front of the cpu backend: the first layer (RunLayer) or
 // entry write (WriteEntries, the import path) after Arm() blocks until
 // Open(), telling the test it is inside.
-class GatedBackend : public Backend {
+class GatedBackend : public ForwardingBackend {
  public:
   enum class Where { kNone, kLayer, kWrite };
-  GatedBackend() : inner_(std::make_unique<CpuBackend>(2)) {}
+  GatedBackend() : ForwardingBackend(std::make_unique<CpuBackend>(2)) {}
 
   void Arm(Where w) {
     std::lock_guard<std::mutex> lock(mu_);
@@ -193,36 +194,17 @@ class GatedBackend : public Backend {
     cv_.notify_all();
   }
 
-  std::string Describe() const override { return "gated " + inner_->Describe(); }
-  std::string Kind() const override { return inner_->Kind(); }
-  absl::StatusOr<int64_t> FreeDeviceMemory() const override { return inner_->FreeDeviceMemory(); }
-  Paths SupportedPaths() const override { return inner_->SupportedPaths(); }
-  absl::StatusOr<PoolHandle> AllocatePool(const PageLayout& layout, int64_t pages) override {
-    return inner_->AllocatePool(layout, pages);
-  }
-  absl::StatusOr<std::unique_ptr<StepContext>> PrepareStep(const PageLayout& layout,
-                                                           StepRows rows) override {
-    return inner_->PrepareStep(layout, std::move(rows));
-  }
+  std::string Describe() const override { return "gated " + ForwardingBackend::Describe(); }
   absl::StatusOr<double> WriteEntries(const PageLayout& layout, PoolHandle pool,
                                       const StepRows& rows, StepContext* ctx,
                                       const KInput& k) override {
     Pass(Where::kWrite);
-    return inner_->WriteEntries(layout, pool, rows, ctx, k);
-  }
-  absl::StatusOr<LayerTimings> DenseTopk(const PageLayout& layout, PoolHandle pool,
-                                         const StepRows& rows, StepContext* ctx, const QInput& q,
-                                         int32_t topk, int32_t* out) override {
-    return inner_->DenseTopk(layout, pool, rows, ctx, q, topk, out);
+    return ForwardingBackend::WriteEntries(layout, pool, rows, ctx, k);
   }
   absl::StatusOr<LayerTimings> RunLayer(PoolHandle pool, StepContext* ctx,
                                         const LayerWork& work) override {
     Pass(Where::kLayer);
-    return inner_->RunLayer(pool, ctx, work);
-  }
-  absl::Status ReadEntries(const PageLayout& layout, PoolHandle pool, int32_t page,
-                           int32_t first, int32_t count, uint8_t* out) override {
-    return inner_->ReadEntries(layout, pool, page, first, count, out);
+    return ForwardingBackend::RunLayer(pool, ctx, work);
   }
 
  private:
@@ -235,7 +217,6 @@ class GatedBackend : public Backend {
     cv_.wait(lock, [&] { return open_; });
   }
 
-  std::unique_ptr<Backend> inner_;
   std::mutex mu_;
   std::condition_variable cv_;
   Where armed_ = Where::kNone;

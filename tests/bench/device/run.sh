@@ -123,7 +123,9 @@ stage_sanitize() {
 
 stage_bench() {
   # SPEC §8's target shapes.
-  local s="fp8 B=1 next_n=1 n=128k,fp8 B=64 next_n=1 n=32k,fp8 B=64 next_n=2 n=32k,fp8 B=128 next_n=1 n=128k,mxfp4 B=64 next_n=1 n=32k"
+  # SPEC §8's target shapes and issue 11's: MXFP4 at both sizes, paged
+  # prefill, the MiniMax block layer at B=64 x 32k.
+  local s="fp8 B=1 next_n=1 n=128k,fp8 B=64 next_n=1 n=32k,fp8 B=64 next_n=2 n=32k,fp8 B=128 next_n=1 n=128k,mxfp4 B=64 next_n=1 n=32k,mxfp4 B=128 next_n=1 n=128k,prefill fp8 4k rows,block mxfp4 Hi=4 top=16 B=64 n=32k"
   timeout "$TO" indexer_gpu_bench --only "$s" --markdown "$OUT/bench.md" 2>&1; echo "indexer_gpu_bench rc $?"
 }
 

@@ -112,7 +112,28 @@ MemfdTokens::~MemfdTokens() {
   for (auto& [token, h] : held_) close(h.claim.fd);
 }
 
+absl::Status MemfdTokens::CheckRoomLocked(uint32_t uid) const {
+  auto it = per_uid_.find(uid);
+  const bool mine = it != per_uid_.end() && it->second >= kMaxTokensPerUid;
+  if (!mine && held_.size() < kMaxTokens) return absl::OkStatus();
+  return absl::ResourceExhaustedError(absl::StrCat(
+      "fd: too many memfds waiting for RegisterRegion (", mine ? kMaxTokensPerUid : kMaxTokens,
+      mine ? " for this uid" : "", "); register them or let their tokens expire (", ttl_ms_,
+      " ms)"));
+}
+
 absl::StatusOr<std::string> MemfdTokens::Issue(int fd, uint32_t uid, int32_t pid) {
+  // The room first, so that a refusal leaves the memfd unsealed; checked
+  // again when the token goes in.
+  {
+    const int64_t now = now_();
+    absl::MutexLock lock(&mu_);
+    ExpireLocked(now);
+    if (absl::Status room = CheckRoomLocked(uid); !room.ok()) {
+      close(fd);
+      return room;
+    }
+  }
   absl::StatusOr<std::string> name = CheckMemfd(fd);
   if (!name.ok()) {
     close(fd);
@@ -128,13 +149,9 @@ absl::StatusOr<std::string> MemfdTokens::Issue(int fd, uint32_t uid, int32_t pid
   const int64_t now = now_();
   absl::MutexLock lock(&mu_);
   ExpireLocked(now);
-  if (held_.size() >= kMaxTokens || per_uid_[uid] >= kMaxTokensPerUid) {
-    const bool mine = per_uid_[uid] >= kMaxTokensPerUid;
+  if (absl::Status room = CheckRoomLocked(uid); !room.ok()) {
     close(fd);
-    return absl::ResourceExhaustedError(absl::StrCat(
-        "fd: too many memfds waiting for RegisterRegion (", mine ? kMaxTokensPerUid : kMaxTokens,
-        mine ? " for this uid" : "", "); register them or let their tokens expire (", ttl_ms_,
-        " ms)"));
+    return room;
   }
   ++per_uid_[uid];
   held_[token] = Held{MemfdClaim{fd, uid, pid, *std::move(name)},

@@ -83,6 +83,8 @@ class MemfdTokens {
     int64_t expires_ms = 0;
   };
   void ExpireLocked(int64_t now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // RESOURCE_EXHAUSTED when `uid` or everyone is at the limit.
+  absl::Status CheckRoomLocked(uint32_t uid) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void RetireLocked(const std::string& token, const char* why)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 

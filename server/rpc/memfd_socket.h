@@ -54,7 +54,7 @@ class MemfdSocket {
 
 // The memfd socket a daemon listening on `listen` opens for config value
 // `configured`: itself unless "" ("off" = none), else "<path>.fd" for a
-// "unix:<path>" listener, else none (""). 
+// "unix:<path>" listener, else none ("").
 std::string MemfdSocketPath(const std::string& configured, const std::string& listen);
 
 }  // namespace indexer

@@ -209,9 +209,13 @@ TEST(MemfdTokensTest, BoundedPerUidAndInAll) {
   for (size_t i = 0; i < MemfdTokens::kMaxTokensPerUid; ++i) {
     ASSERT_TRUE(tokens.Issue(NewMemfd(), 1, 100).ok());
   }
-  auto over = tokens.Issue(NewMemfd(), 1, 100);
+  const int refused = NewMemfd();
+  const int mine = dup(refused);
+  auto over = tokens.Issue(refused, 1, 100);
   EXPECT_EQ(over.status().code(), absl::StatusCode::kResourceExhausted);
   EXPECT_THAT(std::string(over.status().message()), HasSubstr("(64 for this uid)"));
+  EXPECT_FALSE(fcntl(mine, F_GET_SEALS) & F_SEAL_SHRINK);  // a refusal changes nothing
+  close(mine);
   for (uint32_t uid = 2; tokens.size() < MemfdTokens::kMaxTokens; ++uid) {
     ASSERT_TRUE(tokens.Issue(NewMemfd(), uid, 100).ok());
   }

@@ -311,6 +311,36 @@ TEST(MemfdRegions, NoSocketNoFeature) {
             absl::StatusCode::kFailedPrecondition);
 }
 
+// A daemon listening on a Unix socket opens its memfd socket at
+// "<path>.fd" without any config; a caller over that listener (whose uid
+// gRPC does not expose) redeems by token alone.
+TEST(MemfdRegions, UnixListenerDefaultsToPathDotFd) {
+  SocketDir dir;
+  const std::string grpc_path = dir.path + "/grpc.sock";
+  config::ServerConfig cfg = MemfdConfig("");
+  auto model = BuildModel(cfg);
+  ASSERT_TRUE(model.ok()) << model.status();
+  auto engine = Engine::Create(*std::move(model), TestBackend());
+  ASSERT_TRUE(engine.ok()) << engine.status();
+  auto server = StartServer(*std::move(engine), "unix:" + grpc_path);
+  ASSERT_TRUE(server.ok()) << server.status();
+  client::ClientOptions options;
+  options.client_id = "fe-unix";
+  auto c = IndexerClient::Connect("unix:" + grpc_path, options);
+  ASSERT_TRUE(c.ok()) << c.status();
+  auto info = (*c)->GetServerInfo();
+  ASSERT_TRUE(info.ok()) << info.status();
+  EXPECT_EQ(info->memfd_socket(), grpc_path + ".fd");
+  EXPECT_THAT(info->features(), Contains("host_regions_memfd"));
+  auto m = MemfdRegion::Create(Unique("unix"), 4096);
+  ASSERT_TRUE(m.ok());
+  auto reg = (*c)->RegisterMemfdRegion("unix", m->fd(), 0, 4096);
+  ASSERT_TRUE(reg.ok()) << reg.status();
+  EXPECT_EQ((*c)->ListRegions()->size(), 1u);
+  (*server)->Shutdown(0);
+  EXPECT_FALSE(std::filesystem::exists(grpc_path + ".fd"));  // removed at shutdown
+}
+
 // ------------------------------------------------------------ bad input --
 
 class MemfdErrors : public ::testing::Test {

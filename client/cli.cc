@@ -200,7 +200,9 @@ constexpr char kBenchHelp[] =
     "get [Hi, rows, topk_blocks] block ids back.\n"
     "--transport host|device writes each layer's Q, weights and K into a "
     "registered region and sends references; the daemon writes the top-k "
-    "into the region (topk_out). The figures are the same for every transport.";
+    "into the region (topk_out); --host-region memfd passes the host region "
+    "as a memfd instead of a shared-memory name. The figures are the same "
+    "for every transport.";
 
 }  // namespace
 
@@ -319,6 +321,11 @@ int main(int argc, char** argv) {
                         "device (GPU memory by IPC handle; GPU builds only)")
       ->capture_default_str()
       ->check(CLI::IsMember({"inline", "host", "device"}));
+  bench_cmd->add_option("--host-region", bench.host_region,
+                        "--transport host: shm (a POSIX shared-memory object, by name) or "
+                        "memfd (a memfd passed over the daemon's memfd socket)")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"shm", "memfd"}));
 
   std::vector<uint64_t> release_nums;
   std::vector<std::string> release_names;

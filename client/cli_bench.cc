@@ -557,7 +557,7 @@ absl::Status RunBench(const GlobalFlags& global, const BenchFlags& flags) {
   }
 
   ASSIGN_OR_RETURN(std::unique_ptr<BenchTransport> transport,
-                   MakeBenchTransport(flags.transport, client.get()));
+                   MakeBenchTransport(flags.transport, flags.host_region, client.get()));
   std::printf("transport: %s%s\n", transport->name(),
               flags.transport == "inline"
                   ? " (tensors and top-k in the messages)"

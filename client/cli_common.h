@@ -55,6 +55,7 @@ struct BenchFlags {
   bool prequantized = false;
   uint64_t seed = 1;
   std::string transport = "inline";  // inline, host or device
+  std::string host_region = "shm";    // --transport host: shm or memfd
 };
 
 struct HealthFlags {

@@ -70,6 +70,30 @@ class HostMemory final : public RegionMemory {
   ShmRegion shm_;
 };
 
+// A memfd passed over the daemon's memfd socket (the one ServerInfo names).
+class MemfdMemory final : public RegionMemory {
+ public:
+  static absl::StatusOr<std::unique_ptr<RegionMemory>> Create(size_t bytes) {
+    ASSIGN_OR_RETURN(MemfdRegion memfd, MemfdRegion::Create("indexer-cli-bench", bytes));
+    auto m = std::make_unique<MemfdMemory>();
+    m->memfd_ = std::move(memfd);
+    return std::unique_ptr<RegionMemory>(std::move(m));
+  }
+  size_t size() const override { return memfd_.size(); }
+  absl::Status Write(uint64_t offset, const void* data, size_t n) override {
+    std::memcpy(memfd_.data() + offset, data, n);
+    return absl::OkStatus();
+  }
+  absl::StatusOr<uint64_t> Register(IndexerClient* client) override {
+    ASSIGN_OR_RETURN(v1::RegisterRegionResponse r,
+                     client->RegisterMemfdRegion("indexer-cli-bench", memfd_.fd(), 0, size()));
+    return r.region();
+  }
+
+ private:
+  MemfdRegion memfd_;
+};
+
 #if defined(INDEXER_CLI_GPU)
 #define CLI_GPU_CHECK(expr)                                                     \
   do {                                                                          \
@@ -187,10 +211,17 @@ class RegionTransport final : public BenchTransport {
 
 }  // namespace
 
-absl::StatusOr<std::unique_ptr<BenchTransport>> MakeBenchTransport(const std::string& kind,
-                                                                   IndexerClient* client) {
+absl::StatusOr<std::unique_ptr<BenchTransport>> MakeBenchTransport(
+    const std::string& kind, const std::string& host_region, IndexerClient* client) {
   if (kind == "inline") return std::make_unique<InlineTransport>();
+  if (kind == "host" && host_region == "memfd") {
+    return std::make_unique<RegionTransport>("host (memfd)", &MemfdMemory::Create, client);
+  }
   if (kind == "host") {
+    if (host_region != "shm") {
+      return absl::InvalidArgumentError(
+          absl::StrCat("--host-region: expected shm or memfd, got \"", host_region, "\""));
+    }
     return std::make_unique<RegionTransport>("host", &HostMemory::Create, client);
   }
   if (kind == "device") {

@@ -26,9 +26,10 @@ class BenchTransport {
 };
 
 // "inline", "host" or "device" (device: builds with a GPU runtime only,
-// FAILED_PRECONDITION otherwise). Region transports register their region
-// with `client` and unregister it when destroyed.
-absl::StatusOr<std::unique_ptr<BenchTransport>> MakeBenchTransport(const std::string& kind,
-                                                                   IndexerClient* client);
+// FAILED_PRECONDITION otherwise); a host region is `host_region` "shm" or
+// "memfd". Region transports register their region with `client` and
+// unregister it when destroyed.
+absl::StatusOr<std::unique_ptr<BenchTransport>> MakeBenchTransport(
+    const std::string& kind, const std::string& host_region, IndexerClient* client);
 
 }  // namespace indexer::client::cli

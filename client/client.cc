@@ -385,6 +385,21 @@ absl::StatusOr<v1::RegisterRegionResponse> IndexerClient::RegisterHostRegion(
   return response;
 }
 
+absl::StatusOr<v1::RegisterRegionResponse> IndexerClient::RegisterMemfdToken(
+    const std::string& name, const std::string& token, uint64_t offset, uint64_t bytes) {
+  grpc::ClientContext context;
+  Prepare(context, options_.rpc_timeout);
+  v1::RegisterRegionRequest request;
+  request.set_name(name);
+  v1::HostRegion* h = request.mutable_host();
+  h->set_memfd_token(token);
+  h->set_offset(offset);
+  h->set_bytes(bytes);
+  v1::RegisterRegionResponse response;
+  RETURN_IF_ERROR(FromGrpcStatus(stub_->RegisterRegion(&context, request, &response)));
+  return response;
+}
+
 absl::StatusOr<v1::RegisterRegionResponse> IndexerClient::RegisterDeviceRegion(
     const std::string& name, const std::string& ipc_handle, const std::string& device_uuid,
     const std::string& pci_bus_id, uint64_t offset, uint64_t bytes) {

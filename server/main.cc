@@ -66,7 +66,7 @@ int Run(int argc, char** argv) {
   std::string config, profile = "demo", listen, device, log_level = "info", port_file;
   const char* env_dir = std::getenv("INDEXERD_CONFIG_DIR");
   std::string config_dir = env_dir ? env_dir : indexer::DefaultConfigDir();
-  std::string check_config, metrics_listen, log_format = "text";
+  std::string check_config, metrics_listen, log_format = "text", memfd_socket;
   uint64_t cache_mb = 0;
   int threads = -1;
   int grace_ms = 10000;
@@ -85,6 +85,9 @@ int Run(int argc, char** argv) {
   app.add_option("--listen", listen,
                  "host:port to listen on (port 0 = any); default from config, else "
                  "127.0.0.1:50061");
+  app.add_option("--memfd-socket", memfd_socket,
+                 "Unix socket where local clients pass memfds for host regions; default from "
+                 "config, else <path>.fd for a unix:<path> listener, else none; \"off\" = none");
   app.add_option("--metrics-listen", metrics_listen,
                  "host:port for Prometheus metrics over HTTP (GET /metrics); default off");
   app.add_option("--device", device, "auto, cpu, gpu or gpu:N; default from config (auto)");
@@ -151,6 +154,7 @@ int Run(int argc, char** argv) {
     return 2;
   }
   if (!listen.empty()) cfg->set_listen(listen);
+  if (!memfd_socket.empty()) cfg->set_memfd_socket(memfd_socket);
   if (!device.empty()) cfg->set_device(device);
   if (cache_mb) cfg->set_cache_mb(cache_mb);
   if (threads >= 0) cfg->set_threads(static_cast<uint32_t>(threads));

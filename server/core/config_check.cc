@@ -45,6 +45,7 @@ absl::Status FillAndCheckLimits(config::ServerConfig* cfg) {
   RETURN_IF_ERROR(InRange("threads", cfg->threads(), 0, 4096));
   RETURN_IF_ERROR(InRange("max_seq_len", cfg->max_seq_len(), 0, uint64_t{1} << 30));
   RETURN_IF_ERROR(InRange("region_lease_ms", cfg->region_lease_ms(), 0, 86400000));
+  RETURN_IF_ERROR(InRange("memfd_token_ttl_ms", cfg->memfd_token_ttl_ms(), 0, 3600000));
   // Timers take milliseconds as an int (gRPC's keepalive arguments).
   RETURN_IF_ERROR(InRange("step_idle_ms", cfg->step_idle_ms(), 0, 86400000));
   RETURN_IF_ERROR(InRange("keepalive_ms", cfg->keepalive_ms(), 0, 86400000));

@@ -64,6 +64,18 @@ absl::Status RegionRegistry::CheckName(const std::string& name) const {
   return absl::OkStatus();
 }
 
+absl::Status RegionRegistry::CheckHost(const std::string& name, uint64_t offset,
+                                       uint64_t bytes) const {
+  RETURN_IF_ERROR(CheckName(name));
+  if (bytes == 0) return absl::InvalidArgumentError("host.bytes: expected >= 1, got 0");
+  const uint64_t page = static_cast<uint64_t>(sysconf(_SC_PAGESIZE));
+  if (offset % page != 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "host.offset: expected a multiple of the page size (", page, "), got ", offset));
+  }
+  return absl::OkStatus();
+}
+
 absl::StatusOr<uint64_t> RegionRegistry::RegisterHost(const std::string& owner,
                                                       const std::string& name,
                                                       const std::string& shm_name,
@@ -73,12 +85,7 @@ absl::StatusOr<uint64_t> RegionRegistry::RegisterHost(const std::string& owner,
     return absl::InvalidArgumentError(
         "host.shm_name: expected a shared-memory object name (\"/name\"), got \"\"");
   }
-  if (bytes == 0) return absl::InvalidArgumentError("host.bytes: expected >= 1, got 0");
-  const uint64_t page = static_cast<uint64_t>(sysconf(_SC_PAGESIZE));
-  if (offset % page != 0) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "host.offset: expected a multiple of the page size (", page, "), got ", offset));
-  }
+  RETURN_IF_ERROR(CheckHost(name, offset, bytes));
   const int fd = shm_open(shm_name.c_str(), O_RDWR, 0);
   if (fd < 0) {
     const int err = errno;
@@ -89,29 +96,47 @@ absl::StatusOr<uint64_t> RegionRegistry::RegisterHost(const std::string& owner,
     return absl::InvalidArgumentError(absl::StrCat(
         "host.shm_name: cannot open \"", shm_name, "\" read-write: ", std::strerror(err)));
   }
+  auto id = MapHost(owner, name, fd, offset, bytes, "the object's size",
+                    absl::StrCat("\"", shm_name, "\""), shm_name);
+  close(fd);  // the mapping keeps the object alive
+  return id;
+}
+
+absl::StatusOr<uint64_t> RegionRegistry::RegisterHostFd(const std::string& owner,
+                                                        const std::string& name, int fd,
+                                                        uint64_t offset, uint64_t bytes,
+                                                        const std::string& where) {
+  RETURN_IF_ERROR(CheckHost(name, offset, bytes));
+  return MapHost(owner, name, fd, offset, bytes, "the memfd's size", where, where);
+}
+
+absl::StatusOr<uint64_t> RegionRegistry::MapHost(const std::string& owner,
+                                                 const std::string& name, int fd,
+                                                 uint64_t offset, uint64_t bytes,
+                                                 const char* what, const std::string& of,
+                                                 const std::string& where) {
   struct stat st {};
   if (fstat(fd, &st) != 0) {
-    const int err = errno;
-    close(fd);
-    return absl::InternalError(absl::StrCat("host.shm_name: fstat of \"", shm_name,
-                                            "\" failed: ", std::strerror(err)));
+    return absl::InternalError(
+        absl::StrCat("host: fstat of ", where, " failed: ", std::strerror(errno)));
   }
   const uint64_t size = static_cast<uint64_t>(st.st_size);
-  if (offset > size || bytes > size - offset) {
-    close(fd);
+  const std::string limit = absl::StrCat(what, " (", size, " bytes of ", of, ")");
+  if (offset >= size) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("host.offset: expected < ", limit, ", got ", offset));
+  }
+  if (bytes > size - offset) {
     return absl::InvalidArgumentError(absl::StrCat(
-        "host.bytes: expected offset + bytes <= the object's size (", size, " bytes of \"",
-        shm_name, "\"), got ", offset, " + ", bytes));
+        "host.bytes: expected offset + bytes <= ", limit, ", got ", offset, " + ", bytes));
   }
   void* addr = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd,
                     static_cast<off_t>(offset));
-  const int map_err = errno;
-  close(fd);  // the mapping keeps the object alive
   if (addr == MAP_FAILED) {
-    return absl::ResourceExhaustedError(absl::StrCat(
-        "host: cannot map ", bytes, " bytes of \"", shm_name, "\": ", std::strerror(map_err)));
+    return absl::ResourceExhaustedError(absl::StrCat("host: cannot map ", bytes, " bytes of ",
+                                                     where, ": ", std::strerror(errno)));
   }
-  return Insert(owner, name, "host", shm_name, std::make_shared<HostMapping>(addr, bytes));
+  return Insert(owner, name, "host", where, std::make_shared<HostMapping>(addr, bytes));
 }
 
 absl::StatusOr<uint64_t> RegionRegistry::RegisterDevice(const std::string& owner,

@@ -109,6 +109,13 @@ class RegionRegistry {
   absl::StatusOr<uint64_t> RegisterHost(const std::string& owner, const std::string& name,
                                         const std::string& shm_name, uint64_t offset,
                                         uint64_t bytes);
+  // Maps [offset, offset + bytes) of the memfd `fd` (not taken: the caller
+  // closes it; the mapping keeps the memory) as a host region listed with
+  // `where` ("memfd:<name> (pid N)"). The same checks and errors as
+  // RegisterHost, naming host.offset and host.bytes ("the memfd's size").
+  absl::StatusOr<uint64_t> RegisterHostFd(const std::string& owner, const std::string& name,
+                                          int fd, uint64_t offset, uint64_t bytes,
+                                          const std::string& where);
   // Opens a device region through the backend (see Backend::OpenDeviceRegion).
   absl::StatusOr<uint64_t> RegisterDevice(const std::string& owner, const std::string& name,
                                           const DeviceRegionSpec& spec);
@@ -140,6 +147,13 @@ class RegionRegistry {
     int64_t last_use_ms = 0;
   };
   absl::Status CheckName(const std::string& name) const;
+  // The checks shared by both host forms (name, bytes, offset alignment).
+  absl::Status CheckHost(const std::string& name, uint64_t offset, uint64_t bytes) const;
+  // Maps an open descriptor of a host region; errors say "<what> (<size>
+  // bytes of <of>)".
+  absl::StatusOr<uint64_t> MapHost(const std::string& owner, const std::string& name, int fd,
+                                   uint64_t offset, uint64_t bytes, const char* what,
+                                   const std::string& of, const std::string& where);
   uint64_t Insert(const std::string& owner, const std::string& name, const char* kind,
                   const std::string& where, std::shared_ptr<const RegionMapping> mapping);
   // Drops expired regions; their mappings go once unpinned.

@@ -9,6 +9,7 @@
 #include "grpcpp/ext/proto_server_reflection_plugin.h"
 #include "grpcpp/health_check_service_interface.h"
 #include "server/rpc/credentials.h"
+#include "server/rpc/memfd_socket.h"
 #include "server/rpc/request_log.h"
 #include "server/rpc/service.h"
 #include "spdlog/spdlog.h"
@@ -29,6 +30,7 @@ void RunningServer::Shutdown(int grace_ms) {
   SetNotServing();
   server_->Shutdown(std::chrono::system_clock::now() + std::chrono::milliseconds(grace_ms));
   server_->Wait();
+  if (memfd_socket_) memfd_socket_->Stop();
   {
     absl::MutexLock lock(&mu_);
     stopping_ = true;
@@ -81,6 +83,16 @@ absl::StatusOr<std::unique_ptr<RunningServer>> StartServer(
     }
     if (handler && !raw->device_error_told_.exchange(true)) handler(s);
   });
+
+  const std::string memfd_path =
+      MemfdSocketPath(rs->engine_->model().config.memfd_socket(), listen);
+  if (!memfd_path.empty()) {
+    auto memfd = MemfdSocket::Start(memfd_path, &rs->service_->memfd_tokens());
+    if (!memfd.ok()) return memfd.status();
+    rs->memfd_socket_ = *std::move(memfd);
+    rs->service_->set_memfd_socket(memfd_path);
+    spdlog::info("memfd socket {} (host regions by memfd)", memfd_path);
+  }
 
   grpc::EnableDefaultHealthCheckService(true);
   // Reflection lists indexer.v1.Indexer and grpc.health.v1.Health and serves

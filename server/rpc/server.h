@@ -19,6 +19,7 @@ class Server;
 namespace indexer {
 
 class IndexerService;
+class MemfdSocket;
 
 class RunningServer {
  public:
@@ -49,6 +50,9 @@ class RunningServer {
   std::unique_ptr<Engine> engine_;
   std::unique_ptr<IndexerService> service_;
   std::unique_ptr<grpc::Server> server_;
+  // The memfd socket (config memfd_socket), when there is one. Declared
+  // after service_: it feeds the service's tokens and goes first.
+  std::unique_ptr<MemfdSocket> memfd_socket_;
   int port_ = 0;
   bool shut_down_ = false;
   // The idle-TTL sweep (Engine::ReleaseIdle), when the TTL is on.
@@ -60,7 +64,8 @@ class RunningServer {
   std::atomic<bool> device_error_told_{false};  // the handler runs at most once
 };
 
-// Starts serving `engine` on `listen` ("host:port"; port 0 picks one).
+// Starts serving `engine` on `listen` ("host:port"; port 0 picks one), and
+// the memfd socket the config names (MemfdSocketPath in memfd_socket.h).
 absl::StatusOr<std::unique_ptr<RunningServer>> StartServer(
     std::unique_ptr<Engine> engine, const std::string& listen);
 

@@ -22,6 +22,7 @@
 #include "server/rpc/idle_watch.h"
 #include "server/rpc/lifecycle_service.h"
 #include "server/rpc/log_safe.h"
+#include "server/rpc/peer_uid.h"
 #include "server/rpc/quota.h"
 #include "server/rpc/raw_codec.h"
 #include "server/rpc/reply_wire.h"
@@ -75,6 +76,7 @@ struct ServiceState {
   // The metadata key naming a plaintext client (credentials.h).
   std::string client_header;
   RegionRegistry regions;
+  MemfdTokens memfd_tokens;
   std::shared_ptr<ReplyBuffers> buffers;  // reply slices hold it too
   ClientQuotas quotas;
   RateLimiter rejection_log;  // repeated RESOURCE_EXHAUSTED: once a second
@@ -552,6 +554,7 @@ ServiceState::ServiceState(Engine* e, std::shared_ptr<ReplyBuffers> b)
       metrics(e->metrics()),
       client_header(ClientIdHeader(e->model().config)),
       regions(&e->backend(), e->model().config.region_lease_ms()),
+      memfd_tokens(e->model().config.memfd_token_ttl_ms()),
       buffers(std::move(b)),
       quotas(LimitsOf(e->model().config), GroupPages(*e), GroupNames(*e)),
       idle_watch(std::chrono::milliseconds(e->model().config.step_idle_ms())),
@@ -589,6 +592,10 @@ grpc::ServerUnaryReactor* IndexerService::GetServerInfo(grpc::CallbackServerCont
     resp->add_features(f);
   }
   if (engine_->backend().Kind() == "gpu") resp->add_features("device_regions");
+  if (!memfd_socket_.empty()) {
+    resp->add_features("host_regions_memfd");
+    resp->set_memfd_socket(memfd_socket_);
+  }
   const std::vector<GroupUsage> usage = engine_->Usage();
   for (size_t g = 0; g < m.groups.size(); ++g) {
     const GroupSpec& gs = m.groups[g];
@@ -709,6 +716,7 @@ grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer>* IndexerService::Ste
 }
 
 RegionRegistry& IndexerService::regions() { return state_->regions; }
+MemfdTokens& IndexerService::memfd_tokens() { return state_->memfd_tokens; }
 
 grpc::ServerUnaryReactor* IndexerService::ListSequences(grpc::CallbackServerContext* ctx,
                                                         const grpc::ByteBuffer* req,
@@ -719,6 +727,35 @@ grpc::ServerUnaryReactor* IndexerService::ListSequences(grpc::CallbackServerCont
 grpc::ServerWriteReactor<grpc::ByteBuffer>* IndexerService::ExportEntries(
     grpc::CallbackServerContext* ctx, const grpc::ByteBuffer* req) {
   return ServeExportEntries(engine_, &state_->executor, state_->Client(*ctx), ctx, req);
+}
+
+absl::StatusOr<uint64_t> IndexerService::RegisterMemfd(const grpc::CallbackServerContext& ctx,
+                                                       const std::string& owner,
+                                                       const std::string& name,
+                                                       const v1::HostRegion& h) {
+  if (!h.shm_name().empty()) {
+    return absl::InvalidArgumentError(
+        "host: expected one of shm_name and memfd_token, got both");
+  }
+  if (memfd_socket_.empty()) {
+    return absl::FailedPreconditionError(
+        "host.memfd_token: this daemon has no memfd socket (feature host_regions_memfd; "
+        "config memfd_socket)");
+  }
+  // The sender's uid must be the caller's where this host can tell the
+  // caller's (TCP from this host); a Unix-socket caller passed the socket
+  // file's mode; a caller from elsewhere cannot hold a memfd of this host.
+  const PeerUid peer = LookupPeerUid(ctx.peer());
+  if (peer.kind == PeerUid::kOther || (peer.kind == PeerUid::kTcp && !peer.uid.has_value())) {
+    return absl::PermissionDeniedError(absl::StrCat(
+        "host.memfd_token: memfds register only from a client on the daemon's host (the "
+        "caller, ", CapText(ctx.peer()), ", is not a socket of this host)"));
+  }
+  return state_->memfd_tokens.Redeem(
+      "host.memfd_token", h.memfd_token(), peer.uid, [&](const MemfdClaim& c) {
+        return state_->regions.RegisterHostFd(owner, name, c.fd, h.offset(), h.bytes(),
+                                              absl::StrCat(c.memfd_name, " (pid ", c.pid, ")"));
+      });
 }
 
 grpc::ServerUnaryReactor* IndexerService::RegisterRegion(grpc::CallbackServerContext* ctx,
@@ -733,7 +770,11 @@ grpc::ServerUnaryReactor* IndexerService::RegisterRegion(grpc::CallbackServerCon
   switch (req.kind_case()) {
     case v1::RegisterRegionRequest::kHost: {
       const v1::HostRegion& h = req.host();
-      id = regions.RegisterHost(owner, req.name(), h.shm_name(), h.offset(), h.bytes());
+      if (h.memfd_token().empty()) {
+        id = regions.RegisterHost(owner, req.name(), h.shm_name(), h.offset(), h.bytes());
+      } else {
+        id = RegisterMemfd(*ctx, owner, req.name(), h);
+      }
       break;
     }
     case v1::RegisterRegionRequest::kDevice: {

@@ -12,6 +12,7 @@
 
 #include "indexer/v1/indexer.grpc.pb.h"
 #include "server/core/engine.h"
+#include "server/core/memfd_tokens.h"
 #include "server/core/regions.h"
 
 namespace indexer {
@@ -79,6 +80,11 @@ class IndexerService final : public IndexerServiceBase {
                                                             const grpc::ByteBuffer* req) override;
 
   RegionRegistry& regions();
+  // Memfds passed over the memfd socket, waiting for RegisterRegion.
+  MemfdTokens& memfd_tokens();
+  // The memfd socket's path (ServerInfo.memfd_socket; feature
+  // "host_regions_memfd" when set). REQUIRES: called before serving.
+  void set_memfd_socket(std::string path) { memfd_socket_ = std::move(path); }
 
   // This process's instance id (32 random hex digits) and start time
   // (ServerInfo.instance_id, start_time_unix_ms).
@@ -89,9 +95,15 @@ class IndexerService final : public IndexerServiceBase {
   const ClientQuotas& quotas() const;
 
  private:
+  // RegisterRegion's host form with memfd_token.
+  absl::StatusOr<uint64_t> RegisterMemfd(const grpc::CallbackServerContext& ctx,
+                                         const std::string& owner, const std::string& name,
+                                         const v1::HostRegion& h);
+
   Engine* engine_;
   const std::string instance_id_;
   const int64_t start_time_unix_ms_;
+  std::string memfd_socket_;
   std::unique_ptr<ServiceState> state_;
 };
 

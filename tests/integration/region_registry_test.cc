@@ -1,9 +1,14 @@
 // RegionRegistry without a transport: ownership, the checks of a lookup,
 // the lease on an injected clock, and the deferred unmap of a pinned region
-// (observed in /proc/self/maps).
+// (observed in /proc/self/maps); MemfdTokens: its limits, the TTL on an
+// injected clock, single use, and the shrink seal it adds.
 #include "server/core/regions.h"
 
+#include <fcntl.h>
+#include <sys/mman.h>
 #include <unistd.h>
+
+#include <cerrno>
 
 #include <fstream>
 #include <memory>
@@ -13,6 +18,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "kernels/cpu/cpu_backend.h"
+#include "server/core/memfd_tokens.h"
 
 namespace indexer {
 namespace {
@@ -185,6 +191,98 @@ TEST_F(RegistryTest, PinnedRegionOutlivesUnregisterAndExpiry) {
 TEST_F(RegistryTest, DefaultLease) {
   RegionRegistry r(nullptr, 0);
   EXPECT_EQ(r.lease_ms(), 300000u);
+}
+
+// A sealable memfd of 4096 bytes; the caller owns the descriptor.
+int NewMemfd() {
+  const int fd = memfd_create("registry-test", MFD_CLOEXEC | MFD_ALLOW_SEALING);
+  EXPECT_GE(fd, 0);
+  EXPECT_EQ(ftruncate(fd, 4096), 0);
+  return fd;
+}
+
+absl::StatusOr<uint64_t> Accept(const MemfdClaim&) { return 7; }
+
+TEST(MemfdTokensTest, BoundedPerUidAndInAll) {
+  int64_t now = 0;
+  MemfdTokens tokens(1000, [&] { return now; });
+  for (size_t i = 0; i < MemfdTokens::kMaxTokensPerUid; ++i) {
+    ASSERT_TRUE(tokens.Issue(NewMemfd(), 1, 100).ok());
+  }
+  const int refused = NewMemfd();
+  const int mine = dup(refused);
+  auto over = tokens.Issue(refused, 1, 100);
+  EXPECT_EQ(over.status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_THAT(std::string(over.status().message()), HasSubstr("(64 for this uid)"));
+  EXPECT_FALSE(fcntl(mine, F_GET_SEALS) & F_SEAL_SHRINK);  // a refusal changes nothing
+  close(mine);
+  for (uint32_t uid = 2; tokens.size() < MemfdTokens::kMaxTokens; ++uid) {
+    ASSERT_TRUE(tokens.Issue(NewMemfd(), uid, 100).ok());
+  }
+  over = tokens.Issue(NewMemfd(), 999, 100);
+  EXPECT_EQ(over.status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_THAT(std::string(over.status().message()), HasSubstr("(256)"));
+  // The TTL frees every slot.
+  now = 1000;
+  tokens.Expire();
+  EXPECT_EQ(tokens.size(), 0u);
+  EXPECT_TRUE(tokens.Issue(NewMemfd(), 1, 100).ok());
+}
+
+TEST(MemfdTokensTest, SingleUseAndAFailedUseKeepsTheToken) {
+  int64_t now = 0;
+  MemfdTokens tokens(1000, [&] { return now; });
+  const int fd = NewMemfd();
+  auto token = tokens.Issue(fd, 5, 100);
+  ASSERT_TRUE(token.ok()) << token.status();
+  EXPECT_EQ(token->size(), 32u);
+  auto refused = tokens.Redeem("host.memfd_token", *token, 5, [](const MemfdClaim&) {
+    return absl::StatusOr<uint64_t>(absl::InvalidArgumentError("host.bytes: too many"));
+  });
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kInvalidArgument);
+  auto other = tokens.Redeem("host.memfd_token", *token, 6, Accept);
+  EXPECT_EQ(other.status().code(), absl::StatusCode::kPermissionDenied);
+  EXPECT_EQ(tokens.size(), 1u);
+  EXPECT_EQ(fcntl(fd, F_GETFD), FD_CLOEXEC);  // still held
+  // Unknown caller uid (a Unix-socket caller): the token alone decides.
+  int seen_pid = 0;
+  auto used = tokens.Redeem("host.memfd_token", *token, std::nullopt,
+                            [&](const MemfdClaim& c) -> absl::StatusOr<uint64_t> {
+                              seen_pid = c.pid;
+                              EXPECT_EQ(c.fd, fd);
+                              EXPECT_EQ(c.uid, 5u);
+                              EXPECT_THAT(c.memfd_name, HasSubstr("memfd:registry-test"));
+                              return 7;
+                            });
+  ASSERT_TRUE(used.ok()) << used.status();
+  EXPECT_EQ(*used, 7u);
+  EXPECT_EQ(seen_pid, 100);
+  EXPECT_EQ(fcntl(fd, F_GETFD), -1);  // closed once redeemed
+  EXPECT_EQ(tokens.size(), 0u);
+  auto again = tokens.Redeem("host.memfd_token", *token, 5, Accept);
+  EXPECT_EQ(again.status().code(), absl::StatusCode::kNotFound);
+  EXPECT_THAT(std::string(again.status().message()), HasSubstr("already used"));
+  // An expired one says so.
+  auto late = tokens.Issue(NewMemfd(), 5, 100);
+  ASSERT_TRUE(late.ok());
+  now = 1000;
+  auto expired = tokens.Redeem("host.memfd_token", *late, 5, Accept);
+  EXPECT_EQ(expired.status().code(), absl::StatusCode::kNotFound);
+  EXPECT_THAT(std::string(expired.status().message()), HasSubstr("token expired"));
+}
+
+// The sender can no longer shrink the memory the daemon maps (a SIGBUS in
+// the daemon otherwise); growing stays allowed.
+TEST(MemfdTokensTest, SealsTheMemfdAgainstShrinking) {
+  MemfdTokens tokens(1000);
+  const int fd = NewMemfd();
+  const int mine = dup(fd);
+  ASSERT_TRUE(tokens.Issue(fd, 0, 1).ok());
+  EXPECT_TRUE(fcntl(mine, F_GET_SEALS) & F_SEAL_SHRINK);
+  EXPECT_EQ(ftruncate(mine, 1024), -1);
+  EXPECT_EQ(errno, EPERM);
+  EXPECT_EQ(ftruncate(mine, 8192), 0);
+  close(mine);
 }
 
 }  // namespace

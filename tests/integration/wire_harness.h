@@ -61,6 +61,7 @@ class Daemon {
     client_ = *std::move(c);
   }
   Engine& engine() { return server_->engine(); }
+  IndexerService& service() { return server_->service(); }
   IndexerClient& client() { return *client_; }
   void Shutdown(int grace_ms) { server_->Shutdown(grace_ms); }
   const std::vector<TestLayer>& layers() const { return layers_; }

@@ -225,6 +225,19 @@ class IndexerClient {
   // of the page size.
   absl::StatusOr<v1::RegisterRegionResponse> RegisterHostRegion(
       const std::string& name, const std::string& shm_name, uint64_t offset, uint64_t bytes);
+  // A memfd of this process (e.g. MemfdRegion::fd()) as a host region: the
+  // descriptor goes over the daemon's memfd socket (`socket_path`; "" = the
+  // one ServerInfo.memfd_socket names, FAILED_PRECONDITION when the daemon
+  // has none) and the token it answers is registered at once. The daemon
+  // must run on this host; it seals the memfd against shrinking.
+  absl::StatusOr<v1::RegisterRegionResponse> RegisterMemfdRegion(
+      const std::string& name, int fd, uint64_t offset, uint64_t bytes,
+      const std::string& socket_path = "");
+  // The second half of RegisterMemfdRegion: the host form by a token that
+  // SendMemfd returned.
+  absl::StatusOr<v1::RegisterRegionResponse> RegisterMemfdToken(const std::string& name,
+                                                                const std::string& token,
+                                                                uint64_t offset, uint64_t bytes);
   // GPU memory exported with cudaIpcGetMemHandle / hipIpcGetMemHandle:
   // `ipc_handle` its bytes, the device named by its UUID ("GPU-...") or,
   // when that is empty, its PCI bus id.
@@ -250,6 +263,39 @@ class IndexerClient {
 };
 
 // ----------------------------------------------------------------- helpers --
+
+// Anonymous shared memory for host regions: a memfd (memfd_create with
+// MFD_CLOEXEC | MFD_ALLOW_SEALING) of `bytes`, mapped read-write. Nothing to
+// unlink: the memory goes when this process and the daemon have both let go
+// (the daemon when the region is unregistered or its lease ends). Move-only;
+// the destructor unmaps and closes.
+class MemfdRegion {
+ public:
+  // `name` shows in /proc/<pid>/maps and the daemon's ListRegions ("memfd:name").
+  static absl::StatusOr<MemfdRegion> Create(const std::string& name, size_t bytes);
+  MemfdRegion() = default;
+  MemfdRegion(MemfdRegion&& o) noexcept;
+  MemfdRegion& operator=(MemfdRegion&& o) noexcept;
+  MemfdRegion(const MemfdRegion&) = delete;
+  MemfdRegion& operator=(const MemfdRegion&) = delete;
+  ~MemfdRegion();
+
+  int fd() const { return fd_; }
+  uint8_t* data() const { return data_; }
+  size_t size() const { return bytes_; }
+
+ private:
+  void Reset();
+  int fd_ = -1;
+  uint8_t* data_ = nullptr;
+  size_t bytes_ = 0;
+};
+
+// Passes `fd` over the daemon's memfd socket at `socket_path` (the wire in
+// indexer.proto, HostRegion) and returns the token it answered: single-use,
+// valid for the daemon's memfd_token_ttl_ms. The daemon's refusals come
+// back as INVALID_ARGUMENT (RESOURCE_EXHAUSTED for its limits) with its text.
+absl::StatusOr<std::string> SendMemfd(const std::string& socket_path, int fd);
 
 // Process-wide glibc malloc settings for large messages (the ones indexerd
 // uses): allocations up to 32 MiB stay off mmap and up to 64 MiB of freed

@@ -14,7 +14,8 @@ import numpy as np
 
 from ._pb import indexer_pb2 as pb
 from ._pb import indexer_pb2_grpc as pb_grpc
-from .errors import StepClosedError, TensorError
+from .errors import RegionError, StepClosedError, TensorError
+from .regions import send_memfd
 from .tensors import from_tensor, to_tensor
 
 CLIENT_ID_HEADER = "x-indexer-client"
@@ -316,6 +317,26 @@ class Client:
             name=name, host=pb.HostRegion(shm_name=shm_name, offset=offset, bytes=nbytes))
         resp = self._unary(self.stub.RegisterRegion, req)
         return resp.region, resp.lease_ms
+
+    def register_memfd_token(self, name, token, nbytes, offset=0):
+        """Registers [offset, offset + nbytes) of the memfd that `token` (from
+        send_memfd) names; returns (region id, lease_ms)."""
+        req = pb.RegisterRegionRequest(
+            name=name, host=pb.HostRegion(memfd_token=token, offset=offset, bytes=nbytes))
+        resp = self._unary(self.stub.RegisterRegion, req)
+        return resp.region, resp.lease_ms
+
+    def register_memfd_region(self, name, fd, nbytes, offset=0, socket_path=None):
+        """Passes memfd `fd` over the daemon's memfd socket (socket_path, by
+        default the one ServerInfo names) and registers it; returns (region
+        id, lease_ms). RegionError when the daemon has no memfd socket or
+        refuses the descriptor."""
+        if socket_path is None:
+            socket_path = self.server_info().memfd_socket
+            if not socket_path:
+                raise RegionError(f"{self.addr}: the daemon has no memfd socket (feature "
+                                  "host_regions_memfd)")
+        return self.register_memfd_token(name, send_memfd(socket_path, fd), nbytes, offset)
 
     def register_device_region(self, name, ipc_handle, nbytes, offset=0, device_uuid="",
                                pci_bus_id=""):

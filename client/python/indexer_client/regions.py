@@ -1,7 +1,9 @@
 """Registered regions (SPEC §6 data plane): tensors by reference.
 
 HostRegion: a POSIX shared-memory object (multiprocessing.shared_memory)
-that the daemon maps. DeviceRegion: GPU memory of a torch CUDA tensor,
+that the daemon maps. MemfdRegion: anonymous memory (os.memfd_create) whose
+descriptor goes to the daemon over its memfd socket (send_memfd; feature
+"host_regions_memfd"), nothing to name or unlink. DeviceRegion: GPU memory of a torch CUDA tensor,
 exported with cuIpcGetMemHandle (cuda_ipc.py). Both carry an Arena that packs
 the tensors of a layer at 16-byte-aligned offsets, and make Tensor /
 TensorRef messages that refer to them.
@@ -15,7 +17,10 @@ request that reads it is in flight.
 Importing this module never imports torch; DeviceRegion does, when used.
 """
 
+import mmap
+import os
 import secrets
+import socket
 from multiprocessing import shared_memory
 
 import numpy as np
@@ -24,6 +29,29 @@ from .errors import RegionError
 from .tensors import _CARRIER, dtype_name, nbytes, ref_tensor, tensor_ref
 
 ALIGN = 16
+
+# The memfd socket's wire (proto/memfd_wire.h): one SOCK_SEQPACKET message of
+# these bytes with exactly one descriptor; the reply is "ok <token> <ttl_ms>"
+# or "error <message>".
+MEMFD_HELLO = b"indexer.memfd.v1"
+
+
+def send_memfd(socket_path, fd, timeout=10.0):
+    """Passes memfd `fd` over the daemon's memfd socket (SCM_RIGHTS) and
+    returns the token it answered (single-use, valid for the daemon's
+    memfd_token_ttl_ms), for Client.register_memfd_token. RegionError with
+    the daemon's text when it refuses the descriptor."""
+    with socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET) as s:
+        s.settimeout(timeout)
+        s.connect(socket_path)
+        socket.send_fds(s, [MEMFD_HELLO], [fd])
+        reply = s.recv(1024).decode("utf-8", "replace")
+    parts = reply.split(" ")
+    if len(parts) == 3 and parts[0] == "ok" and len(parts[1]) == 32:
+        return parts[1]
+    if reply.startswith("error "):
+        raise RegionError(f"memfd socket {socket_path}: {reply[6:]}")
+    raise RegionError(f"memfd socket {socket_path}: unexpected reply {reply[:64]!r}")
 
 
 def align_up(n, a=ALIGN):
@@ -84,41 +112,14 @@ class _Region:
         return tensor_ref(self.region, offset, n)
 
 
-class HostRegion(_Region):
-    """A shared-memory region registered with the daemon.
-
-    HostRegion(client, nbytes, name=None) creates the shared-memory object,
-    registers it and owns both: close() unregisters (when registered) and
-    unlinks. Use as a context manager. The daemon must run on this host.
-    """
-
-    def __init__(self, client, nbytes_, name=None):
-        self.client = client
-        self.name = name or f"py-{secrets.token_hex(4)}"
-        self.nbytes = int(nbytes_)
-        self.shm = shared_memory.SharedMemory(create=True, size=self.nbytes,
-                                              name=f"idx-{secrets.token_hex(8)}")
-        self.shm_name = "/" + self.shm.name  # shm_open's name
-        self.arena = Arena(self.nbytes)
-        try:
-            self.region, self.lease_ms = client.register_host_region(
-                self.name, self.shm_name, self.nbytes)
-        except BaseException:
-            self._release_shm()
-            raise
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        self.close()
-        return False
+class _HostArrays:
+    """numpy views of host memory (self._buf()) for host-region helpers."""
 
     def array(self, offset, dtype, shape):
         """A numpy view of the region: shape x the carrier of wire dtype."""
         carrier = _CARRIER[dtype]
         self._check(offset, nbytes(dtype, shape))
-        return np.ndarray(tuple(shape), dtype=carrier, buffer=self.shm.buf, offset=offset)
+        return np.ndarray(tuple(shape), dtype=carrier, buffer=self._buf(), offset=offset)
 
     def put(self, array, dtype, offset=None):
         """Copies array into the region (at offset, or the arena's next slot)
@@ -145,6 +146,87 @@ class HostRegion(_Region):
         if self.region is not None:
             region, self.region = self.region, None
             self.client.unregister_region(region)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+        return False
+
+
+class MemfdRegion(_HostArrays, _Region):
+    """Anonymous host memory registered with the daemon by descriptor.
+
+    MemfdRegion(client, nbytes, name=None, socket_path=None) creates a memfd
+    (MFD_CLOEXEC | MFD_ALLOW_SEALING; the daemon seals it against shrinking),
+    maps it, passes it over the daemon's memfd socket (socket_path, default
+    ServerInfo.memfd_socket) and registers the token. close() unregisters
+    and unmaps; the memory goes once the daemon has let go too. The daemon
+    must run on this host and list the feature "host_regions_memfd".
+    """
+
+    def __init__(self, client, nbytes_, name=None, socket_path=None):
+        self.client = client
+        self.name = name or f"py-memfd-{secrets.token_hex(4)}"
+        self.nbytes = int(nbytes_)
+        self.arena = Arena(self.nbytes)
+        self.fd = os.memfd_create(self.name, os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
+        try:
+            os.ftruncate(self.fd, self.nbytes)
+            self.mm = mmap.mmap(self.fd, self.nbytes)
+            self.region, self.lease_ms = client.register_memfd_region(
+                self.name, self.fd, self.nbytes, socket_path=socket_path)
+        except BaseException:
+            self._release()
+            raise
+
+    def _buf(self):
+        return self.mm
+
+    def _release(self):
+        mm, self.mm = getattr(self, "mm", None), None
+        if mm is not None:
+            try:
+                mm.close()
+            except BufferError:
+                pass  # numpy views still use it: unmapped when they go
+        if self.fd is not None:
+            fd, self.fd = self.fd, None
+            os.close(fd)
+
+    def close(self):
+        try:
+            self.unregister()
+        finally:
+            self._release()
+
+
+class HostRegion(_HostArrays, _Region):
+    """A shared-memory region registered with the daemon.
+
+    HostRegion(client, nbytes, name=None) creates the shared-memory object,
+    registers it and owns both: close() unregisters (when registered) and
+    unlinks. Use as a context manager. The daemon must run on this host.
+    """
+
+    def __init__(self, client, nbytes_, name=None):
+        self.client = client
+        self.name = name or f"py-{secrets.token_hex(4)}"
+        self.nbytes = int(nbytes_)
+        self.shm = shared_memory.SharedMemory(create=True, size=self.nbytes,
+                                              name=f"idx-{secrets.token_hex(8)}")
+        self.shm_name = "/" + self.shm.name  # shm_open's name
+        self.arena = Arena(self.nbytes)
+        try:
+            self.region, self.lease_ms = client.register_host_region(
+                self.name, self.shm_name, self.nbytes)
+        except BaseException:
+            self._release_shm()
+            raise
+
+    def _buf(self):
+        return self.shm.buf
 
     def _release_shm(self):
         if self.shm is not None:

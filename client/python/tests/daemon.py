@@ -1,5 +1,6 @@
 """Starts indexerd for the Python client tests: the cpu backend on
-127.0.0.1:0, the port read from --port-file (polled with a deadline)."""
+127.0.0.1:0, the port read from --port-file (polled with a deadline), and a
+memfd socket in its temporary directory (self.memfd_socket)."""
 
 import os
 import pathlib
@@ -19,12 +20,14 @@ class Daemon:
     def __init__(self, profile="demo", extra=()):
         self.dir = tempfile.TemporaryDirectory(prefix="indexerd-py-")
         port_file = pathlib.Path(self.dir.name) / "port"
+        self.memfd_socket = str(pathlib.Path(self.dir.name) / "memfd.sock")
         self.log = open(pathlib.Path(self.dir.name) / "log", "w+")
         self.proc = subprocess.Popen(
             [indexerd_path(), "--profile", profile, "--device", "cpu", "--threads", "2",
              "--listen", "127.0.0.1:0", "--port-file", str(port_file), "--log-level", "warn",
              # No router watches these daemons: stop at once on SIGTERM.
              "--drain-delay-ms", "0",
+             "--memfd-socket", self.memfd_socket,
              *extra],
             stdout=self.log, stderr=subprocess.STDOUT)
         deadline = time.monotonic() + 60

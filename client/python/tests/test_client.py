@@ -7,6 +7,8 @@ ctest runs it as python_client_test.
 """
 
 import itertools
+import os
+import socket
 import unittest
 
 import grpc
@@ -442,6 +444,115 @@ class HostRegionTest(ClientTestBase):
             self.client.register_host_region("py-missing", "/idx-does-not-exist-7f3a", 4096)
         self.assertEqual(cm.exception.code(), grpc.StatusCode.NOT_FOUND)
         self.assertIn("shm_name", cm.exception.details())
+
+
+class MemfdRegionTest(ClientTestBase):
+    """Host regions by memfd (os.memfd_create passed with socket.send_fds
+    over the daemon's memfd socket). They run when the daemon lists the
+    feature "host_regions_memfd"."""
+
+    def setUp(self):
+        super().setUp()
+        if "host_regions_memfd" not in self.info.features:
+            self.skipTest("the daemon does not list the feature host_regions_memfd")
+        self.assertEqual(self.info.memfd_socket, _daemon.memfd_socket)
+
+    def memfd(self, nbytes, sealable=True):
+        flags = os.MFD_CLOEXEC | (os.MFD_ALLOW_SEALING if sealable else 0)
+        fd = os.memfd_create("py-test", flags)
+        self.addCleanup(os.close, fd)
+        os.ftruncate(fd, nbytes)
+        return fd
+
+    def test_every_layer_by_reference_matches_shm_and_reference(self):
+        """The same workload (same seed) through a memfd region and a
+        shared-memory region: each checked against the reference, and the
+        top-k of both identical."""
+        results = []
+        for make in (lambda: ic.MemfdRegion(self.client, 1 << 24, name="py-test-memfd"),
+                     lambda: ic.HostRegion(self.client, 1 << 24, name="py-test-shm")):
+            region = make()
+            self.addCleanup(region.close)
+            wl = Workload(self.info, seed=31)
+            ids = fresh_ids(16)
+            send = _host_transport(region)
+            topk = []
+
+            def keep(step, layer, args, send=send, topk=topk):
+                res, out = send(step, layer, args)
+                topk.append(out)
+                return res, out
+
+            self.run_step(wl, [(i, 8 + 5 * n) for n, i in enumerate(ids)], create=True,
+                          transport=keep)
+            for q_len in (1, 2):
+                self.run_step(wl, [(i, q_len) for i in ids], create=False, transport=keep)
+            results.append(topk)
+            if isinstance(region, ic.MemfdRegion):
+                mine = {r.region: r for r in self.client.list_regions()}[region.region]
+                self.assertEqual((mine.name, mine.kind, mine.bytes),
+                                 ("py-test-memfd", "host", 1 << 24))
+                self.assertTrue(mine.where.startswith(f"memfd:py-test-memfd (pid {os.getpid()})"),
+                                mine.where)
+            region.close()
+        self.assertEqual(len(results[0]), len(results[1]))
+        for a, b in zip(*results):
+            np.testing.assert_array_equal(a, b)
+
+    def test_bad_tokens_and_spans(self):
+        cases = [
+            ("0" * 32, 4096, 0, grpc.StatusCode.NOT_FOUND, "host.memfd_token: unknown token"),
+            ("nope", 4096, 0, grpc.StatusCode.INVALID_ARGUMENT, "host.memfd_token: expected 32"),
+        ]
+        for token, n, off, code, text in cases:
+            with self.subTest(token), self.assertRaises(grpc.RpcError) as cm:
+                self.client.register_memfd_token("bad", token, n, offset=off)
+            self.assertEqual(cm.exception.code(), code)
+            self.assertIn(text, cm.exception.details())
+        token = ic.send_memfd(_daemon.memfd_socket, self.memfd(4096))
+        for n, off, text in ((8192, 0, "host.bytes: expected offset + bytes <= the memfd's size "
+                                       "(4096 bytes"),
+                             (16, 8192, "host.offset: expected < the memfd's size")):
+            with self.subTest(n=n, off=off), self.assertRaises(grpc.RpcError) as cm:
+                self.client.register_memfd_token("small", token, n, offset=off)
+            self.assertEqual(cm.exception.code(), grpc.StatusCode.INVALID_ARGUMENT)
+            self.assertIn(text, cm.exception.details())
+        # Refusals change nothing: the token still registers, once.
+        region, _ = self.client.register_memfd_token("ok", token, 4096)
+        self.addCleanup(self.client.unregister_region, region)
+        with self.assertRaises(grpc.RpcError) as cm:
+            self.client.register_memfd_token("again", token, 4096)
+        self.assertEqual(cm.exception.code(), grpc.StatusCode.NOT_FOUND)
+        self.assertIn("already used", cm.exception.details())
+
+    def test_socket_refuses_what_is_no_single_memfd(self):
+        fd = self.memfd(4096)
+        r, w = os.pipe()
+        self.addCleanup(os.close, r)
+        self.addCleanup(os.close, w)
+        with self.assertRaisesRegex(ic.RegionError, "expected a memfd .memfd_create., got a pipe"):
+            ic.send_memfd(_daemon.memfd_socket, r)
+        with self.assertRaisesRegex(ic.RegionError, "can be sealed against shrinking"):
+            ic.send_memfd(_daemon.memfd_socket, self.memfd(4096, sealable=False))
+
+        def exchange(payload, fds):
+            with socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET) as s:
+                s.settimeout(10)
+                s.connect(_daemon.memfd_socket)
+                socket.send_fds(s, [payload], fds)
+                reply = s.recv(1024).decode()
+                self.assertEqual(s.recv(1024), b"")  # dropped after an error
+                return reply
+
+        self.assertEqual(exchange(ic.regions.MEMFD_HELLO, []),
+                         "error fds: expected exactly one descriptor (SCM_RIGHTS), got 0")
+        self.assertEqual(exchange(ic.regions.MEMFD_HELLO, [fd, fd]),
+                         "error fds: expected exactly one descriptor (SCM_RIGHTS), got 2")
+        self.assertTrue(exchange(b"garbage", [fd]).startswith("error message: expected the 16 "
+                                                            "bytes"))
+        # Still serving.
+        with ic.MemfdRegion(self.client, 4096) as region:
+            self.assertIn(region.region, [r.region for r in self.client.list_regions()])
 
 
 class RegionsAbsentTest(ClientTestBase):

@@ -269,17 +269,19 @@ __global__ void __launch_bounds__(kPathThreads) BlockScoresKernel(const BlockSco
 
 // ---- block top-k --------------------------------------------------------------
 // Warp (h, r): the top `topk` of the row's `causal` scores. Their order keys
-// (larger float -> larger key) stay in registers, kBtSlots per lane; the
-// threshold T (the topk-th largest key) is found bit by bit from the top,
-// counting keys >= a candidate with ballots; then every key > T and the
-// first keys == T (index order) up to topk are written.
-constexpr int kBtSlots = 32;
+// (larger float -> larger key) stay in registers, kSlots per lane (a
+// template constant: every loop unrolls with no branch around a ballot);
+// the threshold T (the topk-th largest key) is found bit by bit from the
+// top, counting keys >= a candidate with ballots; then every key > T and
+// the first keys == T (index order) up to topk are written.
+constexpr int kBtMaxSlots = 32;
 
 __device__ __forceinline__ uint32_t OrderKey(float x) {
   const uint32_t u = __float_as_uint(x);
   return (u & 0x80000000u) != 0u ? ~u : (u | 0x80000000u);
 }
 
+template <int kSlots>
 __global__ void __launch_bounds__(kPathThreads) BlockTopkKernel(const BlockTopkParams p) {
   const int64_t item = static_cast<int64_t>(blockIdx.x) * kPathWarps + WarpId();  // h * rows + r
   if (item >= static_cast<int64_t>(p.num_heads) * p.num_rows) return;  // whole warps
@@ -291,12 +293,11 @@ __global__ void __launch_bounds__(kPathThreads) BlockTopkKernel(const BlockTopkP
     return;
   }
   const float* row = p.scores + item * p.width;
-  const int32_t active = CeilDivD(causal, kWarpSize);
-  uint32_t key[kBtSlots];
+  uint32_t key[kSlots];
 #pragma unroll
-  for (int s = 0; s < kBtSlots; ++s) {
+  for (int s = 0; s < kSlots; ++s) {
     const int32_t i = s * kWarpSize + lane;
-    key[s] = s < active && i < causal ? OrderKey(row[i]) : 0u;  // 0: below every real key
+    key[s] = i < causal ? OrderKey(row[i]) : 0u;  // 0: below every real key
   }
   uint32_t thr = 0;
 #pragma unroll 1
@@ -304,42 +305,48 @@ __global__ void __launch_bounds__(kPathThreads) BlockTopkKernel(const BlockTopkP
     const uint32_t cand = thr | (1u << bit);
     int32_t cnt = 0;
 #pragma unroll
-    for (int s = 0; s < kBtSlots; ++s) {
-      if (s < active) cnt += PopCount64(Ballot(key[s] >= cand));
-    }
-    if (cnt >= k) thr = cand;
+    for (int s = 0; s < kSlots; ++s) cnt += PopCount64(Ballot(key[s] >= cand));
+    thr = cnt >= k ? cand : thr;
   }
   // thr >= 1: more than k real keys are >= 1, so no padding key is chosen.
   const uint64_t below = LanesBelow();
   int32_t pos = 0;
 #pragma unroll
-  for (int s = 0; s < kBtSlots; ++s) {
-    if (s < active) {
-      const uint64_t m = Ballot(key[s] > thr);
-      if (key[s] > thr) out[pos + PopCount64(m & below)] = s * kWarpSize + lane;
-      pos += PopCount64(m);
-    }
+  for (int s = 0; s < kSlots; ++s) {
+    const bool gt = key[s] > thr;
+    const uint64_t m = Ballot(gt);
+    if (gt) out[pos + PopCount64(m & below)] = s * kWarpSize + lane;
+    pos += PopCount64(m);
   }
 #pragma unroll
-  for (int s = 0; s < kBtSlots; ++s) {
-    if (s < active && pos < k) {
-      const uint64_t m = Ballot(key[s] == thr);
-      const int32_t rank = PopCount64(m & below);
-      if (key[s] == thr && pos + rank < k) out[pos + rank] = s * kWarpSize + lane;
-      pos = min(k, pos + PopCount64(m));
-    }
+  for (int s = 0; s < kSlots; ++s) {
+    const bool eq = key[s] == thr;
+    const uint64_t m = Ballot(eq);
+    const int32_t rank = PopCount64(m & below);
+    if (eq && pos + rank < k) out[pos + rank] = s * kWarpSize + lane;
+    pos = min(k, pos + PopCount64(m));
   }
 }
 
 }  // namespace
 
-int32_t BlockTopkMaxWidth() { return kBtSlots * kWarpSize; }
+int32_t BlockTopkMaxWidth() { return kBtMaxSlots * kWarpSize; }
 
 absl::Status LaunchBlockTopk(const BlockTopkParams& p, Stream stream) {
   const int64_t items = static_cast<int64_t>(p.num_heads) * p.num_rows;
   if (items == 0 || p.topk == 0) return absl::OkStatus();
-  const int64_t blocks = (items + kPathWarps - 1) / kPathWarps;
-  GPU_LAUNCH(BlockTopkKernel, static_cast<unsigned>(blocks), kPathThreads, 0, stream, p);
+  if (p.width > BlockTopkMaxWidth()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "block top-k width: expected at most ", BlockTopkMaxWidth(), " blocks, got ", p.width));
+  }
+  const unsigned blocks = static_cast<unsigned>((items + kPathWarps - 1) / kPathWarps);
+  if (p.width <= 8 * kWarpSize) {
+    GPU_LAUNCH(BlockTopkKernel<8>, blocks, kPathThreads, 0, stream, p);
+  } else if (p.width <= 16 * kWarpSize) {
+    GPU_LAUNCH(BlockTopkKernel<16>, blocks, kPathThreads, 0, stream, p);
+  } else {
+    GPU_LAUNCH(BlockTopkKernel<kBtMaxSlots>, blocks, kPathThreads, 0, stream, p);
+  }
   return absl::OkStatus();
 }
 

@@ -34,6 +34,7 @@
 #include "kernels/gpu/gpu_compat.h"  // first: the runtime defines __device__ & co.
 
 #include <algorithm>
+#include <cstdlib>
 
 #include "absl/strings/str_cat.h"
 #include "kernels/format/fp8.h"
@@ -47,32 +48,35 @@ namespace indexer {
 namespace gpu {
 namespace {
 
-constexpr int kSwWarps = 4;
-constexpr int kSwThreads = kSwWarps * 32;
-constexpr int kSwStages = 3;           // pages per warp ring: 2 in flight + 1 scored
-constexpr int kSwCtasPerSm = 2;
+// Launch shapes {warps per CTA, ring pages per warp, CTAs per SM}: all
+// within the 227 KiB of shared memory an SM offers at 128-entry pages.
+// Chosen by env INDEXER_GPU_BLOCK_STREAM (0, 1, 2; default 0) to compare
+// them on the device.
+struct SwShape {
+  int warps, stages, ctas_per_sm;
+};
+constexpr SwShape kSwShapes[] = {{4, 3, 2}, {5, 2, 2}, {11, 2, 1}};
 constexpr int kSwDim = 128;            // D
 constexpr int kSwMaxEntries = 128;     // E (one page's scales staged as float4)
 constexpr int kSwMaxHeads = 8;         // two n8 tiles
 constexpr float kSwInitSentinel = 1e30f;   // as BlockScoresKernel
 constexpr float kSwLocalSentinel = 1e29f;
 static_assert(kSwDim == 4 * kMxBlock, "four MXFP4 blocks of 32 per entry");
-static_assert(kSwStages >= 2, "one page scored while the next arrives");
 
 // Shared memory of one warp: its page ring, the scored page's scales as
 // floats, one mbarrier per ring slot.
 struct SwWarpSmem {
   int64_t page_stride;  // page bytes rounded up to 128
   int64_t scales_at;    // float4 [E rounded up to 16]
-  int64_t bars_at;      // uint64 [kSwStages]
+  int64_t bars_at;      // uint64 [stages]
   int64_t bytes;        // the warp's share, a multiple of 128
 };
-__host__ __device__ inline SwWarpSmem SwSmemOf(int64_t page_bytes, int32_t page_entries) {
+__host__ __device__ inline SwWarpSmem SwSmemOf(int64_t page_bytes, int32_t page_entries, int stages) {
   SwWarpSmem s;
   s.page_stride = (page_bytes + 127) / 128 * 128;
-  s.scales_at = kSwStages * s.page_stride;
+  s.scales_at = stages * s.page_stride;
   s.bars_at = s.scales_at + static_cast<int64_t>((page_entries + 15) / 16 * 16) * 16;
-  s.bytes = (s.bars_at + 8 * kSwStages + 127) / 128 * 128;
+  s.bytes = (s.bars_at + 8 * stages + 127) / 128 * 128;
   return s;
 }
 
@@ -89,6 +93,7 @@ struct SwCursor {
   int32_t r;           // its row (step numbering)
   int32_t start, next; // starts[r], starts[r + 1]
   int32_t n, causal;   // visible entries, causal pages
+  const int32_t* block_row;  // the row's sequence's block table
 };
 
 // Moves c to the row of c.f; items at or past f_end (the CTA's end) stay
@@ -105,6 +110,7 @@ __device__ __forceinline__ void SwAdvance(const int32_t* starts, const DeviceSte
   if (moved) {
     c.n = step.row_visible[c.r];
     c.causal = (c.n + per_page - 1) / per_page;
+    c.block_row = step.block_table + static_cast<int64_t>(step.row_seq[c.r]) * step.max_pages;
   }
 }
 
@@ -181,15 +187,18 @@ __device__ __forceinline__ uint32_t SwHalves(uint32_t bytes, uint32_t sel) {
 }
 #endif  // INDEXER_GPU_WGMMA
 
-template <int kNT, bool kTiled>
-__global__ void __launch_bounds__(kSwThreads, kSwCtasPerSm)
+template <int kNT, bool kTiled, int kShape>
+__global__ void __launch_bounds__(kSwShapes[kShape].warps * 32, kSwShapes[kShape].ctas_per_sm)
     BlockScoresStreamKernel(const BlockScoreParams p, const BlockWorkMap wm) {
 #if INDEXER_GPU_WGMMA
+  constexpr int kSwWarps = kSwShapes[kShape].warps, kSwThreads = kSwWarps * 32;
+  constexpr int kSwStages = kSwShapes[kShape].stages;
+  static_assert(kSwStages >= 2, "one page scored while the next arrives");
   extern __shared__ __align__(128) uint8_t sw_smem[];
   const PageLayout& l = p.layout;
   const int32_t per_page = l.page_entries;
   const uint32_t page_bytes = static_cast<uint32_t>(l.page_bytes());
-  const SwWarpSmem lay = SwSmemOf(page_bytes, per_page);
+  const SwWarpSmem lay = SwSmemOf(page_bytes, per_page, kSwStages);
   const int warp = WarpId(), lane = LaneId(), g = lane / 4, t = lane % 4;
   uint8_t* const my = sw_smem + warp * lay.bytes;
   float4* const sc = reinterpret_cast<float4*>(my + lay.scales_at);
@@ -218,32 +227,42 @@ __global__ void __launch_bounds__(kSwThreads, kSwCtasPerSm)
   pc.next = wm.starts[pc.r + 1];
   pc.n = p.step.row_visible[pc.r];
   pc.causal = (pc.n + per_page - 1) / per_page;
+  pc.block_row = p.step.block_table + static_cast<int64_t>(p.step.row_seq[pc.r]) * p.step.max_pages;
   SwAdvance(wm.starts, p.step, per_page, f_end, pc);
   SwCursor cc = pc;
   const int64_t head_stride = static_cast<int64_t>(p.num_rows) * p.width;
-  const int32_t max_pages = p.step.max_pages;
 
-  // Fetch of c's item into ring slot `slot` (lane 0; nothing when the item
-  // is past the CTA's range or forced), then c to the warp's next item.
-  auto fetch = [&](SwCursor& c, int slot) {
-    if (c.f >= f_end) return;
+  // The producer runs one item ahead of its copies: the page id of the
+  // item it copies next is read an iteration before (no dependent global
+  // load in front of each copy). page < 0: nothing to copy (past the CTA's
+  // range, or a forced page).
+  auto page_of = [&](const SwCursor& c) -> int32_t {
+    if (c.f >= f_end) return -1;
     const int32_t b = c.f - c.start;
-    if (SwForced(b, c.causal, p.init_blocks, p.local_blocks) == 0.f && lane == 0) {
-      const int32_t seq = p.step.row_seq[c.r];
-      const int32_t page = p.step.block_table[static_cast<int64_t>(seq) * max_pages + b];
-      // The slot's last reader (this warp's lanes, generic proxy) before
+    return SwForced(b, c.causal, p.init_blocks, p.local_blocks) == 0.f ? c.block_row[b] : -1;
+  };
+  auto copy = [&](int32_t page, int slot) {
+    if (page >= 0 && lane == 0) {
+      // The slot's last readers (this warp's lanes, generic proxy) before
       // the copy engine's write.
       FenceProxyAsyncShared();
       MbarArriveExpectTx(&bars[slot], page_bytes);
       BulkLoad(my + slot * lay.page_stride, p.pool + l.PageOffset(page), page_bytes, &bars[slot]);
     }
+  };
+  auto step_on = [&](SwCursor& c) {
     c.f += kSwWarps;
     SwAdvance(wm.starts, p.step, per_page, f_end, c);
   };
 
   // ---- prologue: the first kSwStages - 1 items in flight -------------------
 #pragma unroll
-  for (int s = 0; s < kSwStages - 1; ++s) fetch(pc, s);
+  for (int s = 0; s < kSwStages - 1; ++s) {
+    copy(page_of(pc), s);
+    step_on(pc);
+  }
+  int32_t pending = page_of(pc);  // item kSwStages - 1
+  step_on(pc);
 
   uint2 bq[kNT][8];
   float f0[kNT][4], f1[kNT][4];
@@ -254,7 +273,9 @@ __global__ void __launch_bounds__(kSwThreads, kSwCtasPerSm)
 #pragma unroll 1
   for (int32_t k = 0; cc.f < f_end; ++k) {
     const int slot = k % kSwStages;
-    fetch(pc, (k + kSwStages - 1) % kSwStages);
+    copy(pending, (k + kSwStages - 1) % kSwStages);  // item k + kSwStages - 1
+    pending = page_of(pc);                            // item k + kSwStages
+    step_on(pc);
     const int32_t b = cc.f - cc.start, lr = cc.r - p.row_base;
     float* score0 = p.scores + static_cast<int64_t>(lr) * p.width + b;  // head 0
     const float forced = SwForced(b, cc.causal, p.init_blocks, p.local_blocks);
@@ -294,7 +315,8 @@ __global__ void __launch_bounds__(kSwThreads, kSwCtasPerSm)
       float mx[kNT][2];
 #pragma unroll
       for (int nt = 0; nt < kNT; ++nt) mx[nt][0] = mx[nt][1] = -INFINITY;
-#pragma unroll 1
+      // Two tiles at a time: independent chains for the scheduler.
+#pragma unroll 2
       for (int32_t e0 = 0; e0 < count; e0 += 16) {
         const int32_t ea = e0 + g, eb = e0 + g + 8;
         uint32_t wa[4], wb[4];
@@ -368,18 +390,40 @@ __global__ void __launch_bounds__(kSwThreads, kSwCtasPerSm)
       // written again.
       __syncwarp();
     }
-    cc.f += kSwWarps;
-    SwAdvance(wm.starts, p.step, per_page, f_end, cc);
+    step_on(cc);
   }
 #endif  // INDEXER_GPU_WGMMA
 }
 
-template <int kNT, bool kTiled>
-absl::Status LaunchStream(const BlockScoreParams& p, const BlockWorkMap& wm, int64_t smem, Stream stream) {
-  auto* kernel = &BlockScoresStreamKernel<kNT, kTiled>;
+int SwShapeIndex() {
+  static const int shape = [] {
+    const char* v = std::getenv("INDEXER_GPU_BLOCK_STREAM");
+    const int i = v == nullptr ? 0 : std::atoi(v);
+    return i >= 0 && i < static_cast<int>(sizeof(kSwShapes) / sizeof(kSwShapes[0])) ? i : 0;
+  }();
+  return shape;
+}
+
+int64_t SwCtaSmem(const PageLayout& l, int shape) {
+  return kSwShapes[shape].warps * SwSmemOf(l.page_bytes(), l.page_entries, kSwShapes[shape].stages).bytes;
+}
+
+template <int kNT, bool kTiled, int kShape>
+absl::Status LaunchStream(const BlockScoreParams& p, const BlockWorkMap& wm, Stream stream) {
+  const int64_t smem = SwCtaSmem(p.layout, kShape);
+  auto* kernel = &BlockScoresStreamKernel<kNT, kTiled, kShape>;
   GPU_RETURN_IF_ERROR(SetMaxDynamicSmem(kernel, static_cast<int>(smem)));
-  GPU_LAUNCH(kernel, wm.ctas, kSwThreads, smem, stream, p, wm);
+  GPU_LAUNCH(kernel, wm.ctas, kSwShapes[kShape].warps * 32, smem, stream, p, wm);
   return absl::OkStatus();
+}
+
+template <int kShape>
+absl::Status LaunchShape(const BlockScoreParams& p, const BlockWorkMap& wm, Stream stream) {
+  const bool tiled = p.layout.tiled();
+  if (p.num_heads <= 4) {
+    return tiled ? LaunchStream<1, true, kShape>(p, wm, stream) : LaunchStream<1, false, kShape>(p, wm, stream);
+  }
+  return tiled ? LaunchStream<2, true, kShape>(p, wm, stream) : LaunchStream<2, false, kShape>(p, wm, stream);
 }
 
 }  // namespace
@@ -396,19 +440,25 @@ bool BlockScoresStreamSupported(const BlockScoreParams& p, int cc_major, int cc_
   // Whole 16-entry tiles inside the page.
   if (l.page_entries % 16 != 0) return false;
   if (l.tiled() && l.d_per_tile % 4 != 0) return false;
-  return kSwWarps * SwSmemOf(l.page_bytes(), l.page_entries).bytes <= 113 * 1024;
+  const SwShape& sh = kSwShapes[SwShapeIndex()];
+  // Each CTA's share of the SM's 228 KiB, less the 1 KiB it reserves.
+  return SwCtaSmem(l, SwShapeIndex()) <= 228 * 1024 / sh.ctas_per_sm - 1024;
 }
 
-int32_t BlockScoresStreamCtas(int32_t num_sms) { return std::max(num_sms, 1) * kSwCtasPerSm; }
+int32_t BlockScoresStreamCtas(int32_t num_sms) {
+  return std::max(num_sms, 1) * kSwShapes[SwShapeIndex()].ctas_per_sm;
+}
 
 absl::Status LaunchBlockScoresStream(const BlockScoreParams& p, const BlockWorkMap& wm, Stream stream) {
   if (p.num_rows == 0 || p.width == 0 || wm.ctas == 0) return absl::OkStatus();
-  const int64_t smem = kSwWarps * SwSmemOf(p.layout.page_bytes(), p.layout.page_entries).bytes;
-  const bool tiled = p.layout.tiled();
-  if (p.num_heads <= 4) {
-    return tiled ? LaunchStream<1, true>(p, wm, smem, stream) : LaunchStream<1, false>(p, wm, smem, stream);
+  switch (SwShapeIndex()) {
+    case 1:
+      return LaunchShape<1>(p, wm, stream);
+    case 2:
+      return LaunchShape<2>(p, wm, stream);
+    default:
+      return LaunchShape<0>(p, wm, stream);
   }
-  return tiled ? LaunchStream<2, true>(p, wm, smem, stream) : LaunchStream<2, false>(p, wm, smem, stream);
 }
 
 }  // namespace gpu

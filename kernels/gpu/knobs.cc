@@ -12,7 +12,8 @@ namespace {
 constexpr const char* kNames[] = {
     "INDEXER_GPU_WGMMA_WS",        "INDEXER_GPU_WGMMA_MXFP4",      "INDEXER_GPU_TOPK_FUSE",
     "INDEXER_GPU_WS_EVICT_FIRST",  "INDEXER_GPU_WS_UNIT",          "INDEXER_GPU_WS_BLOCKS_PER_SM",
-    "INDEXER_GPU_MXFP4_WARPGROUPS", "INDEXER_GPU_MFMA_MODEL",      "INDEXER_GPU_LOGITS_MB"};
+    "INDEXER_GPU_MXFP4_WARPGROUPS", "INDEXER_GPU_MFMA_MODEL",      "INDEXER_GPU_LOGITS_MB",
+    "INDEXER_GPU_BLOCK_STREAM"};
 
 // On unless set to a number that is 0.
 bool Switch(const char* name) {
@@ -40,6 +41,10 @@ GpuKnobs Read() {
   if (const char* v = std::getenv("INDEXER_GPU_MFMA_MODEL"); v != nullptr) {
     if (std::strcmp(v, "gfx942") == 0) k.mfma_model_arch = 942;
     if (std::strcmp(v, "gfx950") == 0) k.mfma_model_arch = 950;
+  }
+  if (const char* v = std::getenv("INDEXER_GPU_BLOCK_STREAM"); v != nullptr && *v != '\0') {
+    const int64_t shape = std::atoll(v);
+    if (shape >= 0 && shape <= 16) k.block_stream_shape = static_cast<int32_t>(shape);
   }
   const int64_t mb = Number("INDEXER_GPU_LOGITS_MB");
   if (mb > 0) k.logits_mb = mb;

@@ -17,6 +17,7 @@
 //   INDEXER_GPU_MFMA_MODEL=gfx942|gfx950  CUDA: the default logits choice runs
 //                                    the MFMA kernels through the instruction
 //                                    model
+//   INDEXER_GPU_BLOCK_STREAM=0|1|2   block_stream's launch shape (default 2)
 //   INDEXER_GPU_LOGITS_MB=N          the logits workspace (default 1024 MiB)
 #pragma once
 
@@ -35,6 +36,7 @@ struct GpuKnobs {
   int32_t ws_blocks_per_sm = 0;  // 0: as many as fit
   int32_t mxfp4_warpgroups = 0;  // 0: the default sizes
   int32_t mfma_model_arch = 0;   // 0, 942 or 950
+  int32_t block_stream_shape = -1;  // -1: the kernel's default
   int64_t logits_mb = 1024;
 };
 

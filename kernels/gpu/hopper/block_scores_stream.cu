@@ -41,6 +41,7 @@
 #include "kernels/format/mxfp4.h"
 #include "kernels/gpu/hopper/mma_sm90.h"
 #include "kernels/gpu/hopper/wgmma_sm90.h"
+#include "kernels/gpu/knobs.h"
 #include "kernels/gpu/paged.h"
 #include "kernels/gpu/params.h"
 
@@ -50,8 +51,11 @@ namespace {
 
 // Launch shapes {warps per CTA, ring pages per warp, CTAs per SM}: all
 // within the 227 KiB of shared memory an SM offers at 128-entry pages.
-// Chosen by env INDEXER_GPU_BLOCK_STREAM (0, 1, 2; default 0) to compare
-// them on the device.
+// The default is 2 (one CTA of 11 warps per SM, two ring pages per warp),
+// the fastest of the three on the H200 (same call, B=64 x 32k / B=128 x
+// 128k / B=1 x 32k logits: 80.8 / 464.8 / 14.5 us against 83.6 / 487.7 /
+// 16.5 at shape 0 and 83.7 / 524.3 / 15.2 at shape 1); the
+// INDEXER_GPU_BLOCK_STREAM knob (knobs.h) picks another for comparison.
 struct SwShape {
   int warps, stages, ctas_per_sm;
 };
@@ -396,12 +400,9 @@ __global__ void __launch_bounds__(kSwShapes[kShape].warps * 32, kSwShapes[kShape
 }
 
 int SwShapeIndex() {
-  static const int shape = [] {
-    const char* v = std::getenv("INDEXER_GPU_BLOCK_STREAM");
-    const int i = v == nullptr ? 0 : std::atoi(v);
-    return i >= 0 && i < static_cast<int>(sizeof(kSwShapes) / sizeof(kSwShapes[0])) ? i : 0;
-  }();
-  return shape;
+  constexpr int kShapes = static_cast<int>(sizeof(kSwShapes) / sizeof(kSwShapes[0]));
+  const int i = Knobs().block_stream_shape;
+  return i >= 0 && i < kShapes ? i : 2;
 }
 
 int64_t SwCtaSmem(const PageLayout& l, int shape) {

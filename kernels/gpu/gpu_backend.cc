@@ -325,8 +325,8 @@ absl::StatusOr<std::unique_ptr<GpuBackend::Step>> GpuBackend::MakeStep(
   auto step =
       std::make_unique<Step>(arena_.get(), meta, std::move(plan), dev, std::move(rows), max_page);
   lap(&parts.upload);  // the staged copy's enqueue (and the Step's copy of the rows)
+  parts.image_bytes = bytes;
   step->set_parts(parts);
-  step->set_image_bytes(bytes);
   return step;
 }
 

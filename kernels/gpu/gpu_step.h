@@ -93,6 +93,7 @@ class GpuBackend::Step : public StepContext {
   // MakeStep's phases, in microseconds (PrepareParts prints them).
   struct Parts {
     double validate = 0, plan = 0, image = 0, arena = 0, wait = 0, upload = 0;
+    int64_t image_bytes = 0;
   };
   void set_parts(const Parts& p) { parts_ = p; }
   std::string PrepareParts() const override {
@@ -100,9 +101,8 @@ class GpuBackend::Step : public StepContext {
         "validate %.1f us, plan %.1f us (%d units), image %.1f us (%d KiB), arena %.1f us, "
         "wait for the stream %.1f us, upload %.1f us",
         parts_.validate, parts_.plan, static_cast<int>(plan_.units.size()), parts_.image,
-        static_cast<int>(image_bytes_ / 1024), parts_.arena, parts_.wait, parts_.upload);
+        static_cast<int>(parts_.image_bytes / 1024), parts_.arena, parts_.wait, parts_.upload);
   }
-  void set_image_bytes(int64_t b) { image_bytes_ = b; }
 
   // The block path's work map for pages of one size (plan.h:
   // PlanBlockWork), made by the step's first block layer of that size and
@@ -147,7 +147,6 @@ class GpuBackend::Step : public StepContext {
   const int32_t num_rows_, num_seqs_, max_pages_;
   const int64_t new_entries_, max_page_;
   Parts parts_;
-  int64_t image_bytes_ = 0;
   mutable absl::Mutex pools_mu_;
   std::map<int32_t, CandPool> pools_ ABSL_GUARDED_BY(pools_mu_);
   std::map<int32_t, BlockMap> block_maps_ ABSL_GUARDED_BY(pools_mu_);

@@ -9,7 +9,8 @@
 #             binaries), the gRPC suites (server_test, serving_test,
 #             regions_test) against gpu:0, and the Python client's CUDA IPC
 #             test plus the torch front-end checked against the cpu backend
-#   sanitize  compute-sanitizer memcheck over the same GPU tests and the gRPC
+#   sanitize  compute-sanitizer memcheck over the same GPU tests (gtest shards
+#             run side by side, SAN_SHARDS) and the gRPC
 #             suites on gpu:0
 #   bench     indexer_gpu_bench on the SPEC §8 target shapes, with ceilings
 #   service   end to end through indexerd: indexer-cli bench per transport
@@ -36,6 +37,7 @@
 #                 unset = every test
 #   STEPS         measured steps per service bench (default 300)
 #   TEST_TIMEOUT  seconds before one binary is considered hung (default 600)
+#   SAN_SHARDS    gtest shards run at once under compute-sanitizer (default 8)
 set -uo pipefail
 cd "$(dirname "$0")/../../.."
 ROOT=$PWD
@@ -110,15 +112,33 @@ part_python() {
 stage_suite() { part_gpu_tests; part_integration; part_python; }
 
 stage_sanitize() {
+  # Each binary's tests run as SAN_SHARDS gtest shards at once (the host
+  # side of memcheck is the slow part; the machine has 16 cores and the GPU
+  # room for several contexts), each shard's log kept in /tmp and its tail
+  # and error summary printed here.
   link_helpers
   local ms=(compute-sanitizer --tool memcheck --leak-check no --error-exitcode 3)
-  for t in $(gpu_tests); do
-    timeout "$TO" "${ms[@]}" "$t" 2>&1 | tail -6; echo "$t (memcheck) rc ${PIPESTATUS[0]}"
-  done
+  local n=${SAN_SHARDS:-8} t i pids rc
+  run_sharded() {  # run_sharded NAME [ENV=VALUE...] -- CMD...
+    local name=$1; shift
+    local envs=(); while [[ $1 != -- ]]; do envs+=("$1"); shift; done; shift
+    pids=()
+    for ((i = 0; i < n; i++)); do
+      env "${envs[@]}" GTEST_TOTAL_SHARDS=$n GTEST_SHARD_INDEX=$i \
+        timeout "$TO" "$@" > "/tmp/san-$name-$i.log" 2>&1 &
+      pids+=($!)
+    done
+    for ((i = 0; i < n; i++)); do
+      wait "${pids[$i]}"; rc=$?
+      echo "$name shard $i/$n: rc $rc; $(grep -E '^\[  (PASSED|FAILED)  \]|ERROR SUMMARY' "/tmp/san-$name-$i.log" | tr '\n' ' ')"
+      [[ $rc == 0 ]] || tail -30 "/tmp/san-$name-$i.log"
+    done
+  }
+  for t in $(gpu_tests); do run_sharded "$t" X=1 -- "${ms[@]}" "$t"; done
   for t in "${GRPC_SUITES[@]}"; do
-    INDEXER_TEST_DEVICE=gpu:0 timeout "$TO" "${ms[@]}" "$t" 2>&1 | tail -6
-    echo "$t (gpu:0, memcheck) rc ${PIPESTATUS[0]}"
+    run_sharded "$t-gpu0" INDEXER_TEST_DEVICE=gpu:0 -- "${ms[@]}" "$t"
   done
+  tar czf "$OUT/sanitize-logs.tgz" -C /tmp $(cd /tmp && ls san-*.log) 2>/dev/null
 }
 
 stage_bench() {

@@ -10,6 +10,7 @@
 #include "absl/cleanup/cleanup.h"
 #include "absl/strings/str_cat.h"
 #include "kernels/common/status_macros.h"
+#include "kernels/gpu/gather_logits.h"
 #include "kernels/gpu/gpu_backend_impl.h"
 #include "kernels/gpu/gpu_step.h"
 
@@ -234,9 +235,9 @@ absl::Status GpuBackend::ConsumerImpl(const PageLayout& layout, PoolHandle pool_
   probe.layout = layout;
   probe.num_heads = q.num_heads;
   probe.max_group_rows = 1;
-  // Gather on the wgmma kernel only where wgmma is the cap (2): lower caps
+  // Gather on the wgmma kernels only where wgmma is the cap (2): lower caps
   // and the MFMA requests (3, 4) walk masked.
-  const bool can_gather = max_path_ == 2 && WgmmaLogitsSupported(probe, props_.major, props_.minor);
+  const bool can_gather = max_path_ == 2 && GatherLogitsSupported(probe, props_.major, props_.minor);
   const bool gather =
       can_gather && mode != ConsumerMode::kMasked &&
       (mode == ConsumerMode::kGather || max_visible > std::max<int64_t>(spec.gate_ratio, 1) * pool_entries);

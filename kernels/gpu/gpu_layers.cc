@@ -227,7 +227,8 @@ absl::Status GpuBackend::ConsumerImpl(const PageLayout& layout, PoolHandle pool_
   RETURN_IF_ERROR(call.Begin());
   // The length gate (SPEC §5; never visible in results): gather the pool
   // when the widest row sees more than gate_ratio x its entries and the
-  // gather walk takes the call (FP8 on the sm_90a wgmma kernel, H 16/32/64),
+  // gather walk takes the call (GatherLogitsSupported: FP8 e4m3fn on the
+  // sm_90a wgmma kernels, H 16/32/64),
   // else mask a dense walk. kGather / kMasked force the choice where the
   // walk exists.
   const int32_t max_visible = *std::max_element(rows.row_visible.begin(), rows.row_visible.end());

@@ -12,6 +12,7 @@
 #include "absl/strings/str_cat.h"
 #include "kernels/common/status_macros.h"
 #include "kernels/geometry/step_geometry.h"  // ValidateStepRows: one set of rules
+#include "kernels/gpu/gather_logits.h"
 #include "kernels/gpu/gpu_backend_impl.h"
 #include "kernels/gpu/gpu_step.h"
 #include "kernels/gpu/knobs.h"
@@ -210,6 +211,9 @@ absl::StatusOr<PoolHandle> GpuBackend::AllocatePool(const PageLayout& layout,
                                  static_cast<uint64_t>(page_bytes)};
     const uint32_t box[3] = {static_cast<uint32_t>(layout.value_bytes()), 64, 1};
     pool.has_tmap = EncodeTensorMapU8Sw128(&pool.tmap, v, dims, strides, box).ok();
+    // The consumer's gather walk copies 8-entry chunks of pool blocks.
+    const uint32_t box8[3] = {static_cast<uint32_t>(layout.value_bytes()), 8, 1};
+    pool.has_rows8 = pool.has_tmap && EncodeTensorMapU8Sw128(&pool.rows8, v, dims, strides, box8).ok();
   }
   int32_t index;
   {
@@ -629,9 +633,8 @@ absl::Status GpuBackend::DenseWalk(
     }
     const char* which = "portable";
     if (gather != nullptr) {
-      // Only the pool's slots, one row a group, entry by entry (no tensor
-      // map: the serial wgmma kernel).
-      lp.use_tma = false;
+      // Only the pool's slots, one row a group (gather_logits.h picks the
+      // kernel: whole 8-entry chunks by the copy engine where it can).
       lp.step.groups = gather->groups;
       lp.step.units = gather->units;
       lp.unit_begin = (*gather->ranges)[ci].first;
@@ -641,11 +644,11 @@ absl::Status GpuBackend::DenseWalk(
       lp.gather_entries = gather->entries;
       lp.gather_stride = gather->stride;
       lp.gather_block = gather->block;
-      which = "wgmma_gather";
     }
     RETURN_IF_ERROR(BeginSpan());
     if (gather != nullptr) {
-      RETURN_IF_ERROR(LaunchDenseLogitsWgmma(lp, stream_));
+      RETURN_IF_ERROR(LaunchGatherLogits(lp, p.has_rows8 ? &p.rows8 : nullptr, props_.major, props_.minor,
+                                         stream_, &which));
     } else {
       RETURN_IF_ERROR(LaunchDenseLogits(lp, props_.major, props_.minor, stream_, &which, max_path_));
     }

@@ -160,6 +160,10 @@ class GpuBackend : public Backend {
     int64_t page_bytes;
     bool has_tmap;      // FP8 linear pages on sm_90: K through the TMA
     TensorMap tmap;
+    // The same pool in boxes of 8 entries (the consumer's gather walk:
+    // gather_logits.h); false where has_tmap is.
+    bool has_rows8 = false;
+    TensorMap rows8{};
   };
   class Step;
   // A download through the pinned staging, copied out after the sync.

@@ -10,6 +10,7 @@
 #include "absl/cleanup/cleanup.h"
 #include "absl/strings/str_cat.h"
 #include "kernels/common/status_macros.h"
+#include "kernels/gpu/gather_logits.h"
 #include "kernels/gpu/gpu_backend_impl.h"
 #include "kernels/gpu/gpu_step.h"
 
@@ -226,7 +227,8 @@ absl::Status GpuBackend::ConsumerImpl(const PageLayout& layout, PoolHandle pool_
   RETURN_IF_ERROR(call.Begin());
   // The length gate (SPEC §5; never visible in results): gather the pool
   // when the widest row sees more than gate_ratio x its entries and the
-  // gather walk takes the call (FP8 on the sm_90a wgmma kernel, H 16/32/64),
+  // gather walk takes the call (GatherLogitsSupported: FP8 e4m3fn on the
+  // sm_90a wgmma kernels, H 16/32/64),
   // else mask a dense walk. kGather / kMasked force the choice where the
   // walk exists.
   const int32_t max_visible = *std::max_element(rows.row_visible.begin(), rows.row_visible.end());
@@ -234,9 +236,9 @@ absl::Status GpuBackend::ConsumerImpl(const PageLayout& layout, PoolHandle pool_
   probe.layout = layout;
   probe.num_heads = q.num_heads;
   probe.max_group_rows = 1;
-  // Gather on the wgmma kernel only where wgmma is the cap (2): lower caps
+  // Gather on the wgmma kernels only where wgmma is the cap (2): lower caps
   // and the MFMA requests (3, 4) walk masked.
-  const bool can_gather = max_path_ == 2 && WgmmaLogitsSupported(probe, props_.major, props_.minor);
+  const bool can_gather = max_path_ == 2 && GatherLogitsSupported(probe, props_.major, props_.minor);
   const bool gather =
       can_gather && mode != ConsumerMode::kMasked &&
       (mode == ConsumerMode::kGather || max_visible > std::max<int64_t>(spec.gate_ratio, 1) * pool_entries);

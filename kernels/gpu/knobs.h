@@ -4,7 +4,8 @@
 // logs the ones that are set (KnobsSet) beside its device at start.
 //
 //   INDEXER_GPU_WGMMA_WS=0           FP8: the serial wgmma kernel instead of
-//                                    the warp-specialized one
+//                                    the warp-specialized one (the consumer's
+//                                    gather walk too: wgmma_gather)
 //   INDEXER_GPU_WGMMA_MXFP4=0        MXFP4: mma.sync instead of wgmma
 //   INDEXER_GPU_TOPK_FUSE=0          wgmma_ws builds no top-k histogram
 //   INDEXER_GPU_WS_EVICT_FIRST=0     wgmma_ws reads K without the L2

@@ -6,6 +6,8 @@
 // build has no Hopper path at all rather than stubs that refuse.
 #include "kernels/gpu/params.h"
 
+#include "kernels/gpu/gather_logits.h"
+
 #include <string_view>
 
 namespace indexer {
@@ -41,6 +43,39 @@ bool TryHopperLogits(const LogitsParams& p, int cc_major, int cc_minor, Stream s
   }
   (void)p, (void)cc_major, (void)cc_minor, (void)stream, (void)max_path, (void)which,
       (void)status;
+  return false;
+}
+
+// The gather walk: the warp-specialized kernel where it takes `p`, else the
+// serial one (no tensor map: it copies entry by entry).
+template <bool kHopper>
+bool TryHopperGather(const LogitsParams& p, const TensorMap* rows8, Stream stream, const char** which,
+                     absl::Status* status) {
+  if constexpr (kHopper) {
+    if (rows8 != nullptr && WgmmaWsEnabled() && WgmmaWsGatherSupported(p)) {
+      *which = "wgmma_ws_gather";
+      *status = LaunchDenseLogitsWgmmaWsGather(p, *rows8, stream);
+      return true;
+    }
+    LogitsParams serial = p;
+    serial.use_tma = false;
+    *which = "wgmma_gather";
+    *status = LaunchDenseLogitsWgmma(serial, stream);
+    return true;
+  }
+  (void)p, (void)rows8, (void)stream, (void)which, (void)status;
+  return false;
+}
+
+template <bool kHopper>
+bool HopperGatherSupported(const LogitsParams& p, int cc_major, int cc_minor) {
+  if constexpr (kHopper) {
+    LogitsParams probe = p;
+    probe.max_group_rows = 1;
+    return p.layout.format == KvFormat::kFp8 && p.layout.fp8 == Fp8Variant::kE4m3fn &&
+           WgmmaLogitsSupported(probe, cc_major, cc_minor);
+  }
+  (void)p, (void)cc_major, (void)cc_minor;
   return false;
 }
 
@@ -143,6 +178,24 @@ absl::Status LaunchDenseLogits(const LogitsParams& p, int cc_major,
   }
   *which = "portable";
   return LaunchDenseLogitsPortable(p, stream);
+}
+
+bool GatherLogitsSupported(const LogitsParams& p, int cc_major, int cc_minor) {
+  return HopperGatherSupported<kHopperPaths>(p, cc_major, cc_minor);
+}
+
+absl::Status LaunchGatherLogits(const LogitsParams& p, const TensorMap* rows8, int cc_major, int cc_minor,
+                                Stream stream, const char** which) {
+  const char* unused;
+  if (which == nullptr) which = &unused;
+  *which = "none";
+  if (!GatherLogitsSupported(p, cc_major, cc_minor)) {
+    return absl::FailedPreconditionError(
+        "gather walk: expected FP8 e4m3fn K with D 128 and H 16, 32 or 64 on an sm_90a device");
+  }
+  absl::Status status;
+  if (TryHopperGather<kHopperPaths>(p, rows8, stream, which, &status)) return status;
+  return absl::FailedPreconditionError("gather walk: this build has no sm_90 kernels");
 }
 
 bool PoolWantsTensorMap(const PageLayout& layout, int cc_major) {

@@ -94,8 +94,9 @@ struct LogitsParams {
   const float* weights;      // [rows, H] fp32
   float* logits;             // [rows, stride]; row r valid on [0, n_r)
   int64_t stride;
-  // Consumer gather (LaunchDenseLogitsWgmma only, groups of one row, no
-  // tensor map): a unit's entries are pool slots of its row. Slot j of step
+  // Consumer gather (gather_logits.h: LaunchGatherLogits runs the
+  // warp-specialized or the serial wgmma kernel; groups of one row): a
+  // unit's entries are pool slots of its row. Slot j of step
   // row r is entry gather_blocks[r * gather_stride + j / gather_block] *
   // gather_block + j % gather_block for j < gather_entries[r]; its logit is
   // written at column j (compact rows), and n_r is gather_entries[r].
@@ -159,7 +160,8 @@ absl::Status LaunchDenseLogitsMma(const LogitsParams& p, Stream stream);
 // Hopper warpgroup-MMA FP8 path (sm_90a), H = 16, 32 or 64. Pools of
 // layouts that pass WgmmaTmaSupported get a tensor map (use_tma) and stream
 // K through the bulk tensor copy engine; other layouts, and the consumer's
-// gather walk (LaunchDenseLogitsWgmma), through cp.async.
+// gather walk where the warp-specialized one does not take it
+// (gather_logits.h), through cp.async.
 bool WgmmaTmaSupported(const PageLayout& layout);
 bool WgmmaLogitsSupported(const LogitsParams& p, int cc_major, int cc_minor);
 absl::Status LaunchDenseLogitsWgmma(const LogitsParams& p, Stream stream);

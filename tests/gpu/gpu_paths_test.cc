@@ -190,8 +190,13 @@ TEST_P(GpuCandidateTest, SourceAndConsumerMatchReference) {
   gpu::DeviceProp prop;
   ASSERT_EQ(gpu::GetDeviceProperties(&prop, 0), gpu::kSuccess);
   // (The MFMA requests, max_path 3 and 4, walk masked: gather runs on wgmma.)
+  // Pages of a multiple of 64 entries (the pool's tensor maps) and pool
+  // blocks of a multiple of 8 entries take the warp-specialized kernel,
+  // other pools the serial one (as does INDEXER_GPU_WGMMA_WS=0).
   if (prop.major == 9 && prop.minor == 0 && c.format == KvFormat::kFp8 && c.max_path == 2) {
-    EXPECT_EQ(gather_path, "wgmma_gather");
+    const bool ws = c.page_entries % 64 == 0 && c.block_size % 8 == 0 &&
+                    std::getenv("INDEXER_GPU_WGMMA_WS") == nullptr;
+    EXPECT_EQ(gather_path, ws ? "wgmma_ws_gather" : "wgmma_gather");
   }
   for (int32_t r = 0; r < rows.num_rows; ++r) {
     std::vector<int32_t> a(masked.begin() + r * k, masked.begin() + (r + 1) * k);
@@ -230,7 +235,21 @@ INSTANTIATE_TEST_SUITE_P(
                  gpu::kPathMfmaGfx950},
         CandCase{KvFormat::kFp8, 16, 4, 16, 128, true, {100, 5000, 0}, {1, 3, 40}, 64,
                  gpu::kPathMfmaGfx950},
-        CandCase{KvFormat::kFp8, 64, 8, 2048, 2048, true, {60000}, {1}, 64, gpu::kPathMfmaGfx942}),
+        CandCase{KvFormat::kFp8, 64, 8, 2048, 2048, true, {60000}, {1}, 64, gpu::kPathMfmaGfx942},
+        // The gather walk's odd sizes (c12-c16): a one-block pool (8
+        // entries, under the top-k) beside a row of one entry, a page + 1
+        // and a partly visible last block; pools of 40 blocks (under the
+        // top-k) with partly visible last blocks, a page + 1 and next_n 2;
+        // blocks of 16 (two 8-entry chunks each) over many rows of mixed
+        // lengths (units and copy windows across rows); blocks of 64 (a
+        // whole tile) on pages of 128 at H 64; blocks of 12 (the serial
+        // kernel: not whole 8-entry chunks) at H 16.
+        CandCase{KvFormat::kFp8, 64, 8, 1, 512, true, {9001, 0, 64}, {1, 1, 1}, 32},
+        CandCase{KvFormat::kFp8, 64, 8, 40, 512, true, {1000, 64, 8195, 129}, {1, 1, 2, 1}, 32},
+        CandCase{KvFormat::kFp8, 64, 16, 96, 512, true, {5000, 7, 20000, 3001, 64, 12000, 900, 30000},
+                 {1, 1, 1, 1, 1, 2, 1, 1}, 32},
+        CandCase{KvFormat::kFp8, 128, 64, 24, 256, false, {10000, 3000, 100}, {1, 1, 1}, 64},
+        CandCase{KvFormat::kFp8, 64, 12, 40, 128, true, {4000, 70}, {1, 1}, 16}),
     [](const auto& info) { return "c" + std::to_string(info.index) + PathSuffix(info.param.max_path); });
 
 // The block path on the gpu against a float64 reference of the block scores

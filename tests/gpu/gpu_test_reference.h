@@ -182,7 +182,8 @@ inline PathTolerance ToleranceFor(const std::string& path, KvFormat format) {
       o = kFp32Tolerance;
     } else if (one == "mma") {
       o = format == KvFormat::kMxfp4 ? kFp32Tolerance : kTensorCoreTolerance;
-    } else if (one == "wgmma" || one == "wgmma_ws" || one == "wgmma_mxfp4" || one == "wgmma_gather") {
+    } else if (one == "wgmma" || one == "wgmma_ws" || one == "wgmma_mxfp4" || one == "wgmma_gather" ||
+               one == "wgmma_ws_gather") {
       o = kTensorCoreTolerance;
     } else if (one == "mfma_model_gfx942" || one == "mfma_model_gfx950") {
       // The MFMA kernels on the instruction model: exact products, fp32 sums

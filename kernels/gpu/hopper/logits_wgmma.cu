@@ -13,8 +13,9 @@
 // Tensor-mapped pools run the warp-specialized form in logits_wgmma_ws.cu
 // instead; this kernel keeps the layouts the tensor map cannot read (and
 // the tensor-mapped ones when INDEXER_GPU_WGMMA_WS=0, for A/B runs), and the
-// candidate consumer's gather walk: its tiles' rows are pool slots found
-// entry by entry, its logits land at the slots (compact rows).
+// candidate consumer's gather walk where logits_wgmma_ws.cu's does not take
+// it (gather_logits.h): its tiles' rows are pool slots found entry by entry,
+// its logits land at the slots (compact rows).
 #include "kernels/gpu/gpu_compat.h"  // first: the runtime defines __device__ & co.
 
 #include <algorithm>

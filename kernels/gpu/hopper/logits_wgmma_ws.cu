@@ -28,6 +28,19 @@
 // histogram (the top-k's first radix digit), added to the row's global one
 // when the warpgroup leaves the row: the top-k then skips its histogram
 // pass over the logits (one launch instead of two).
+//
+// The candidate consumer's gather walk (kGather, LogitsParams::gather_*)
+// runs the same math warpgroups over the pool's compact slots: tile n is
+// slots [64 t, 64 t + 64) of one row, each 8-slot chunk 8 consecutive
+// entries of one pool block (blocks of a multiple of 8 entries), so a chunk
+// is one box of the pool's 8-entry tensor map (8 x 128 value bytes, landing
+// in the tile's 128-byte swizzle exactly where the 64-entry box puts those
+// rows) plus one 32-byte bulk copy of its scales. The whole producer warp
+// walks: lane = (tile of a window of 4, chunk of the tile); each lane loads
+// its chunk's pool block and page (two dependent loads), a window's loads
+// two windows ahead of its copies. Chunks at or past the row's pool
+// entries copy nothing (their rows stay stale and are never written out:
+// the epilogue writes slots below gather_entries[row] alone).
 #include "kernels/gpu/gpu_compat.h"  // first: the runtime defines __device__ & co.
 
 #include <algorithm>
@@ -35,6 +48,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "kernels/gpu/dispatch.h"
+#include "kernels/gpu/gather_logits.h"
 #include "kernels/gpu/paged.h"
 #include "kernels/gpu/knobs.h"
 #include "kernels/gpu/params.h"
@@ -101,9 +115,149 @@ __device__ __forceinline__ void PrefetchL1(const void* addr) {
   asm volatile("prefetch.global.L1 [%0];\n" ::"l"(addr));
 }
 
+// ---- the gather walk's producer (the whole warp) ---------------------------
+constexpr int kBoxEntries = 8;                     // entries per chunk (box)
+constexpr int kBoxBytes = kBoxEntries * kWsDim;    // 1 KiB of values
+constexpr int kBoxScaleBytes = kBoxEntries * 4;    // 32 B of scales
+constexpr int kTileBoxes = kWsTile / kBoxEntries;  // 8 chunks per tile
+constexpr int kWinTiles = kWarpSize / kTileBoxes;  // 4 tiles per window
+
+// Copies every tile of the block's units [u_first, u_last) into the ring as
+// the consumers take them (tile n -> slot n % kSlots): `full` expects the
+// bytes of the tile's chunks below the row's pool entries; a slot's `empty`
+// completion is waited on before its reuse.
 template <class C>
+__device__ __forceinline__ void GatherProducer(const LogitsParams& p, const TensorMap* rows8, int32_t u_first,
+                                               int32_t u_last, uint8_t* k_s, float* ks_s, uint64_t* full,
+                                               uint64_t* empty) {
+#if INDEXER_GPU_WGMMA
+  constexpr int kSlots = C::kSlots;
+  const PageLayout& l = p.layout;
+  const int lane = LaneId();
+  const int my_tile = lane / kTileBoxes, my_box = lane % kTileBoxes;
+  // The share's tiles in the consumers' order (every lane walks it alike).
+  int32_t iu = u_first, it = 0;
+  LogitsUnit u = p.step.units[iu];
+  LogitsUnit next_u = iu + 1 < u_last ? p.step.units[iu + 1] : u;
+  auto tiles_of = [](const LogitsUnit& v) { return (v.e_end - v.e_begin + kWsTile - 1) / kWsTile; };
+  int32_t u_tiles = tiles_of(u);
+  bool more = true;
+  // A window's chunk in two steps: walked (its slot; its pool block and the
+  // row's pool entries in flight), then located (its page in flight).
+  struct Walked {
+    int32_t tiles;  // tiles of the window (warp-uniform; 0 past the share)
+    bool in;        // the lane's chunk starts inside its unit
+    int32_t seq, slot, blk, cnt;
+  };
+  struct Located {
+    int32_t tiles;
+    bool valid;  // the chunk holds pool entries: copy it
+    int32_t page, e;
+  };
+  auto walk = [&](Walked& w) {
+    w.tiles = 0;
+    w.seq = 0;
+    w.slot = 0;
+    int32_t row = 0, end = 0;
+    bool mine = false;
+#pragma unroll
+    for (int j = 0; j < kWinTiles; ++j) {
+      if (more) {
+        if (j == my_tile) {
+          mine = true;
+          row = u.row_begin;
+          w.seq = u.seq;
+          w.slot = u.e_begin + it * kWsTile + my_box * kBoxEntries;
+          end = u.e_end;
+        }
+        ++w.tiles;
+        if (++it == u_tiles) {
+          it = 0;
+          if (++iu < u_last) {
+            u = next_u;
+            if (iu + 1 < u_last) next_u = p.step.units[iu + 1];
+            u_tiles = tiles_of(u);
+          } else {
+            more = false;
+          }
+        }
+      }
+    }
+    // slot < end <= the row's pool size: the block index is in the row.
+    w.in = mine && w.slot < end;
+    w.blk = 0;
+    w.cnt = 0;
+    if (w.in) {
+      w.cnt = p.gather_entries[row];
+      w.blk = p.gather_blocks[static_cast<int64_t>(row) * p.gather_stride + w.slot / p.gather_block];
+    }
+  };
+  auto locate = [&](const Walked& w, Located& r) {
+    r.tiles = w.tiles;
+    r.valid = w.in && w.slot < w.cnt;
+    r.page = 0;
+    r.e = 0;
+    if (r.valid) {
+      // 8 entries from a multiple of 8 in one block: one page (E % 64 == 0).
+      const PagePos at = PagePosOf(l, w.blk * p.gather_block + w.slot % p.gather_block);
+      r.page = p.step.block_table[static_cast<int64_t>(w.seq) * p.step.max_pages + at.lp];
+      r.e = at.e;
+    }
+  };
+  int32_t n = 0;  // the window's first tile
+  auto issue = [&](const Located& r) {
+#pragma unroll
+    for (int j = 0; j < kWinTiles; ++j) {
+      if (j < r.tiles) {
+        const int32_t t = n + j;
+        const int slot = t % kSlots;
+        // Tile t - kSlots was the slot's last use: its release is completion
+        // t / kSlots - 1 of `empty` (every lane waits: its copies follow).
+        if (t >= kSlots) MbarWait(&empty[slot], static_cast<uint32_t>(t / kSlots + 1) & 1u);
+        const bool go = r.valid && my_tile == j;
+        const uint32_t boxes = __popc(__ballot_sync(0xffffffffu, go));
+        if (lane == 0) MbarArriveExpectTx(&full[slot], boxes * (kBoxBytes + kBoxScaleBytes));
+        __syncwarp();  // the expected bytes before any of them land
+        if (go) {
+          uint8_t* dst = k_s + slot * kWsTileBytes + my_box * kBoxBytes;
+          float* sdst = ks_s + slot * kWsTile + my_box * kBoxEntries;
+          const uint8_t* scales = p.pool + l.PageOffset(r.page) + l.ScaleOffset(r.e, 0);
+          if (p.k_evict_first) {
+            TmaLoad3dHint(dst, rows8, 0, r.e, r.page, &full[slot], kL2EvictFirst);
+            BulkLoadHint(sdst, scales, kBoxScaleBytes, &full[slot], kL2EvictFirst);
+          } else {
+            TmaLoad3d(dst, rows8, 0, r.e, r.page, &full[slot]);
+            BulkLoad(sdst, scales, kBoxScaleBytes, &full[slot]);
+          }
+        }
+      }
+    }
+    n += r.tiles;
+  };
+  // Window i's copies go out while window i + 1's pages and window i + 2's
+  // pool blocks are in flight.
+  Walked a;
+  Located b, c;
+  walk(a);
+  locate(a, b);
+  walk(a);
+  while (b.tiles > 0) {
+    locate(a, c);
+    walk(a);
+    issue(b);
+    b = c;
+  }
+#else
+  (void)p, (void)rows8, (void)u_first, (void)u_last, (void)k_s, (void)ks_s, (void)full, (void)empty;
+#endif  // INDEXER_GPU_WGMMA
+}
+
+// kGather: the consumer's gather walk; `rows8` is the pool's tensor map of
+// 8-entry boxes (unused otherwise).
+template <class C, bool kGather>
 __global__ void __launch_bounds__(C::kThreads, C::kMinBlocks)
-    DenseLogitsWgmmaWsKernel(const INDEXER_GRID_CONSTANT LogitsParams p) {
+    DenseLogitsWgmmaWsKernel(const INDEXER_GRID_CONSTANT LogitsParams p,
+                             const INDEXER_GRID_CONSTANT TensorMap rows8) {
 #if INDEXER_GPU_WGMMA
   constexpr int kN = C::kN, kSlots = C::kSlots, kTeams = C::kTeams, kRowsWg = C::kRowsWg;
   constexpr int kHeads = C::kHeads;
@@ -139,6 +293,10 @@ __global__ void __launch_bounds__(C::kThreads, C::kMinBlocks)
 
   // ---- producer: tile n -> slot n % kSlots ---------------------------------
   if (warp == C::kMath * kWarpsWg) {
+    if constexpr (kGather) {
+      GatherProducer<C>(p, &rows8, u_first, u_last, k_s, ks_s, full, empty);
+      return;
+    }
     if (lane != 0) return;
     const PageLayout& l = p.layout;
     // The walk runs one tile ahead: the next tile's block-table entry (and,
@@ -264,8 +422,10 @@ __global__ void __launch_bounds__(C::kThreads, C::kMinBlocks)
       // ops; exact, since doubling and halving are.
       for (int h = wt; h < kN; h += kWgSize) w_s[h] = h < my_rows * kHeads ? 0.5f * p.weights[q0 + h] : 0.f;
     }
+    // The gather walk's rows end at their pool's entries (compact slots).
+    const int32_t* visible = kGather ? p.gather_entries : p.step.row_visible;
 #pragma unroll
-    for (int r = 0; r < kRowsWg; ++r) n_r[r] = r < my_rows ? p.step.row_visible[p.row_base + row0 + r] : 0;
+    for (int r = 0; r < kRowsWg; ++r) n_r[r] = r < my_rows ? visible[p.row_base + row0 + r] : 0;
     FenceProxyAsyncShared();            // Q stores before the wgmma reads
     NamedBarrierSync(1 + wg, kWgSize);
   };
@@ -337,11 +497,13 @@ __global__ void __launch_bounds__(C::kThreads, C::kMinBlocks)
 // top-k then runs its own first pass; A/B runs; knobs.h).
 bool TopkFuseEnabled() { return Knobs().topk_fuse; }
 
-template <class C>
-absl::Status LaunchWs(const LogitsParams& p_in, Stream stream) {
-  auto* kernel = &DenseLogitsWgmmaWsKernel<C>;
+// kGather: the gather walk over the pool's 8-entry tensor map `rows8`
+// (the dense walk passes its own map, unused).
+template <class C, bool kGather = false>
+absl::Status LaunchWs(const LogitsParams& p_in, Stream stream, const TensorMap& rows8) {
+  auto* kernel = &DenseLogitsWgmmaWsKernel<C, kGather>;
   LogitsParams p = p_in;
-  if (!C::kHist || !TopkFuseEnabled()) p.topk_hist = nullptr;
+  if (kGather || !C::kHist || !TopkFuseEnabled()) p.topk_hist = nullptr;
   // K is read once: its copies carry the L2 evict-first policy, so the
   // logits the top-k reads next (and what other layers keep in L2) stay.
   // Same call, H200 (h200_2026-12-01_kfp8.md): logits -6.4 us at B=64 8k,
@@ -366,7 +528,7 @@ absl::Status LaunchWs(const LogitsParams& p_in, Stream stream) {
   // of 2 or 4 units per block, to amortize a block's set-up at small batch,
   // measured no better: B=1 n=128k 17.2-18.9 us at 1, 17.2-17.3 at 2, 21.5 at 4.)
   const int64_t grid = std::min<int64_t>(p.unit_end - p.unit_begin, static_cast<int64_t>(*per_sm) * p.num_sms);
-  GPU_LAUNCH(kernel, static_cast<int>(grid), C::kThreads, C::kSmem, stream, p);
+  GPU_LAUNCH(kernel, static_cast<int>(grid), C::kThreads, C::kSmem, stream, p, rows8);
   return absl::OkStatus();
 }
 
@@ -416,6 +578,13 @@ template <>
 struct WsPick<16, 2> { using C = WsConfig<16, 2, 1, 2, 6, 3>; };  // N = 32
 template <>
 struct WsPick<16, 4> { using C = WsConfig<16, 4, 1, 2, 6, 3>; };  // N = 64
+// The gather walk (groups of one row): the one-row configurations. (Eight
+// slots would not leave three blocks per SM at H 32: 3 x 77 KiB plus the
+// per-block reserve is over 228 KiB.)
+template <int kHeads>
+struct WsGatherPick {
+  using C = typename WsPick<kHeads, 1>::C;
+};
 
 }  // namespace
 
@@ -443,14 +612,33 @@ absl::Status LaunchDenseLogitsWgmmaWs(const LogitsParams& p, Stream stream) {
         kMaxGroupRows, " rows, got ", p.max_group_rows, " rows, use_tma ", p.use_tma));
   }
   if (WgmmaWsFillsTopkHist(p)) {
-    if (p.max_group_rows <= 1) return LaunchWs<WsHistPick<1>::C>(p, stream);
-    return LaunchWs<WsHistPick<2>::C>(p, stream);
+    if (p.max_group_rows <= 1) return LaunchWs<WsHistPick<1>::C>(p, stream, p.tmap);
+    return LaunchWs<WsHistPick<2>::C>(p, stream, p.tmap);
   }
   return DispatchWgmmaRows(p.max_group_rows <= 1 ? 1 : p.max_group_rows <= 2 ? 2 : 4,
                            [&](auto r) -> absl::Status {
     return DispatchMmaHeads(p.num_heads, [&](auto h) -> absl::Status {
-      return LaunchWs<typename WsPick<decltype(h)::value, decltype(r)::value>::C>(p, stream);
+      return LaunchWs<typename WsPick<decltype(h)::value, decltype(r)::value>::C>(p, stream, p.tmap);
     });
+  });
+}
+
+bool WgmmaWsGatherSupported(const LogitsParams& p) {
+  return p.use_tma && p.max_group_rows == 1 && MmaHeadsSupported(p.num_heads) && WgmmaTmaSupported(p.layout) &&
+         p.gather_blocks != nullptr && p.gather_entries != nullptr && p.gather_block >= kBoxEntries &&
+         p.gather_block % kBoxEntries == 0;
+}
+
+absl::Status LaunchDenseLogitsWgmmaWsGather(const LogitsParams& p, const TensorMap& rows8, Stream stream) {
+  if (p.unit_end == p.unit_begin) return absl::OkStatus();
+  if (!WgmmaWsGatherSupported(p)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "warp-specialized gather walk: expected a tensor-mapped pool, groups of 1 row, pool entries and "
+        "pool blocks of a multiple of ", kBoxEntries, " entries, got ", p.max_group_rows, " rows, use_tma ",
+        p.use_tma, ", block ", p.gather_block));
+  }
+  return DispatchMmaHeads(p.num_heads, [&](auto h) -> absl::Status {
+    return LaunchWs<typename WsGatherPick<decltype(h)::value>::C, true>(p, stream, rows8);
   });
 }
 

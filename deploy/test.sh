@@ -93,7 +93,7 @@ stage_tsan() {
 
 stage_fuzz() {
   CC=clang-19 CXX=clang++-19 build_variant build-fuzz -DINDEXER_FUZZ=ON
-  cmake --build build-fuzz -j "$jobs" --target fuzz_step fuzz_release fuzz_write_entries fuzz_export
+  cmake --build build-fuzz -j "$jobs" --target fuzz_step fuzz_release fuzz_write_entries fuzz_export fuzz_step_wire
   tests/fuzz/run.sh build-fuzz "${FUZZ_SECONDS:-60}"
 }
 

@@ -22,9 +22,11 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/base/call_once.h"
 #include "absl/strings/str_cat.h"
 #include "kernels/format/page_layout.h"
 #include "kernels/geometry/step_geometry.h"
+#include "kernels/host_buffers.h"
 
 namespace indexer {
 
@@ -238,6 +240,12 @@ class Backend {
   virtual absl::StatusOr<LayerTimings> RunLayer(PoolHandle pool, StepContext* ctx,
                                                 const LayerWork& work);
 
+  // Host buffers this backend lends (host_buffers.h): the daemon stages
+  // inline tensors and receives top-k in them. Pinned on the gpu backend,
+  // whose uploads and downloads then copy to or from them directly (no
+  // staging copy); plain heap memory here, the default. Lives as long as
+  // the backend.
+  virtual HostBufferPool& host_buffers();
   // Copies `bytes` bytes of device memory to the host (device inputs that
   // need host work, e.g. FP32 Q the daemon quantizes). FAILED_PRECONDITION
   // on a backend without device memory.
@@ -281,6 +289,10 @@ class Backend {
   absl::Status Unimplemented(const std::string& what) const {
     return absl::UnimplementedError(what + ": not implemented by the " + Kind() + " backend");
   }
+
+ private:
+  std::unique_ptr<HostBufferPool> heap_buffers_;  // host_buffers()' default, made on first use
+  absl::once_flag heap_buffers_once_;
 };
 
 // The argument checks of Backend::ReadEntries, shared by the backends:

@@ -6,6 +6,11 @@
 
 namespace indexer {
 
+HostBufferPool& Backend::host_buffers() {
+  absl::call_once(heap_buffers_once_, [this] { heap_buffers_ = HostBufferPool::Heap(); });
+  return *heap_buffers_;
+}
+
 absl::StatusOr<LayerTimings> Backend::RunLayer(PoolHandle pool_h, StepContext* ctx,
                                                const LayerWork& work) {
   if (ctx == nullptr) {

@@ -73,6 +73,7 @@ class ForwardingBackend : public Backend {
     return inner_->OpenDeviceRegion(ipc_handle, device_uuid, pci_bus_id, offset, bytes);
   }
   absl::Status CloseDeviceRegion(void* base) override { return inner_->CloseDeviceRegion(base); }
+  HostBufferPool& host_buffers() override { return inner_->host_buffers(); }
 
  protected:
   Backend& inner() const { return *inner_; }

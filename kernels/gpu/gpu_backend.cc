@@ -76,7 +76,16 @@ class DrainOnError {
 }  // namespace
 
 GpuBackend::GpuBackend(int ordinal, const DeviceProp& props)
-    : ordinal_(ordinal), props_(props) {}
+    : ordinal_(ordinal), props_(props) {
+  pinned_ = std::make_unique<HostBufferPool>(
+      [ordinal](size_t n) -> void* {
+        // Lend runs on the daemon's threads: allocate in this device's context.
+        void* p = nullptr;
+        if (SetDevice(ordinal) != kSuccess) return nullptr;
+        return HostMalloc(&p, n) == kSuccess ? p : nullptr;
+      },
+      [](void* p) { (void)HostFree(p); }, /*pinned=*/true, HostBufferPool::Limits());
+}
 
 absl::StatusOr<std::unique_ptr<GpuBackend>> GpuBackend::Create(int ordinal) {
   int n = 0;
@@ -152,6 +161,7 @@ GpuBackend::~GpuBackend() {
   for (HostStage* h : {&host_in_, &host_out_}) {
     if (h->base != nullptr) (void)HostFree(h->base);
   }
+  pinned_->Shutdown();  // lent buffers are freed when given back
   for (Event e : ev_) {
     if (e != nullptr) (void)EventDestroy(e);
   }
@@ -394,6 +404,12 @@ absl::Status GpuBackend::Emit(int32_t* dst, const int32_t* src, int64_t bytes) {
 
 absl::Status GpuBackend::Upload(void* dst, const void* src, int64_t bytes) {
   chain_edge_ = -1;
+  // A lent pinned buffer (the daemon's inline tensors) is copied from as it
+  // is; the caller keeps it until the call's end, like any source.
+  if (pinned_->Contains(src, bytes)) {
+    GPU_RETURN_IF_ERROR(CopyH2D(dst, src, static_cast<size_t>(bytes), stream_));
+    return absl::OkStatus();
+  }
   if (uint8_t* staged = host_in_.Take(bytes)) {
     std::memcpy(staged, src, static_cast<size_t>(bytes));
     src = staged;
@@ -404,7 +420,9 @@ absl::Status GpuBackend::Upload(void* dst, const void* src, int64_t bytes) {
 
 absl::Status GpuBackend::Download(void* dst, const void* src, int64_t bytes) {
   chain_edge_ = -1;
-  uint8_t* staged = host_out_.Take(bytes);
+  // Into a lent pinned buffer (the reply's top-k) directly, or without
+  // staging room, into the caller's memory.
+  uint8_t* staged = pinned_->Contains(dst, bytes) ? nullptr : host_out_.Take(bytes);
   if (staged == nullptr) {
     GPU_RETURN_IF_ERROR(CopyD2H(dst, src, static_cast<size_t>(bytes), stream_));
     return absl::OkStatus();

@@ -137,6 +137,10 @@ class GpuBackend : public Backend {
                                                       uint64_t offset,
                                                       uint64_t bytes) override;
   absl::Status CloseDeviceRegion(void* base) override;
+  // Pinned buffers (HostMalloc), freed with the backend; Upload / Download
+  // copy to and from a lent one directly instead of through host_in_ /
+  // host_out_.
+  HostBufferPool& host_buffers() override { return *pinned_; }
 
   // For tests and the benchmark.
   int num_sms() const { return props_.multiProcessorCount; }
@@ -339,6 +343,7 @@ class GpuBackend : public Backend {
   bool chain_next_span_ ABSL_GUARDED_BY(mu_) = false;
   bool checks_launched_ ABSL_GUARDED_BY(mu_) = false;  // this call's, by RunLayer
   std::vector<PendingSpan> spans_ ABSL_GUARDED_BY(mu_);
+  std::unique_ptr<HostBufferPool> pinned_;  // made in the constructor
   HostStage host_in_ ABSL_GUARDED_BY(mu_);
   HostStage host_out_ ABSL_GUARDED_BY(mu_);
   std::vector<PendingCopy> downloads_ ABSL_GUARDED_BY(mu_);

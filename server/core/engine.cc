@@ -562,6 +562,9 @@ absl::StatusOr<LayerOutput> Step::RunLayer(const LayerInput& in) {
     RETURN_IF_ERROR(check_out(in.out_host_bytes));
     // Regions are mapped page-aligned and references 16-byte aligned.
     work.out = reinterpret_cast<int32_t*>(in.out_host);
+  } else if (in.out_lease != nullptr &&
+             (*in.out_lease = b.host_buffers().Lend(out_bytes))) {
+    work.out = reinterpret_cast<int32_t*>(in.out_lease->data());
   } else if (in.out_bytes != nullptr) {
     in.out_bytes->resize(n_out * sizeof(int32_t));
     work.out = reinterpret_cast<int32_t*>(in.out_bytes->data());

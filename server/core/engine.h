@@ -58,6 +58,11 @@ struct LayerInput {
   // byte order = the wire's little-endian) instead of LayerOutput::indices,
   // e.g. straight into the reply's tensor bytes. Unspecified on failure.
   std::string* out_bytes = nullptr;
+  // Optional, before out_bytes: the indices go into a buffer lent by the
+  // backend's host_buffers() (pinned on the gpu backend: downloaded into it
+  // directly), left in *out_lease with its size() the output's bytes. When
+  // the pool has no room the lease stays empty and out_bytes is used.
+  HostLease* out_lease = nullptr;
   // Optional: where the indices go instead (LayerRequest.topk_out), exactly
   // the output shape x 4 bytes (INVALID_ARGUMENT "topk_out.bytes" before
   // any work otherwise): device memory of the daemon's device (a device

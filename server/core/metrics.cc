@@ -118,6 +118,14 @@ std::string Metrics::Render(const MetricsGauges& g, const std::string& profile,
   absl::StrAppend(&out, "indexer_received_bytes_total ", bytes_in_.load(kRelaxed), "\n");
   Head(&out, "indexer_sent_bytes_total", "counter", "Reply bytes of Step calls.");
   absl::StrAppend(&out, "indexer_sent_bytes_total ", bytes_out_.load(kRelaxed), "\n");
+  Head(&out, "indexer_inline_tensor_bytes_total", "counter",
+       "Inline tensor bytes of Step layers: in (k, q, q_scale, weights) or out (top-k), "
+       "through a buffer the backend lent (one copy, pinned on gpu) or copied.");
+  for (int i = 0; i < 4; ++i) {
+    absl::StrAppend(&out, "indexer_inline_tensor_bytes_total{direction=\"", i < 2 ? "in" : "out",
+                    "\",path=\"", i % 2 == 0 ? "lent" : "copied", "\"} ",
+                    inline_bytes_[i].load(kRelaxed), "\n");
+  }
 
   Head(&out, "indexer_pages_free", "gauge", "Free pages per layer of each layer group.");
   for (const auto& gr : g.groups) {

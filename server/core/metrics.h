@@ -76,6 +76,16 @@ class Metrics {
   void BytesIn(int64_t n) { bytes_in_.fetch_add(static_cast<uint64_t>(n), kRelaxed); }
   void BytesOut(int64_t n) { bytes_out_.fetch_add(static_cast<uint64_t>(n), kRelaxed); }
   void LayerDone(LayerRoleKind role, const LayerPhaseTimes& t);
+  // Inline tensor bytes of Step layers (indexer_inline_tensor_bytes_total):
+  // received (`in`: k, q, q_scale, weights) or sent (the top-k), through a
+  // buffer the backend lent (`lent`: one copy from or to gRPC's slices,
+  // pinned on the gpu backend) or through ordinary memory (`copied`).
+  void InlineTensorBytes(bool in, bool lent, int64_t n) {
+    inline_bytes_[(in ? 0 : 2) + (lent ? 0 : 1)].fetch_add(static_cast<uint64_t>(n), kRelaxed);
+  }
+  uint64_t inline_tensor_bytes(bool in, bool lent) const {
+    return inline_bytes_[(in ? 0 : 2) + (lent ? 0 : 1)].load(kRelaxed);
+  }
 
   uint64_t steps(StepOutcome o) const { return steps_[static_cast<int>(o)].load(kRelaxed); }
   uint64_t rejections(Rejection r) const {
@@ -99,6 +109,7 @@ class Metrics {
   std::atomic<uint64_t> device_errors_{0};
   std::atomic<uint64_t> bytes_in_{0};
   std::atomic<uint64_t> bytes_out_{0};
+  std::array<std::atomic<uint64_t>, 4> inline_bytes_{};  // in lent, in copied, out lent, out copied
   std::array<std::array<LatencyHistogram, kNumPhases>, kNumRoles> layers_;
 };
 

@@ -20,6 +20,7 @@
 #include "server/rpc/grpc_status.h"
 #include "server/rpc/identity.h"
 #include "server/rpc/idle_watch.h"
+#include "server/rpc/inline_tensors.h"
 #include "server/rpc/lifecycle_service.h"
 #include "server/rpc/log_safe.h"
 #include "server/rpc/peer_uid.h"
@@ -198,7 +199,8 @@ class StepReactor final
         client_(state->Client(*ctx)),
         owner_(state->Owner(*ctx)),
         created_(Clock::now()),
-        tag_(TagOf(*ctx)) {
+        tag_(TagOf(*ctx)),
+        inline_(&state->engine->backend().host_buffers(), &state->metrics) {
     state_->idle_watch.Add(this);
     ReadNext();
   }
@@ -292,14 +294,12 @@ class StepReactor final
   // Executor: parse, run, then reply or read on.
   void Process() {
     absl::StatusOr<Next> next = [&]() -> absl::StatusOr<Next> {
-      // What the generated (typed) handler does, here: parse into req_ (one
-      // copy of the tensors out of the transport's slices).
-      const bool parsed =
-          grpc::SerializationTraits<v1::StepRequest>::Deserialize(&req_bytes_, &req_).ok();
+      // [inline] Parse into req_, a layer's inline tensors copied once out
+      // of the transport's slices into lent buffers (inline_tensors.h).
+      absl::Status parsed = inline_.Read(req_bytes_, &req_);
+      req_bytes_.Clear();
       parsed_ = Clock::now();
-      if (!parsed) {
-        return absl::InvalidArgumentError("request: expected a StepRequest message");
-      }
+      RETURN_IF_ERROR(parsed);
       return Handle();
     }();
     // The request is handled: its bytes no longer count against the client.
@@ -436,6 +436,7 @@ class StepReactor final
                           absl::StrCat("layer ", r.layer(), ": ", converted.status().message()));
     }
     LayerInput& in = *converted;
+    inline_.Apply(&in);  // [inline] the lent tensor bytes; the top-k into a lent buffer
     // The backend writes the indices straight into a reply buffer, which
     // goes on the wire as it is (see WriteLayerReply), or into the caller's
     // topk_out region (the reply then carries dtype and shape only).
@@ -479,6 +480,9 @@ class StepReactor final
     meta.set_dtype(v1::INT32);
     for (int64_t d : out->shape) meta.add_shape(d);
     WriteLayerReply(reply, meta, std::move(topk));
+    if (spdlog::should_log(spdlog::level::debug)) {  // [inline] which path the bytes took
+      spdlog::debug("[{}] layer {}: {}", Who(), r.layer(), inline_.Describe());
+    }
     return absl::OkStatus();
   }
 
@@ -486,9 +490,13 @@ class StepReactor final
   // the top-k bytes as their own slice (no copy); see LayerReplyHead.
   void WriteLayerReply(const v1::LayerReply& reply, const v1::Tensor& meta,
                        std::unique_ptr<std::string> topk) {
-    const size_t n = topk->size();
+    grpc::Slice lent;  // [inline] the top-k in the backend's lent buffer
+    const bool from_lent = inline_.TakeTopk(&lent);
+    const size_t n = from_lent ? lent.size() : topk->size();
+    if (!from_lent) inline_.CopiedTopk(n);
     const std::string head = LayerReplyHead(reply, meta, n);
-    grpc::Slice slices[2] = {grpc::Slice(head), buffers_->Lend(std::move(topk), n)};
+    grpc::Slice slices[2] = {grpc::Slice(head),
+                             from_lent ? std::move(lent) : buffers_->Lend(std::move(topk), n)};
     resp_bytes_ = grpc::ByteBuffer(slices, n > 0 ? 2 : 1);
     state_->metrics.BytesOut(static_cast<int64_t>(head.size() + n));
   }
@@ -524,6 +532,7 @@ class StepReactor final
   const std::string owner_;   // owner of the regions it may reference
   const Clock::time_point created_;  // the stream's start
   const CallTag tag_;         // x-request-id, traceparent
+  InlineTensors inline_;      // [inline] the layer's tensor bytes, lent
   std::vector<PinnedRegion> pins_;  // regions of the layer in flight
   ClientQuotas::Hold step_hold_;   // open step + its pages
   ClientQuotas::Hold bytes_hold_;  // the message being handled

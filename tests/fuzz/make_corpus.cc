@@ -186,6 +186,28 @@ void StepCorpus(const fs::path& dir) {
   Write(dir, "undecodable_and_headless", s);
 }
 
+// fuzz_step_wire: one StepRequest per input, each record one slice.
+void StepWireCorpus(const fs::path& dir) {
+  const std::string dense = Layer(0, 3).SerializeAsString();
+  std::string s;
+  AppendRecord(&s, dense);
+  Write(dir, "layer_one_slice", s);
+  s.clear();
+  // Cut inside the layer's length, a tensor's tag and Q's data.
+  const size_t cuts[] = {0, 2, 9, dense.size() / 2, dense.size()};
+  for (int i = 0; i + 1 < 5; ++i) AppendRecord(&s, dense.substr(cuts[i], cuts[i + 1] - cuts[i]));
+  Write(dir, "layer_four_slices", s);
+  s.clear();
+  AppendRecord(&s, Layer(3, 2, /*bf16=*/true).SerializeAsString());
+  Write(dir, "block_layer_bf16", s);
+  s.clear();
+  AppendRecord(&s, Header({{"a", 2, true}, {"#7", 1, false}}).SerializeAsString());
+  Write(dir, "header", s);
+  s.clear();
+  AppendRecord(&s, dense.substr(0, dense.size() - 5));
+  Write(dir, "truncated", s);
+}
+
 void ReleaseCorpus(const fs::path& dir) {
   std::string s;
   AppendRecord(&s, ReleaseOf({"#7"}).SerializeAsString());
@@ -271,5 +293,6 @@ int main(int argc, char** argv) {
   indexer::fuzz::ReleaseCorpus(root / "release");
   indexer::fuzz::WriteEntriesCorpus(root / "write_entries");
   indexer::fuzz::ExportCorpus(root / "export");
+  indexer::fuzz::StepWireCorpus(root / "step_wire");
   return 0;
 }

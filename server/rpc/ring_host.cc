@@ -198,6 +198,8 @@ class RingHost::Ring {
   absl::Status Step(const StepReceipt& receipt, uint32_t room) {
     switch (req_.kind_case()) {
       case v1::StepRequest::kHeader:
+        // LayerTimings.stream_clock_ns: a ring's step starts with its header.
+        if (!session_.has_step()) session_.set_created(receipt.received);
         return session_.Begin(req_.header(), receipt);
       case v1::StepRequest::kLayer: {
         auto res = session_.Layer(req_.layer(), receipt, std::move(topk_));

@@ -77,6 +77,10 @@ class StepSession {
   // Commits the open step; on success committed() is true.
   absl::StatusOr<v1::StepCommitted> Commit();
 
+  // A new start for the next step's timings (a ring's transport has no
+  // stream per step: it passes the header's receipt).
+  void set_created(Clock::time_point t) { created_ = t; }
+
   // The layer's regions may be unmapped from now on (its reply is out).
   void ReleasePins() { pins_.clear(); }
   // Drops the step (rolled back unless committed), its quota and pins, and
@@ -89,7 +93,7 @@ class StepSession {
   const std::string client_;
   const std::string owner_;
   const std::string peer_;
-  const Clock::time_point created_;
+  Clock::time_point created_;
   std::vector<PinnedRegion> pins_;  // regions of the layer in flight
   ClientQuotas::Hold step_hold_;    // open step + its pages
   std::unique_ptr<indexer::Step> step_;

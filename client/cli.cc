@@ -318,9 +318,16 @@ int main(int argc, char** argv) {
   bench_cmd->add_option("--transport", bench.transport,
                         "how tensors travel: inline (bytes in the message), host "
                         "(a registered shared-memory region, top-k via topk_out) or "
-                        "device (GPU memory by IPC handle; GPU builds only)")
+                        "device (GPU memory by IPC handle; GPU builds only), or ring "
+                        "(as host, and the step's messages through a request ring in "
+                        "shared memory instead of gRPC; daemon on this host)")
       ->capture_default_str()
-      ->check(CLI::IsMember({"inline", "host", "device"}));
+      ->check(CLI::IsMember({"inline", "host", "device", "ring"}));
+  bench_cmd->add_option("--ring-spin-us", bench.ring_spin_us,
+                        "--transport ring: microseconds the client polls for an answer "
+                        "before it sleeps on the ring's futex")
+      ->capture_default_str()
+      ->check(CLI::Range(0.0, 1e6));
   bench_cmd->add_option("--host-region", bench.host_region,
                         "--transport host: shm (a POSIX shared-memory object, by name) or "
                         "memfd (a memfd passed over the daemon's memfd socket)")

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cinttypes>
 #include <cstdio>
+#include <unistd.h>
 #include <map>
 #include <set>
 #include <string>
@@ -16,6 +17,7 @@
 #include "client/cli_transport.h"
 #include "client/reference.h"
 #include "client/workload.h"
+#include "indexer/ring_channel.h"
 #include "kernels/common/status_macros.h"
 
 namespace indexer::client::cli {
@@ -108,7 +110,8 @@ class Bench {
   Bench(IndexerClient* client, const v1::ServerInfo& info,
         std::vector<LayerSpec> specs, std::set<uint32_t> timed,
         const GlobalFlags& global, const BenchFlags& flags,
-        BlockQFormat block_q, OwnedSequences* owned, BenchTransport* transport);
+        BlockQFormat block_q, OwnedSequences* owned, BenchTransport* transport,
+        RingChannel* ring);
 
   absl::Status Populate();
   absl::Status RunSteps();
@@ -136,6 +139,7 @@ class Bench {
   BlockQFormat block_q_;
   OwnedSequences* owned_;
   BenchTransport* transport_;
+  RingChannel* ring_;  // --transport ring: the step's messages go through it
   Rng rng_;
   std::map<PoolKey, EntryPool> pools_;
   std::map<uint32_t, v1::LayerRequest> decode_q_;  // per layer, K unset
@@ -153,7 +157,8 @@ class Bench {
 Bench::Bench(IndexerClient* client, const v1::ServerInfo& info,
              std::vector<LayerSpec> specs, std::set<uint32_t> timed,
              const GlobalFlags& global, const BenchFlags& flags,
-             BlockQFormat block_q, OwnedSequences* owned, BenchTransport* transport)
+             BlockQFormat block_q, OwnedSequences* owned, BenchTransport* transport,
+             RingChannel* ring)
     : client_(client),
       info_(info),
       specs_(std::move(specs)),
@@ -163,6 +168,7 @@ Bench::Bench(IndexerClient* client, const v1::ServerInfo& info,
       block_q_(block_q),
       owned_(owned),
       transport_(transport),
+      ring_(ring),
       rng_(flags.seed) {
   for (const LayerSpec& spec : specs_) {
     if (!timed_.count(spec.layer)) continue;
@@ -309,8 +315,12 @@ absl::Status Bench::Step(int32_t q_len, bool create, bool measure,
   const bool abort = flags_.abort_steps && !dummy_q;
   const auto step_start = Clock::now();
   double own_us = 0;
-  ASSIGN_OR_RETURN(std::unique_ptr<StepSession> session,
-                   client_->OpenStep(header));
+  std::unique_ptr<StepSession> session;
+  if (ring_ != nullptr) {
+    RETURN_IF_ERROR(ring_->Begin(header));
+  } else {
+    ASSIGN_OR_RETURN(session, client_->OpenStep(header));
+  }
   for (const LayerSpec& spec : specs_) {
     const bool timed = timed_.count(spec.layer) > 0 && !dummy_q;
     if (abort && !run_.count(spec.layer)) continue;
@@ -330,7 +340,8 @@ absl::Status Bench::Step(int32_t q_len, bool create, bool measure,
     RETURN_IF_ERROR(transport_->Prepare(&request, topk_bytes));
     const auto start = Clock::now();
     own_us += std::chrono::duration<double, std::micro>(start - own_start).count();
-    absl::StatusOr<v1::LayerReply> reply = session->RunLayer(std::move(request));
+    absl::StatusOr<v1::LayerReply> reply =
+        ring_ != nullptr ? ring_->RunLayer(request) : session->RunLayer(std::move(request));
     const auto end = Clock::now();
     const double rtt = std::chrono::duration<double, std::micro>(end - start).count();
     if (!reply.ok()) {
@@ -377,9 +388,14 @@ absl::Status Bench::Step(int32_t q_len, bool create, bool measure,
     }
   }
   if (abort) {
-    session->Abort();
+    if (ring_ != nullptr) {
+      RETURN_IF_ERROR(ring_->Abort());
+    } else {
+      session->Abort();
+    }
   } else {
-    ASSIGN_OR_RETURN(v1::StepCommitted committed, session->Commit());
+    ASSIGN_OR_RETURN(v1::StepCommitted committed,
+                     ring_ != nullptr ? ring_->Commit() : session->Commit());
     (void)committed;
     for (size_t s = 0; s < ids_.size(); ++s) {
       if (create) owned_->Add(ids_[s]);
@@ -556,15 +572,29 @@ absl::Status RunBench(const GlobalFlags& global, const BenchFlags& flags) {
                 extra.c_str());
   }
 
+  const bool use_ring = flags.transport == "ring";
   ASSIGN_OR_RETURN(std::unique_ptr<BenchTransport> transport,
-                   MakeBenchTransport(flags.transport, flags.host_region, client.get()));
-  std::printf("transport: %s%s\n", transport->name(),
+                   MakeBenchTransport(use_ring ? "host" : flags.transport, flags.host_region,
+                                      client.get()));
+  std::unique_ptr<RingChannel> ring;
+  if (use_ring) {
+    RingOptions ro;
+    ro.spin = absl::Microseconds(flags.ring_spin_us);
+    ro.shm_name = absl::StrCat("/indexer-cli-ring-", getpid());
+    ASSIGN_OR_RETURN(ring, RingChannel::Open(client.get(), ro));
+    std::printf("ring: %u slots of %u bytes, client spin %.0f us, daemon spin %u us\n",
+                ro.slot_count, ro.slot_bytes, flags.ring_spin_us, ring->server_spin_us());
+  }
+  std::printf("transport: %s%s\n", use_ring ? "ring" : transport->name(),
               flags.transport == "inline"
                   ? " (tensors and top-k in the messages)"
-                  : " (tensors by reference to a registered region, top-k via topk_out)");
+                  : use_ring ? " (step messages through a request ring, tensors by reference "
+                               "to a registered region, top-k via topk_out)"
+                             : " (tensors by reference to a registered region, top-k via "
+                               "topk_out)");
   OwnedSequences owned(client.get());
   Bench bench(client.get(), info, std::move(specs), std::move(timed), global,
-              flags, block_q, &owned, transport.get());
+              flags, block_q, &owned, transport.get(), ring.get());
   RETURN_IF_ERROR(bench.Populate());
   RETURN_IF_ERROR(bench.RunSteps());
   bench.Report();

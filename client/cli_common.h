@@ -54,8 +54,9 @@ struct BenchFlags {
   bool q_fp32 = false;
   bool prequantized = false;
   uint64_t seed = 1;
-  std::string transport = "inline";  // inline, host or device
+  std::string transport = "inline";  // inline, host, device or ring
   std::string host_region = "shm";    // --transport host: shm or memfd
+  double ring_spin_us = 50;           // --transport ring: the client's spin before it sleeps
 };
 
 struct HealthFlags {

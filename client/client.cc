@@ -385,6 +385,28 @@ absl::StatusOr<v1::RegisterRegionResponse> IndexerClient::RegisterHostRegion(
   return response;
 }
 
+absl::StatusOr<v1::AttachRingResponse> IndexerClient::AttachRing(uint64_t region,
+                                                                 uint64_t offset) {
+  grpc::ClientContext context;
+  Prepare(context, options_.rpc_timeout);
+  v1::AttachRingRequest request;
+  request.set_region(region);
+  request.set_offset(offset);
+  v1::AttachRingResponse response;
+  RETURN_IF_ERROR(FromGrpcStatus(stub_->AttachRing(&context, request, &response)));
+  return response;
+}
+
+absl::StatusOr<bool> IndexerClient::DetachRing(uint64_t ring) {
+  grpc::ClientContext context;
+  Prepare(context, options_.rpc_timeout);
+  v1::DetachRingRequest request;
+  request.set_ring(ring);
+  v1::DetachRingResponse response;
+  RETURN_IF_ERROR(FromGrpcStatus(stub_->DetachRing(&context, request, &response)));
+  return response.rolled_back();
+}
+
 absl::StatusOr<v1::RegisterRegionResponse> IndexerClient::RegisterMemfdToken(
     const std::string& name, const std::string& token, uint64_t offset, uint64_t bytes) {
   grpc::ClientContext context;

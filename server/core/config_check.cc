@@ -62,6 +62,7 @@ absl::Status FillAndCheckLimits(config::ServerConfig* cfg) {
   // Kubernetes' terminationGracePeriodSeconds must cover it: 10 minutes at most.
   RETURN_IF_ERROR(InRange("drain_delay_ms", cfg->drain_delay_ms(), 0, 600000));
   RETURN_IF_ERROR(InRange("layer_spin_us", cfg->layer_spin_us(), 0, 100000));
+  RETURN_IF_ERROR(InRange("ring_spin_us", cfg->ring_spin_us(), 0, 100000));
 
   if (cfg->next_n() == 0) cfg->set_next_n(1);
   if (cfg->logits_budget_mb() == 0) cfg->set_logits_budget_mb(512);
@@ -75,6 +76,7 @@ absl::Status FillAndCheckLimits(config::ServerConfig* cfg) {
   if (cfg->max_seq_len() == 0) cfg->set_max_seq_len(1 << 20);
   if (cfg->step_idle_ms() == 0) cfg->set_step_idle_ms(kDefaultStepIdleMs);
   if (!cfg->has_layer_spin_us()) cfg->set_layer_spin_us(kDefaultLayerSpinUs);
+  if (!cfg->has_ring_spin_us()) cfg->set_ring_spin_us(kDefaultRingSpinUs);
   if (cfg->keepalive_ms() == 0) cfg->set_keepalive_ms(kDefaultKeepaliveMs);
   if (cfg->keepalive_timeout_ms() == 0) cfg->set_keepalive_timeout_ms(kDefaultKeepaliveTimeoutMs);
   if (cfg->memory_quota_mb() == 0) cfg->set_memory_quota_mb(kDefaultMemoryQuotaMb);

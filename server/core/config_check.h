@@ -18,6 +18,7 @@ struct Model;
 // Defaults of the trust keys (SPEC §9); see config.proto.
 inline constexpr uint64_t kDefaultStepIdleMs = 30000;
 inline constexpr uint32_t kDefaultLayerSpinUs = 200;
+inline constexpr uint32_t kDefaultRingSpinUs = 200;
 inline constexpr uint64_t kDefaultKeepaliveMs = 20000;
 inline constexpr uint64_t kDefaultKeepaliveTimeoutMs = 10000;
 inline constexpr uint32_t kDefaultMaxReservedPct = 50;

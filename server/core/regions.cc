@@ -231,6 +231,14 @@ absl::StatusOr<PinnedRegion> RegionRegistry::Lookup(const std::string& owner,
   return p;
 }
 
+bool RegionRegistry::Holds(const std::string& owner, uint64_t region) {
+  const int64_t now = now_();
+  absl::MutexLock lock(&mu_);
+  ExpireLocked(now);
+  auto it = regions_.find(region);
+  return it != regions_.end() && it->second.owner == owner;
+}
+
 size_t RegionRegistry::size() const {
   absl::MutexLock lock(&mu_);
   return regions_.size();

@@ -134,6 +134,10 @@ class RegionRegistry {
   absl::StatusOr<PinnedRegion> Lookup(const std::string& owner, absl::string_view field,
                                       const RegionSpan& span);
 
+  // Whether `owner` still holds `region` (after expiry), without renewing
+  // it: a request ring polls its region with this while it sleeps.
+  bool Holds(const std::string& owner, uint64_t region);
+
   // Regions of every owner (tests and metrics).
   size_t size() const;
 

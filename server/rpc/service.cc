@@ -7,7 +7,6 @@
 #include <utility>
 #include <vector>
 
-#include "absl/cleanup/cleanup.h"
 #include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
@@ -28,6 +27,8 @@
 #include "server/rpc/raw_codec.h"
 #include "server/rpc/reply_wire.h"
 #include "server/rpc/request_log.h"
+#include "server/rpc/ring_host.h"
+#include "server/rpc/step_session.h"
 #include "spdlog/spdlog.h"
 
 #ifndef INDEXER_VERSION
@@ -44,12 +45,6 @@ using Clock = std::chrono::steady_clock;
 
 double MicrosBetween(Clock::time_point a, Clock::time_point b) {
   return std::chrono::duration<double, std::micro>(b - a).count();
-}
-
-// libstdc++'s steady_clock is CLOCK_MONOTONIC: a client on this host reads
-// the same clock (LayerTimings.received_clock_ns).
-int64_t MonotonicNs(Clock::time_point t) {
-  return std::chrono::duration_cast<std::chrono::nanoseconds>(t.time_since_epoch()).count();
 }
 
 // 128 random bits as 32 hex digits: new at every start, so that a client
@@ -82,6 +77,8 @@ struct ServiceState {
   ClientQuotas quotas;
   RateLimiter rejection_log;  // repeated RESOURCE_EXHAUSTED: once a second
   IdleWatch idle_watch;
+  // Request rings: their workers use the above, so they stop before them.
+  std::unique_ptr<RingHost> rings;
   Executor executor;  // last: its workers stop first
 
   // A client's identity (identity.h): its sequence namespace and quota key.
@@ -93,6 +90,8 @@ struct ServiceState {
     std::string id = Client(ctx);
     return id.empty() ? "peer:" + ctx.peer() : id;
   }
+  // What StepSessions use.
+  StepServices StepDeps() { return StepServices{engine, &metrics, &quotas, &regions}; }
 
   // Logs a rejected call: once a second for RESOURCE_EXHAUSTED (admission
   // and quotas, which a flood repeats), counting the rest; else every time.
@@ -192,15 +191,14 @@ class StepReactor final
       public IdleWatched {
  public:
   StepReactor(ServiceState* state, grpc::CallbackServerContext* ctx)
-      : engine_(state->engine),
-        state_(state),
+      : state_(state),
         ctx_(ctx),
         buffers_(state->buffers),
         client_(state->Client(*ctx)),
-        owner_(state->Owner(*ctx)),
         created_(Clock::now()),
         tag_(TagOf(*ctx)),
-        inline_(&state->engine->backend().host_buffers(), &state->metrics) {
+        inline_(&state->engine->backend().host_buffers(), &state->metrics),
+        session_(state->StepDeps(), client_, state->Owner(*ctx), ctx->peer(), created_) {
     state_->idle_watch.Add(this);
     ReadNext();
   }
@@ -213,7 +211,7 @@ class StepReactor final
     }
     if (!ok) {
       // Half-close or cancellation before commit.
-      if (step_) spdlog::info("[{}] closed before commit: rolled back", Who());
+      if (session_.has_step()) spdlog::info("[{}] closed before commit: rolled back", Who());
       End(grpc::Status(grpc::StatusCode::ABORTED,
                        "step: stream closed before commit; rolled back"));
       return;
@@ -235,7 +233,7 @@ class StepReactor final
 
   void OnWriteDone(bool ok) override {
     // The layer's reply is out: its regions may be unmapped from now on.
-    pins_.clear();
+    session_.ReleasePins();
     {
       absl::MutexLock lock(&mu_);
       writing_ = false;
@@ -245,7 +243,7 @@ class StepReactor final
       End(grpc::Status(grpc::StatusCode::CANCELLED, "step: reply not delivered"));
       return;
     }
-    if (committed_) {
+    if (session_.committed()) {
       End(grpc::Status::OK);
       return;
     }
@@ -255,12 +253,11 @@ class StepReactor final
   void OnDone() override {
     state_->idle_watch.Remove(this);
     // A cancelled stream ends here without End().
-    if (step_ && !committed_) {
+    if (session_.has_step() && !session_.committed()) {
       state_->metrics.StepEnded(StepOutcome::kAborted);
       LogEnd(grpc::Status(grpc::StatusCode::CANCELLED, ""));
     }
-    step_.reset();
-    pins_.clear();
+    session_.Reset();
     delete this;
   }
 
@@ -280,7 +277,7 @@ class StepReactor final
     finished_ = true;
     state_->executor.Post([this, read_idle] {
       const int64_t ms = state_->idle_watch.idle().count();
-      if (step_) spdlog::info("[{}] idle for {} ms: rolled back", Who(), ms);
+      if (session_.has_step()) spdlog::info("[{}] idle for {} ms: rolled back", Who(), ms);
       Close(grpc::Status(
           grpc::StatusCode::DEADLINE_EXCEEDED,
           absl::StrCat(read_idle ? "step: no message for " : "step: reply not taken for ", ms,
@@ -328,7 +325,7 @@ class StepReactor final
     StartRead(&req_bytes_);
   }
 
-  std::string Who() const { return step_ ? LogSafe(step_->id(), 128) : std::string("step"); }
+  std::string Who() const { return session_.Who(); }
 
   void Reject(const absl::Status& s) {
     state_->LogRejection(Who(), s);
@@ -348,17 +345,15 @@ class StepReactor final
 
   // REQUIRES: this thread set finished_ (so nothing else touches the step).
   void Close(const grpc::Status& status) {
-    if (step_) state_->metrics.StepEnded(Outcome(status));
+    if (session_.has_step()) state_->metrics.StepEnded(Outcome(status));
     LogEnd(status);
-    step_.reset();
-    step_hold_.Reset();
-    pins_.clear();  // the failed layer writes nothing after this
+    session_.Reset();  // the failed layer writes nothing after this
     Finish(status);
   }
 
   // The call's access line (request_log.h), the step's id as request id.
   void LogEnd(const grpc::Status& status) const {
-    const std::string id = step_ ? LogSafe(step_->id(), 128) : std::string();
+    const std::string id = session_.LogId();
     LogCall("/indexer.v1.Indexer/Step", tag_, id, ClientQuotas::Display(client_), status,
             MicrosBetween(created_, Clock::now()) / 1e3);
   }
@@ -367,7 +362,7 @@ class StepReactor final
   // reactor ends a step the client gave up on with ABORTED (closed before
   // commit) or CANCELLED (reply not delivered); any other status failed it.
   StepOutcome Outcome(const grpc::Status& status) const {
-    if (committed_) return StepOutcome::kCommitted;
+    if (session_.committed()) return StepOutcome::kCommitted;
     if (status.error_code() == grpc::StatusCode::ABORTED ||
         status.error_code() == grpc::StatusCode::CANCELLED) {
       return StepOutcome::kAborted;
@@ -378,7 +373,7 @@ class StepReactor final
   absl::StatusOr<Next> Handle() {
     switch (req_.kind_case()) {
       case v1::StepRequest::kHeader:
-        RETURN_IF_ERROR(Begin(req_.header()));
+        RETURN_IF_ERROR(session_.Begin(req_.header(), Receipt()));
         return Next::kRead;
       case v1::StepRequest::kLayer:
         RETURN_IF_ERROR(Layer(req_.layer()));
@@ -386,100 +381,23 @@ class StepReactor final
       case v1::StepRequest::kCommit:
         RETURN_IF_ERROR(Commit());
         return Next::kWrite;
+      case v1::StepRequest::kAbort:
+        // The client's own rollback: as a stream closed before commit.
+        return absl::AbortedError("step: aborted by the client (abort); rolled back");
       default:
         return absl::InvalidArgumentError(
-            "request: expected one of header, layer, commit to be set");
+            "request: expected one of header, layer, commit, abort to be set");
     }
   }
 
-  absl::Status Begin(const v1::StepHeader& h) {
-    if (step_) {
-      return absl::FailedPreconditionError("header: already received; expected layer or commit");
-    }
-    // Sequences live in the client's namespace (SPEC §6 "Clients and
-    // tenancy"): another client's sequence is simply not found.
-    header_at_ = received_;
-    const absl::Cleanup timed = [&] { begin_us_ = MicrosBetween(header_at_, Clock::now()); };
-    ASSIGN_OR_RETURN(StepSpec spec, ToStepSpec(h, client_));
-    if (absl::Status open = state_->quotas.OpenStep(client_, &step_hold_); !open.ok()) {
-      state_->metrics.Rejected(Rejection::kQuota);
-      return open;
-    }
-    ASSIGN_OR_RETURN(std::unique_ptr<indexer::Step> step, engine_->BeginStep(spec));
-    absl::Status reserved = state_->quotas.ReservePages(step->reserved_pages(), &step_hold_);
-    if (!reserved.ok()) {
-      state_->metrics.Rejected(Rejection::kQuota);
-      return reserved;  // ~Step rolls back: the pages are free again
-    }
-    step_ = std::move(step);
-    if (spdlog::should_log(spdlog::level::debug)) {
-      const indexer::Step::BeginTimes& bt = step_->begin_times();
-      const std::string parts = step_->PrepareParts();
-      spdlog::debug("[{}] begin: {} sequences, {} rows, client {}, peer {}; after receipt: "
-                    "parsed {:.1f} us, then admission {:.1f} us, rows {:.1f} us, backend prepare "
-                    "{:.1f} us{}{}; handled {:.1f} us",
-                    Who(), spec.seqs.size(), step_->num_rows(), ClientQuotas::Display(client_),
-                    LogSafe(ctx_->peer(), 128), MicrosBetween(header_at_, parsed_), bt.admit_us,
-                    bt.rows_us, bt.prepare_us, parts.empty() ? "" : " = ", parts,
-                    MicrosBetween(header_at_, Clock::now()));
-    }
-    return absl::OkStatus();
-  }
+  StepReceipt Receipt() const { return StepReceipt{read_posted_, received_, parsed_}; }
 
   absl::Status Layer(const v1::LayerRequest& r) {
-    if (!step_) return absl::FailedPreconditionError("layer: expected the header first");
-    // References pin their regions in pins_ until the reply is written.
-    pins_.clear();
-    auto converted = ToLayerInput(r, RegionResolver{&state_->regions, owner_, &pins_});
-    if (!converted.ok()) {
-      return absl::Status(converted.status().code(),
-                          absl::StrCat("layer ", r.layer(), ": ", converted.status().message()));
-    }
-    LayerInput& in = *converted;
-    inline_.Apply(&in);  // [inline] the lent tensor bytes; the top-k into a lent buffer
-    // The backend writes the indices straight into a reply buffer, which
-    // goes on the wire as it is (see WriteLayerReply), or into the caller's
-    // topk_out region (the reply then carries dtype and shape only).
-    std::unique_ptr<std::string> topk = buffers_->Take();
-    if (in.out_device != nullptr || in.out_host != nullptr) {
-      topk->clear();
-    } else {
-      in.out_bytes = topk.get();
-    }
-    const Clock::time_point start = Clock::now();
-    auto out = step_->RunLayer(in);
-    if (!out.ok()) {
-      return absl::Status(out.status().code(),
-                          absl::StrCat("layer ", r.layer(), ": ", out.status().message()));
-    }
-    v1::LayerReply reply;
-    reply.set_layer(r.layer());
-    v1::LayerTimings* tm = reply.mutable_timings();
-    tm->set_queue_us(MicrosBetween(received_, start));
-    tm->set_validate_us(out->validate_us);
-    tm->set_write_us(out->timings.write_us);
-    tm->set_logits_us(out->timings.logits_us);
-    tm->set_topk_us(out->timings.topk_us);
-    tm->set_enqueue_us(out->timings.enqueue_us);
-    tm->set_wait_us(out->timings.wait_us);
-    const Clock::time_point replied = Clock::now();
-    tm->set_total_us(MicrosBetween(received_, replied));
-    tm->set_received_clock_ns(MonotonicNs(received_));
-    tm->set_replied_clock_ns(MonotonicNs(replied));
-    tm->set_read_clock_ns(MonotonicNs(read_posted_));
-    if (!start_reported_) {
-      start_reported_ = true;
-      tm->set_stream_clock_ns(MonotonicNs(created_));
-      tm->set_header_clock_ns(MonotonicNs(header_at_));
-      tm->set_begin_us(begin_us_);
-    }
-    state_->metrics.LayerDone(engine_->model().layer_role[r.layer()].kind,
-                              {tm->queue_us(), tm->validate_us(), tm->write_us(),
-                               tm->logits_us(), tm->topk_us(), tm->total_us()});
-    v1::Tensor meta;
-    meta.set_dtype(v1::INT32);
-    for (int64_t d : out->shape) meta.add_shape(d);
-    WriteLayerReply(reply, meta, std::move(topk));
+    // [inline] the lent tensor bytes; the top-k into a lent buffer.
+    ASSIGN_OR_RETURN(StepLayerResult res,
+                     session_.Layer(r, Receipt(), buffers_->Take(),
+                                    [this](LayerInput* in) { inline_.Apply(in); }));
+    WriteLayerReply(res.reply, res.meta, std::move(res.topk));
     if (spdlog::should_log(spdlog::level::debug)) {  // [inline] which path the bytes took
       spdlog::debug("[{}] layer {}: {}", Who(), r.layer(), inline_.Describe());
     }
@@ -502,12 +420,9 @@ class StepReactor final
   }
 
   absl::Status Commit() {
-    if (!step_) return absl::FailedPreconditionError("commit: expected the header first");
-    ASSIGN_OR_RETURN(std::vector<int64_t> lens, step_->Commit());
+    ASSIGN_OR_RETURN(v1::StepCommitted committed, session_.Commit());
     resp_.Clear();
-    for (int64_t l : lens) resp_.mutable_committed()->add_seq_lens(static_cast<uint64_t>(l));
-    spdlog::debug("[{}] committed", Who());
-    committed_ = true;
+    *resp_.mutable_committed() = std::move(committed);
     // Serialize requires an empty buffer: resp_bytes_ still holds the last
     // layer reply's slices (gRPC's writer asserts on a valid buffer once the
     // message outgrows an inlined slice, 23 bytes: ~20 sequences).
@@ -524,17 +439,13 @@ class StepReactor final
     return absl::InternalError(absl::StrCat("reply: ", s.error_message()));
   }
 
-  Engine* engine_;
   ServiceState* state_;
   grpc::CallbackServerContext* ctx_;
   std::shared_ptr<ReplyBuffers> buffers_;
   const std::string client_;  // namespace and quota key (ClientIdentity)
-  const std::string owner_;   // owner of the regions it may reference
   const Clock::time_point created_;  // the stream's start
   const CallTag tag_;         // x-request-id, traceparent
   InlineTensors inline_;      // [inline] the layer's tensor bytes, lent
-  std::vector<PinnedRegion> pins_;  // regions of the layer in flight
-  ClientQuotas::Hold step_hold_;   // open step + its pages
   ClientQuotas::Hold bytes_hold_;  // the message being handled
   absl::Mutex mu_;
   bool finished_ ABSL_GUARDED_BY(mu_) = false;  // End claimed
@@ -546,14 +457,10 @@ class StepReactor final
   grpc::ByteBuffer resp_bytes_;
   v1::StepRequest req_;
   v1::StepResponse resp_;
-  std::unique_ptr<indexer::Step> step_;
   Clock::time_point received_;
   Clock::time_point read_posted_;  // the current message's StartRead
-  Clock::time_point header_at_;
   Clock::time_point parsed_;  // the current message's parse done
-  double begin_us_ = 0;
-  bool start_reported_ = false;  // the first layer reply carried the above
-  bool committed_ = false;
+  StepSession session_;       // the step itself (last: it uses client_, created_)
 };
 
 }  // namespace
@@ -567,6 +474,8 @@ ServiceState::ServiceState(Engine* e, std::shared_ptr<ReplyBuffers> b)
       buffers(std::move(b)),
       quotas(LimitsOf(e->model().config), GroupPages(*e), GroupNames(*e)),
       idle_watch(std::chrono::milliseconds(e->model().config.step_idle_ms())),
+      rings(std::make_unique<RingHost>(StepDeps(), e->model().config.ring_spin_us(),
+                                       std::chrono::milliseconds(e->model().config.step_idle_ms()))),
       executor(ExecutorWorkersFor(e->backend().Kind()), kLayerWorkerNice,
                absl::Microseconds(e->model().config.layer_spin_us())) {}
 
@@ -597,7 +506,7 @@ grpc::ServerUnaryReactor* IndexerService::GetServerInfo(grpc::CallbackServerCont
   for (const char* f : {"dense", "candidate_source", "candidate_consumer", "block", "fp8",
                         "fp8_e4m3fnuz", "mxfp4", "linear", "tiled", "fp32_q", "bf16_q", "prequantized_k",
                         "import", "release", "health", "host_regions", "list_sequences",
-                        "export"}) {
+                        "export", "host_ring"}) {
     resp->add_features(f);
   }
   if (engine_->backend().Kind() == "gpu") resp->add_features("device_regions");
@@ -813,7 +722,12 @@ grpc::ServerUnaryReactor* IndexerService::UnregisterRegion(grpc::CallbackServerC
                                                            grpc::ByteBuffer* resp_bytes) {
   v1::UnregisterRegionRequest req;
   absl::Status s = Decode(*req_bytes, "UnregisterRegionRequest", &req);
-  if (s.ok()) s = state_->regions.Unregister(state_->Owner(*ctx), req.region());
+  if (s.ok()) {
+    const std::string owner = state_->Owner(*ctx);
+    // Its ring first (its open step rolls back): the ring pins the region.
+    state_->rings->DetachRegion(owner, req.region());
+    s = state_->regions.Unregister(owner, req.region());
+  }
   return Respond(ctx, Encode(s, v1::UnregisterRegionResponse(), resp_bytes));
 }
 
@@ -835,5 +749,37 @@ grpc::ServerUnaryReactor* IndexerService::ListRegions(grpc::CallbackServerContex
   }
   return Respond(ctx, Encode(absl::OkStatus(), resp, resp_bytes));
 }
+
+grpc::ServerUnaryReactor* IndexerService::AttachRing(grpc::CallbackServerContext* ctx,
+                                                     const grpc::ByteBuffer* req_bytes,
+                                                     grpc::ByteBuffer* resp_bytes) {
+  v1::AttachRingRequest req;
+  absl::Status decoded = Decode(*req_bytes, "AttachRingRequest", &req);
+  if (!decoded.ok()) return Respond(ctx, decoded);
+  auto ring = state_->rings->Attach(state_->Client(*ctx), state_->Owner(*ctx), ctx->peer(),
+                                    req.region(), req.offset());
+  if (!ring.ok()) {
+    state_->LogRejection("attach ring", ring.status());
+    return Respond(ctx, ring.status());
+  }
+  v1::AttachRingResponse resp;
+  resp.set_ring(*ring);
+  resp.set_spin_us(state_->rings->spin_us());
+  return Respond(ctx, Encode(absl::OkStatus(), resp, resp_bytes));
+}
+
+grpc::ServerUnaryReactor* IndexerService::DetachRing(grpc::CallbackServerContext* ctx,
+                                                     const grpc::ByteBuffer* req_bytes,
+                                                     grpc::ByteBuffer* resp_bytes) {
+  v1::DetachRingRequest req;
+  absl::Status s = Decode(*req_bytes, "DetachRingRequest", &req);
+  if (!s.ok()) return Respond(ctx, s);
+  v1::DetachRingResponse resp;
+  auto rolled_back = state_->rings->Detach(state_->Owner(*ctx), req.ring());
+  if (rolled_back.ok()) resp.set_rolled_back(*rolled_back);
+  return Respond(ctx, Encode(rolled_back.status(), resp, resp_bytes));
+}
+
+size_t IndexerService::rings() const { return state_->rings->size(); }
 
 }  // namespace indexer

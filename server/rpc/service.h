@@ -36,7 +36,9 @@ using IndexerServiceBase = v1::Indexer::WithRawCallbackMethod_GetServerInfo<
                 v1::Indexer::WithRawCallbackMethod_ListRegions<
                     v1::Indexer::WithRawCallbackMethod_ListSequences<
                         v1::Indexer::WithRawCallbackMethod_ExportEntries<
-                            v1::Indexer::Service>>>>>>>>>;
+                            v1::Indexer::WithRawCallbackMethod_AttachRing<
+                                v1::Indexer::WithRawCallbackMethod_DetachRing<
+                                    v1::Indexer::Service>>>>>>>>>>>;
 
 // What the service's calls share (owned by the service).
 struct ServiceState;
@@ -70,6 +72,15 @@ class IndexerService final : public IndexerServiceBase {
   grpc::ServerUnaryReactor* ListRegions(grpc::CallbackServerContext* ctx,
                                         const grpc::ByteBuffer* req,
                                         grpc::ByteBuffer* resp) override;
+  // Request rings (ring_host.h): Step messages through a host region of
+  // the caller's, attached and detached here. Unregistering a region
+  // detaches its ring first.
+  grpc::ServerUnaryReactor* AttachRing(grpc::CallbackServerContext* ctx,
+                                       const grpc::ByteBuffer* req,
+                                       grpc::ByteBuffer* resp) override;
+  grpc::ServerUnaryReactor* DetachRing(grpc::CallbackServerContext* ctx,
+                                       const grpc::ByteBuffer* req,
+                                       grpc::ByteBuffer* resp) override;
 
   // Lifecycle (lifecycle_service.h): the caller's own sequences, and a
   // sequence's entries as WriteEntries messages.
@@ -80,6 +91,8 @@ class IndexerService final : public IndexerServiceBase {
                                                             const grpc::ByteBuffer* req) override;
 
   RegionRegistry& regions();
+  // Attached request rings (tests).
+  size_t rings() const;
   // Memfds passed over the memfd socket, waiting for RegisterRegion.
   MemfdTokens& memfd_tokens();
   // The memfd socket's path (ServerInfo.memfd_socket; feature

@@ -2,7 +2,8 @@
 # indexer-cli bench with committed steps (the mode serving engines use)
 # against indexerd on the cpu backend: the batches that crashed the commit
 # (16 x 2048, 64 x 512), a step of every layer of the demo profile, and the
-# same with --transport host, by shared-memory name and by memfd.
+# same with --transport host, by shared-memory name and by memfd, and
+# with --transport ring.
 # Usage: cli_bench_test.sh INDEXERD INDEXER_CLI
 set -euo pipefail
 indexerd=$1 cli=$2
@@ -28,6 +29,12 @@ grep -q 'all timed layers: rtt p50' "$dir/host"
   --batch 16 --context 1024 --steps 2 | tee "$dir/memfd"
 grep -q '^transport: host (memfd)' "$dir/memfd"
 grep -q 'all timed layers: rtt p50' "$dir/memfd"
+# The step's messages through a request ring (no gRPC in the loop); the
+# ring is detached and its region unregistered at the end of the run.
+"$cli" --addr "$addr" --client-id cli-bench-ring bench --transport ring --batch 16 \
+  --context 1024 --steps 2 | tee "$dir/ring"
+grep -q '^transport: ring' "$dir/ring"
+grep -q 'all timed layers: rtt p50' "$dir/ring"
 # A context beyond one import (max_q_len 65536 tokens): the bench splits it.
 "$cli" --addr "$addr" bench --batch 1 --context 131072 --steps 1
 # The daemon is still serving and holds the sequences the benches created.

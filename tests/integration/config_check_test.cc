@@ -71,6 +71,8 @@ INSTANTIATE_TEST_SUITE_P(
         RangeCase{"sequence_idle_ttl_ms", SETTER(c.set_sequence_idle_ttl_ms(v)), 2592000000,
                   uint64_t{1} << 63},
         RangeCase{"drain_delay_ms", SETTER(c.set_drain_delay_ms(v)), 600000, 600001},
+        RangeCase{"ring_spin_us", SETTER(c.set_ring_spin_us(static_cast<uint32_t>(v))), 100000,
+                  100001},
         RangeCase{"keepalive_ms", SETTER(c.set_keepalive_ms(v)), 86400000, uint64_t{1} << 32},
         RangeCase{"keepalive_timeout_ms", SETTER(c.set_keepalive_timeout_ms(v)), 86400000,
                   uint64_t{1} << 32},

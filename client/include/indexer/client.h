@@ -246,6 +246,11 @@ class IndexerClient {
       const std::string& pci_bus_id, uint64_t offset, uint64_t bytes);
   absl::Status UnregisterRegion(uint64_t region);
   absl::StatusOr<std::vector<v1::RegionInfo>> ListRegions();
+  // Request rings (feature "host_ring"; RingChannel in indexer/ring_channel.h
+  // builds one): the ring at `offset` of this client's host region.
+  absl::StatusOr<v1::AttachRingResponse> AttachRing(uint64_t region, uint64_t offset);
+  // Returns whether an open step on the ring was rolled back.
+  absl::StatusOr<bool> DetachRing(uint64_t ring);
 
   const std::string& address() const { return address_; }
   const ClientOptions& options() const { return options_; }

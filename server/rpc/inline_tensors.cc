@@ -33,6 +33,14 @@ absl::Status InlineTensors::Read(const grpc::ByteBuffer& bytes, v1::StepRequest*
   }
   absl::Status st = ReadStepRequest(chunks, &wire_);
   if (!st.ok()) return st;
+  if (!wire_.skeleton && wire_.msg.has_layer()) {
+    // protobuf's parse (an unusual layer): its tensors were copied into
+    // the message.
+    const v1::LayerRequest& l = wire_.msg.layer();
+    for (const v1::Tensor* t : {&l.k(), &l.q(), &l.q_scale(), &l.weights()}) {
+      in_copied_ += static_cast<int64_t>(t->data().size());
+    }
+  }
   const WireSpan spans[4] = {wire_.k, wire_.q, wire_.q_scale, wire_.weights};
   for (int i = 0; i < 4; ++i) {
     const WireSpan sp = spans[i];

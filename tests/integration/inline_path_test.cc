@@ -133,5 +133,39 @@ TEST(InlinePathTest, LentAndCopiedPathsGiveTheSameTopk) {
   copied.server->Shutdown(0);
 }
 
+// A layer the skeleton reader declines (an unknown group field) takes
+// protobuf's parse: the same top-k, its bytes counted as copied.
+TEST(InlinePathTest, ALayerTheSkeletonDeclinesIsParsedAndCountedAsCopied) {
+  Served a = Start(std::make_unique<CpuBackend>(2));
+  Served b = Start(std::make_unique<CpuBackend>(2));
+  Shadow sa(a.layers, 8), sb(b.layers, 8);
+  const std::vector<SeqStep> seqs = {{"x", 20}, {"y", 3}};
+  std::vector<std::string> ta, tb;
+  Step(a, sa, seqs, Form::kNative, &ta);
+  ASSERT_FALSE(HasFatalFailure());
+  // The same step on b, every layer with an unknown group (field 50).
+  auto step = b.client->OpenStep(Header(seqs, sb));
+  ASSERT_TRUE(step.ok()) << step.status();
+  std::vector<LayerData> data = sb.Make(seqs);
+  for (size_t li = 0; li < b.layers.size(); ++li) {
+    v1::LayerRequest r = Request(b.layers[li], data[li], Form::kNative);
+    r.GetReflection()->MutableUnknownFields(&r)->AddGroup(50)->AddVarint(1, 2);
+    auto reply = (*step)->RunLayer(r);
+    ASSERT_TRUE(reply.ok()) << reply.status();
+    tb.push_back(reply->topk().data());
+  }
+  ASSERT_TRUE((*step)->Commit().ok());
+  ASSERT_EQ(ta.size(), tb.size());
+  for (size_t i = 0; i < ta.size(); ++i) EXPECT_TRUE(ta[i] == tb[i]) << "layer " << i;
+  const Metrics& ma = a.server->engine().metrics();
+  const Metrics& mb = b.server->engine().metrics();
+  EXPECT_EQ(mb.inline_tensor_bytes(true, true), 0u);
+  EXPECT_EQ(mb.inline_tensor_bytes(true, false), ma.inline_tensor_bytes(true, true));
+  // The top-k still lands in a lent buffer: the parse path does not matter.
+  EXPECT_EQ(mb.inline_tensor_bytes(false, true), ma.inline_tensor_bytes(false, true));
+  a.server->Shutdown(0);
+  b.server->Shutdown(0);
+}
+
 }  // namespace
 }  // namespace indexer::testing

@@ -56,7 +56,7 @@ struct BenchFlags {
   uint64_t seed = 1;
   std::string transport = "inline";  // inline, host, device or ring
   std::string host_region = "shm";    // --transport host: shm or memfd
-  double ring_spin_us = 50;           // --transport ring: the client's spin before it sleeps
+  double ring_spin_us = 0;            // --transport ring: the client's spin before it sleeps
 };
 
 struct HealthFlags {

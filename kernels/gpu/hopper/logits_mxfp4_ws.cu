@@ -184,14 +184,16 @@ __device__ __forceinline__ void GatherProducerMx(const LogitsParams& p, int32_t 
   }
   // A round in two steps: walked (the lane's chunks' pool blocks and the
   // rows' pool entries in flight), then located (their pages in flight).
+  // Per-tile facts stay in their walker lane (shuffled where needed), the
+  // chunks' flags in bit masks: registers for a deep ring.
   struct Walked {
-    int32_t group, first, end, cnt;  // walker lane: its tile's facts (cnt: the row's pool entries)
-    bool in[kIters];                 // the chunk starts inside its unit
-    int32_t seq[kIters], s[kIters], blk[kIters], ccnt[kIters];
+    int32_t group, first, end, seq, cnt;  // walker lane: its tile's (cnt: the row's pool entries)
+    uint32_t in;                          // bit k: chunk k starts inside its unit
+    int32_t s[kIters], blk[kIters];
   };
   struct Located {
-    int4 ti;                         // walker lane: {group, first, min(end, pool entries)}
-    bool valid[kIters];              // the chunk holds pool entries: copy it
+    int4 ti;         // walker lane: {group, first, min(end, pool entries)}
+    uint32_t valid;  // bit k: chunk k holds pool entries: copy it
     int32_t page[kIters], e[kIters];
   };
   int32_t n_walk = 0;  // the next round to walk
@@ -199,48 +201,51 @@ __device__ __forceinline__ void GatherProducerMx(const LogitsParams& p, int32_t 
     const int32_t n0 = n_walk;
     n_walk += kSlots;
     const bool mine = walker && n0 + lane < total;
-    int32_t row = 0, seq = 0;
-    w.group = 0, w.first = 0, w.end = 0, w.cnt = 0;
+    int32_t row = 0;
+    w.group = 0, w.first = 0, w.end = 0, w.seq = 0, w.cnt = 0;
     if (mine) {
       w.group = u.group;
       w.first = u.e_begin + ct * kMxTile;
       w.end = u.e_end;
+      w.seq = u.seq;
       row = u.row_begin;
-      seq = u.seq;
       w.cnt = p.gather_entries[row];
       if (n0 + kSlots + lane < total) {
         for (int i = 0; i < kSlots; ++i) step();
       }
     }
+    w.in = 0;
 #pragma unroll
     for (int k = 0; k < kIters; ++k) {
       const int c = lane + k * kWarpSize;  // chunk c of the round: tile c / 8, box c % 8
       const int j = min(c / kMxTileBoxes, kSlots - 1);
       const int32_t first = ShflIdx(w.first, j), end = ShflIdx(w.end, j);
       const int32_t r = ShflIdx(row, j);
-      w.seq[k] = ShflIdx(seq, j);
       w.s[k] = first + (c % kMxTileBoxes) * kMxBoxEntries;
       // slot < end <= the row's pool size: the block index is in the row.
-      w.in[k] = c < kChunks && n0 + j < total && w.s[k] < end;
+      const bool in = c < kChunks && n0 + j < total && w.s[k] < end;
       w.blk[k] = 0;
-      w.ccnt[k] = 0;
-      if (w.in[k]) {
-        w.ccnt[k] = p.gather_entries[r];
+      if (in) {
+        w.in |= 1u << k;
         w.blk[k] = p.gather_blocks[static_cast<int64_t>(r) * p.gather_stride + w.s[k] / p.gather_block];
       }
     }
   };
   auto locate = [&](const Walked& w, Located& o) {
     o.ti = make_int4(w.group, w.first, min(w.end, w.cnt), 0);
+    o.valid = 0;
 #pragma unroll
     for (int k = 0; k < kIters; ++k) {
-      o.valid[k] = w.in[k] && w.s[k] < w.ccnt[k];
+      const int c = lane + k * kWarpSize;
+      const int j = min(c / kMxTileBoxes, kSlots - 1);
+      const int32_t cnt = ShflIdx(w.cnt, j), seq = ShflIdx(w.seq, j);
       o.page[k] = 0;
       o.e[k] = 0;
-      if (o.valid[k]) {
+      if (((w.in >> k) & 1u) != 0 && w.s[k] < cnt) {
+        o.valid |= 1u << k;
         // 8 entries from a multiple of 8 in one block: one page (E % 64 == 0).
         const PagePos at = PagePosOf(l, w.blk[k] * p.gather_block + w.s[k] % p.gather_block);
-        o.page[k] = p.step.block_table[static_cast<int64_t>(w.seq[k]) * p.step.max_pages + at.lp];
+        o.page[k] = p.step.block_table[static_cast<int64_t>(seq) * p.step.max_pages + at.lp];
         o.e[k] = at.e;
       }
     }
@@ -257,7 +262,7 @@ __device__ __forceinline__ void GatherProducerMx(const LogitsParams& p, int32_t 
         // completion n0 / kSlots - 1 of `empty` (every lane waits: its
         // copies follow).
         if (n0 >= kSlots) MbarWait(&empty[slot], static_cast<uint32_t>(n0 / kSlots + 1) & 1u);
-        const bool go = lane / kMxTileBoxes == slot % kPerIter && o.valid[k];
+        const bool go = lane / kMxTileBoxes == slot % kPerIter && ((o.valid >> k) & 1u) != 0;
         const uint32_t boxes = __popc(__ballot_sync(0xffffffffu, go));
         const int4 ti = make_int4(ShflIdx(o.ti.x, slot), ShflIdx(o.ti.y, slot), ShflIdx(o.ti.z, slot), 0);
         if (lane == 0) {
@@ -620,11 +625,17 @@ __global__ void __launch_bounds__((MxConfig<kHeads, kRows, kMath, kStages>::kThr
 #endif  // INDEXER_GPU_WGMMA
 }
 
-// kGather: the gather walk, in four slots per warpgroup (its copies are
-// small and many: a deeper ring keeps more of them in flight).
+// kGather: the gather walk, in kGatherStages slots per warpgroup.
+// The gather walk's ring: four slots per math warpgroup (12 x 4.25 KiB at
+// three warpgroups). Eight measured slower (H200, V4.1 B=64 128k consumer:
+// logits 157.4 us at 8, 148.5-150.6 at 4): the walk is bound by its one
+// producer warp's issue rate (16 bulk copies per tile), not by bytes in
+// flight (h200_2026-12-02_kgather2.md).
+constexpr int kGatherStages = 4;
+
 template <int kHeads, int kRows, int kMath, bool kGather = false>
 absl::Status LaunchMx(const LogitsParams& p, Stream stream) {
-  constexpr int kStages = kRows == 1 && !kGather ? 3 : 4;
+  constexpr int kStages = kGather ? kGatherStages : kRows == 1 ? 3 : 4;
   using C = MxConfig<kHeads, kRows, kMath, kStages>;
   auto* kernel = &DenseLogitsWgmmaMxfp4Kernel<kHeads, kRows, kMath, kStages, kGather>;
   // Once per process: the shared-memory limit and the blocks per SM (host

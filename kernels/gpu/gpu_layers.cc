@@ -228,7 +228,8 @@ absl::Status GpuBackend::ConsumerImpl(const PageLayout& layout, PoolHandle pool_
   // The length gate (SPEC §5; never visible in results): gather the pool
   // when the widest row sees more than gate_ratio x its entries and the
   // gather walk takes the call (GatherLogitsSupported: FP8 e4m3fn on the
-  // sm_90a wgmma kernels, H 16/32/64),
+  // sm_90a wgmma kernels, or MXFP4 on linear pages of a multiple of 64
+  // entries with pool blocks of a multiple of 8 entries; H 16/32/64),
   // else mask a dense walk. kGather / kMasked force the choice where the
   // walk exists.
   const int32_t max_visible = *std::max_element(rows.row_visible.begin(), rows.row_visible.end());
@@ -236,6 +237,7 @@ absl::Status GpuBackend::ConsumerImpl(const PageLayout& layout, PoolHandle pool_
   probe.layout = layout;
   probe.num_heads = q.num_heads;
   probe.max_group_rows = 1;
+  probe.gather_block = spec.block_size;
   // Gather on the wgmma kernels only where wgmma is the cap (2): lower caps
   // and the MFMA requests (3, 4) walk masked.
   const bool can_gather = max_path_ == 2 && GatherLogitsSupported(probe, props_.major, props_.minor);

@@ -46,12 +46,18 @@ bool TryHopperLogits(const LogitsParams& p, int cc_major, int cc_minor, Stream s
   return false;
 }
 
-// The gather walk: the warp-specialized kernel where it takes `p`, else the
-// serial one (no tensor map: it copies entry by entry).
+// The gather walk: MXFP4 on its warp-specialized kernel (GatherLogitsSupported
+// took the layout); FP8 on the warp-specialized kernel where it takes `p`,
+// else the serial one (no tensor map: it copies entry by entry).
 template <bool kHopper>
 bool TryHopperGather(const LogitsParams& p, const TensorMap* rows8, Stream stream, const char** which,
                      absl::Status* status) {
   if constexpr (kHopper) {
+    if (p.layout.format == KvFormat::kMxfp4) {
+      *which = "wgmma_mxfp4_gather";
+      *status = LaunchDenseLogitsWgmmaMxfp4Gather(p, stream);
+      return true;
+    }
     if (rows8 != nullptr && WgmmaWsEnabled() && WgmmaWsGatherSupported(p)) {
       *which = "wgmma_ws_gather";
       *status = LaunchDenseLogitsWgmmaWsGather(p, *rows8, stream);
@@ -72,6 +78,9 @@ bool HopperGatherSupported(const LogitsParams& p, int cc_major, int cc_minor) {
   if constexpr (kHopper) {
     LogitsParams probe = p;
     probe.max_group_rows = 1;
+    if (p.layout.format == KvFormat::kMxfp4) {
+      return WgmmaMxfp4Enabled() && WgmmaMxfp4GatherSupported(probe, cc_major, cc_minor);
+    }
     return p.layout.format == KvFormat::kFp8 && p.layout.fp8 == Fp8Variant::kE4m3fn &&
            WgmmaLogitsSupported(probe, cc_major, cc_minor);
   }
@@ -191,7 +200,8 @@ absl::Status LaunchGatherLogits(const LogitsParams& p, const TensorMap* rows8, i
   *which = "none";
   if (!GatherLogitsSupported(p, cc_major, cc_minor)) {
     return absl::FailedPreconditionError(
-        "gather walk: expected FP8 e4m3fn K with D 128 and H 16, 32 or 64 on an sm_90a device");
+        "gather walk: expected FP8 e4m3fn K with D 128, or linear MXFP4 pages of a multiple of 64 entries "
+        "with pool blocks of a multiple of 8 entries, and H 16, 32 or 64 on an sm_90a device");
   }
   absl::Status status;
   if (TryHopperGather<kHopperPaths>(p, rows8, stream, which, &status)) return status;

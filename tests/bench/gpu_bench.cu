@@ -497,7 +497,7 @@ int main(int argc, char** argv) {
         shapes.push_back({"v4.1 source " + fs + tail, f, b, 1, n, 512, "", 2, 32, 4, BenchKind::kSource});
         shapes.push_back({"v4.1 consumer " + fs + tail + " pool=2048x8", f, b, 1, n, 512, cons_target, 2, 32, 4,
                           BenchKind::kConsumer});
-        if (f == f8 && b == 64) {
+        if (b == 64) {
           shapes.push_back({"v4.1 consumer " + fs + tail + " pool=2048x8 (masked walk)", f, b, 1, n, 512, "", 2, 32,
                             4, BenchKind::kConsumerMasked});
         }

@@ -175,7 +175,9 @@ TEST_P(GpuCandidateTest, SourceAndConsumerMatchReference) {
 
   // The gather walk (the pool's slots only) and the masked walk return the
   // same rows (SPEC §5: the length gate is never visible in results); on an
-  // sm_90 device FP8 consumers gather when asked to.
+  // sm_90 device FP8 consumers gather when asked to, and so do MXFP4 ones
+  // on linear pages of a multiple of 64 entries with pool blocks of a
+  // multiple of 8 entries (others walk masked even when asked to gather).
   std::vector<int32_t> masked(got.size(), -7), gathered(got.size(), -7);
   auto tm = sc.p.gpu->CandidateConsumer(layout, sc.p.gpu_pool, rows, sc.gpu_ctx.get(), qc.input, c.topk, spec,
                                         ConsumerMode::kMasked, masked.data());
@@ -197,6 +199,17 @@ TEST_P(GpuCandidateTest, SourceAndConsumerMatchReference) {
     const bool ws = c.page_entries % 64 == 0 && c.block_size % 8 == 0 &&
                     std::getenv("INDEXER_GPU_WGMMA_WS") == nullptr;
     EXPECT_EQ(gather_path, ws ? "wgmma_ws_gather" : "wgmma_gather");
+  }
+  if (prop.major == 9 && prop.minor == 0 && c.format == KvFormat::kMxfp4 && c.max_path == 2 &&
+      std::getenv("INDEXER_GPU_WGMMA_MXFP4") == nullptr) {
+    const bool mx_gather = c.page_entries % 64 == 0 && c.block_size % 8 == 0;
+    EXPECT_EQ(gather_path, mx_gather ? "wgmma_mxfp4_gather" : masked_path);
+    // The length gate's own choice: gather where the widest row sees more
+    // than gate_ratio x the pool's entries.
+    const int32_t widest = *std::max_element(rows.row_visible.begin(), rows.row_visible.end());
+    if (mx_gather && widest > std::max<int64_t>(spec.gate_ratio, 1) * int64_t{c.block_size} * c.topk_blocks) {
+      EXPECT_EQ(cons_path, "wgmma_mxfp4_gather");
+    }
   }
   for (int32_t r = 0; r < rows.num_rows; ++r) {
     std::vector<int32_t> a(masked.begin() + r * k, masked.begin() + (r + 1) * k);
@@ -249,7 +262,17 @@ INSTANTIATE_TEST_SUITE_P(
         CandCase{KvFormat::kFp8, 64, 16, 96, 512, true, {5000, 7, 20000, 3001, 64, 12000, 900, 30000},
                  {1, 1, 1, 1, 1, 2, 1, 1}, 32},
         CandCase{KvFormat::kFp8, 128, 64, 24, 256, false, {10000, 3000, 100}, {1, 1, 1}, 64},
-        CandCase{KvFormat::kFp8, 64, 12, 40, 128, true, {4000, 70}, {1, 1}, 16}),
+        CandCase{KvFormat::kFp8, 64, 12, 40, 128, true, {4000, 70}, {1, 1}, 16},
+        // The MXFP4 gather walk (c17-c22; c6 above gathers too): c12-c16's
+        // odd sizes on MXFP4 pages (c21, blocks of 12, walks masked even
+        // when asked to gather), and H 16 on c7's pools.
+        CandCase{KvFormat::kMxfp4, 64, 8, 1, 512, true, {9001, 0, 64}, {1, 1, 1}, 32},
+        CandCase{KvFormat::kMxfp4, 64, 8, 40, 512, true, {1000, 64, 8195, 129}, {1, 1, 2, 1}, 32},
+        CandCase{KvFormat::kMxfp4, 64, 16, 96, 512, true, {5000, 7, 20000, 3001, 64, 12000, 900, 30000},
+                 {1, 1, 1, 1, 1, 2, 1, 1}, 32},
+        CandCase{KvFormat::kMxfp4, 128, 64, 24, 256, false, {10000, 3000, 100}, {1, 1, 1}, 64},
+        CandCase{KvFormat::kMxfp4, 64, 12, 40, 128, true, {4000, 70}, {1, 1}, 16},
+        CandCase{KvFormat::kMxfp4, 64, 8, 64, 256, true, {3000, 1200, 9000, 40}, {1, 1, 1, 1}, 16}),
     [](const auto& info) { return "c" + std::to_string(info.index) + PathSuffix(info.param.max_path); });
 
 // The block path on the gpu against a float64 reference of the block scores

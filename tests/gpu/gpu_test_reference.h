@@ -183,7 +183,7 @@ inline PathTolerance ToleranceFor(const std::string& path, KvFormat format) {
     } else if (one == "mma") {
       o = format == KvFormat::kMxfp4 ? kFp32Tolerance : kTensorCoreTolerance;
     } else if (one == "wgmma" || one == "wgmma_ws" || one == "wgmma_mxfp4" || one == "wgmma_gather" ||
-               one == "wgmma_ws_gather") {
+               one == "wgmma_ws_gather" || one == "wgmma_mxfp4_gather") {
       o = kTensorCoreTolerance;
     } else if (one == "mfma_model_gfx942" || one == "mfma_model_gfx950") {
       // The MFMA kernels on the instruction model: exact products, fp32 sums

@@ -37,6 +37,21 @@
 //     the range is staged unscaled and all its tiles take this route with the
 //     factor 2^(ek_b - 127) * 2^(eq_b - 127) per (entry, head, block).
 //   The route is uniform over a warpgroup (bar.red.or), since wgmma is.
+//
+// The candidate consumer's gather walk (kGather, LogitsParams::gather_*)
+// runs the same math warpgroups over the pool's compact slots: tile n is
+// slots [64 t, 64 t + 64) of one row, each 8-slot chunk 8 consecutive
+// entries of one pool block (blocks of a multiple of 8 entries), so a chunk
+// is two contiguous runs of one page: 512 value bytes and 32 scale bytes,
+// two 1-D bulk copies into the tile's places in the slot. The whole
+// producer warp walks (GatherProducerMx): rounds of kSlots tiles, lane
+// i < kSlots holding tile i's unit facts, lane L the chunks L, L + 32, ...
+// of the round; a round's pool blocks (and the rows' pool entries) are
+// loaded two rounds ahead of its copies and its pages one round ahead, so
+// neither dependent load sits between two copies. Chunks at or past the
+// row's pool entries copy nothing: their slot rows are stale, never stored
+// (the epilogue stores slots below gather_entries[row]) and left out of
+// the route choice (the tile's end is clamped to the pool entries).
 #include "kernels/gpu/gpu_compat.h"  // first: the runtime defines __device__ & co.
 
 #include <algorithm>
@@ -46,6 +61,7 @@
 #include "kernels/format/fp8.h"
 #include "kernels/format/mxfp4.h"
 #include "kernels/gpu/dispatch.h"
+#include "kernels/gpu/gather_logits.h"
 #include "kernels/gpu/paged.h"
 #include "kernels/gpu/knobs.h"
 #include "kernels/gpu/params.h"
@@ -130,9 +146,164 @@ __device__ __forceinline__ bool FastRow(const uint4& v, uint32_t sc, uint32_t em
 }
 #endif  // INDEXER_GPU_WGMMA
 
-template <int kHeads, int kRows, int kMath, int kStages>
+// ---- the gather walk's producer (the whole warp) ---------------------------
+constexpr int kMxBoxEntries = 8;                                  // entries per chunk
+constexpr int kMxBoxValueBytes = kMxBoxEntries * kMxDim / 2;      // 512 B of values
+constexpr int kMxBoxScaleBytes = kMxBoxEntries * kMxDim / 32;     // 32 B of scales
+constexpr int kMxTileBoxes = kMxTile / kMxBoxEntries;             // 8 chunks per tile
+
+// Copies tiles [0, total) of the block's units [u_first, u_last) into the
+// ring (tile n -> slot n % kSlots) with each slot's {group, first slot,
+// end} in tinfo (the end clamped to the row's pool entries); a slot's
+// `empty` completion is waited on before its reuse.
+template <int kSlots>
+__device__ __forceinline__ void GatherProducerMx(const LogitsParams& p, int32_t u_first, int32_t u_last,
+                                                 int32_t total, uint8_t* slots, int4* tinfo, uint64_t* full,
+                                                 uint64_t* empty) {
+#if INDEXER_GPU_WGMMA
+  constexpr int kChunks = kSlots * kMxTileBoxes;              // chunks of a round
+  constexpr int kIters = (kChunks + kWarpSize - 1) / kWarpSize;  // chunks per lane
+  static_assert(kSlots <= kWarpSize, "one walker lane per slot");
+  const PageLayout& l = p.layout;
+  const int lane = LaneId();
+  auto tiles_of = [](const LogitsUnit& u) { return (u.e_end - u.e_begin + kMxTile - 1) / kMxTile; };
+  // Walker lane i < kSlots: its cursor on tiles i, i + kSlots, ...
+  const bool walker = lane < kSlots;
+  int32_t cu = u_first, ct = 0;
+  LogitsUnit u = p.step.units[cu];
+  LogitsUnit nxt = p.step.units[min(cu + 1, u_last - 1)];  // in flight a unit ahead
+  auto step = [&]() {
+    if (++ct == tiles_of(u) && ++cu < u_last) {
+      ct = 0;
+      u = nxt;
+      nxt = p.step.units[min(cu + 1, u_last - 1)];
+    }
+  };
+  if (walker) {
+    for (int i = 0; i < lane; ++i) step();
+  }
+  // A round in two steps: walked (the lane's chunks' pool blocks and the
+  // rows' pool entries in flight), then located (their pages in flight).
+  // Per-tile facts stay in their walker lane (shuffled where needed), the
+  // chunks' flags in bit masks: registers for a deep ring.
+  struct Walked {
+    int32_t group, first, end, seq, cnt;  // walker lane: its tile's (cnt: the row's pool entries)
+    uint32_t in;                          // bit k: chunk k starts inside its unit
+    int32_t s[kIters], blk[kIters];
+  };
+  struct Located {
+    int4 ti;         // walker lane: {group, first, min(end, pool entries)}
+    uint32_t valid;  // bit k: chunk k holds pool entries: copy it
+    int32_t page[kIters], e[kIters];
+  };
+  int32_t n_walk = 0;  // the next round to walk
+  auto walk = [&](Walked& w) {
+    const int32_t n0 = n_walk;
+    n_walk += kSlots;
+    const bool mine = walker && n0 + lane < total;
+    int32_t row = 0;
+    w.group = 0, w.first = 0, w.end = 0, w.seq = 0, w.cnt = 0;
+    if (mine) {
+      w.group = u.group;
+      w.first = u.e_begin + ct * kMxTile;
+      w.end = u.e_end;
+      w.seq = u.seq;
+      row = u.row_begin;
+      w.cnt = p.gather_entries[row];
+      if (n0 + kSlots + lane < total) {
+        for (int i = 0; i < kSlots; ++i) step();
+      }
+    }
+    w.in = 0;
+#pragma unroll
+    for (int k = 0; k < kIters; ++k) {
+      const int c = lane + k * kWarpSize;  // chunk c of the round: tile c / 8, box c % 8
+      const int j = min(c / kMxTileBoxes, kSlots - 1);
+      const int32_t first = ShflIdx(w.first, j), end = ShflIdx(w.end, j);
+      const int32_t r = ShflIdx(row, j);
+      w.s[k] = first + (c % kMxTileBoxes) * kMxBoxEntries;
+      // slot < end <= the row's pool size: the block index is in the row.
+      const bool in = c < kChunks && n0 + j < total && w.s[k] < end;
+      w.blk[k] = 0;
+      if (in) {
+        w.in |= 1u << k;
+        w.blk[k] = p.gather_blocks[static_cast<int64_t>(r) * p.gather_stride + w.s[k] / p.gather_block];
+      }
+    }
+  };
+  auto locate = [&](const Walked& w, Located& o) {
+    o.ti = make_int4(w.group, w.first, min(w.end, w.cnt), 0);
+    o.valid = 0;
+#pragma unroll
+    for (int k = 0; k < kIters; ++k) {
+      const int c = lane + k * kWarpSize;
+      const int j = min(c / kMxTileBoxes, kSlots - 1);
+      const int32_t cnt = ShflIdx(w.cnt, j), seq = ShflIdx(w.seq, j);
+      o.page[k] = 0;
+      o.e[k] = 0;
+      if (((w.in >> k) & 1u) != 0 && w.s[k] < cnt) {
+        o.valid |= 1u << k;
+        // 8 entries from a multiple of 8 in one block: one page (E % 64 == 0).
+        const PagePos at = PagePosOf(l, w.blk[k] * p.gather_block + w.s[k] % p.gather_block);
+        o.page[k] = p.step.block_table[static_cast<int64_t>(seq) * p.step.max_pages + at.lp];
+        o.e[k] = at.e;
+      }
+    }
+  };
+  int32_t n0 = 0;  // the round being issued
+  auto issue = [&](const Located& o) {
+    const int32_t m = min(kSlots, total - n0);
+#pragma unroll
+    for (int slot = 0; slot < kSlots; ++slot) {
+      if (slot < m) {
+        constexpr int kPerIter = kWarpSize / kMxTileBoxes;  // tiles of one chunk iteration
+        const int k = slot / kPerIter;
+        // Tile n0 + slot - kSlots was the slot's last use: its release is
+        // completion n0 / kSlots - 1 of `empty` (every lane waits: its
+        // copies follow).
+        if (n0 >= kSlots) MbarWait(&empty[slot], static_cast<uint32_t>(n0 / kSlots + 1) & 1u);
+        const bool go = lane / kMxTileBoxes == slot % kPerIter && ((o.valid >> k) & 1u) != 0;
+        const uint32_t boxes = __popc(__ballot_sync(0xffffffffu, go));
+        const int4 ti = make_int4(ShflIdx(o.ti.x, slot), ShflIdx(o.ti.y, slot), ShflIdx(o.ti.z, slot), 0);
+        if (lane == 0) {
+          tinfo[slot] = ti;  // released by the arrive
+          MbarArriveExpectTx(&full[slot], boxes * (kMxBoxValueBytes + kMxBoxScaleBytes));
+        }
+        __syncwarp();  // the expected bytes before any of them land
+        if (go) {
+          const int box = lane % kMxTileBoxes;
+          const uint8_t* src = p.pool + l.PageOffset(o.page[k]);
+          uint8_t* dst = slots + slot * kMxSlotBytes;
+          BulkLoad(dst + box * kMxBoxValueBytes, src + l.ValueOffset(o.e[k], 0), kMxBoxValueBytes, &full[slot]);
+          BulkLoad(dst + kMxValueBytes + box * kMxBoxScaleBytes, src + l.ScaleOffset(o.e[k], 0),
+                   kMxBoxScaleBytes, &full[slot]);
+        }
+      }
+    }
+    n0 += kSlots;
+  };
+  // Round i's copies go out while round i + 1's pages and round i + 2's
+  // pool blocks are in flight.
+  Walked a;
+  Located b, c;
+  walk(a);
+  locate(a, b);
+  walk(a);
+  while (n0 < total) {
+    locate(a, c);
+    walk(a);
+    issue(b);
+    b = c;
+  }
+#else
+  (void)p, (void)u_first, (void)u_last, (void)total, (void)slots, (void)tinfo, (void)full, (void)empty;
+#endif  // INDEXER_GPU_WGMMA
+}
+
+template <int kHeads, int kRows, int kMath, int kStages, bool kGather>
 __global__ void __launch_bounds__((MxConfig<kHeads, kRows, kMath, kStages>::kThreads))
     INDEXER_MAXNREG((MxConfig<kHeads, kRows, kMath, kStages>::kMaxRegs)) DenseLogitsWgmmaMxfp4Kernel(const INDEXER_GRID_CONSTANT LogitsParams p) {
+  // kGather: the consumer's gather walk (groups of one row).
 #if INDEXER_GPU_WGMMA
   using C = MxConfig<kHeads, kRows, kMath, kStages>;
   constexpr int kN = C::kN, kSlots = C::kSlots;
@@ -175,6 +346,10 @@ __global__ void __launch_bounds__((MxConfig<kHeads, kRows, kMath, kStages>::kThr
   // reported the consumers' slot reads racing the slot's next bulk copy
   // once slots were reused many times, and a single issuer is clean.
   if (warp == kMath * (kMxWgSize / kWarpSize)) {
+    if constexpr (kGather) {
+      GatherProducerMx<kSlots>(p, u_first, u_last, total, slots, tinfo, full, empty);
+      return;
+    }
     static_assert(kSlots <= kWarpSize, "one producer lane per slot");
     const PageLayout& l = p.layout;
     const bool walker = lane < kSlots && lane < total;
@@ -323,8 +498,10 @@ __global__ void __launch_bounds__((MxConfig<kHeads, kRows, kMath, kStages>::kThr
         }
         *reinterpret_cast<uint4*>(q_s + h * kMxDim + ((c ^ (h % 8)) * 16)) = make_uint4(o[0], o[1], o[2], o[3]);
       }
+      // The gather walk's rows end at their pool's entries (compact slots).
+      const int32_t* visible = kGather ? p.gather_entries : p.step.row_visible;
 #pragma unroll
-      for (int r = 0; r < kRows; ++r) n_r[r] = r < g.num_rows ? p.step.row_visible[g.row_begin + r] : 0;
+      for (int r = 0; r < kRows; ++r) n_r[r] = r < g.num_rows ? visible[g.row_begin + r] : 0;
       FenceProxyAsyncShared();  // Q stores before the wgmma reads
       NamedBarrierSync(1 + wg, kMxWgSize);
     }
@@ -448,11 +625,19 @@ __global__ void __launch_bounds__((MxConfig<kHeads, kRows, kMath, kStages>::kThr
 #endif  // INDEXER_GPU_WGMMA
 }
 
-template <int kHeads, int kRows, int kMath>
+// kGather: the gather walk, in kGatherStages slots per warpgroup.
+// The gather walk's ring: four slots per math warpgroup (12 x 4.25 KiB at
+// three warpgroups). Eight measured slower (H200, V4.1 B=64 128k consumer:
+// logits 157.4 us at 8, 148.5-150.6 at 4): the walk is bound by its one
+// producer warp's issue rate (16 bulk copies per tile), not by bytes in
+// flight (h200_2026-12-02_kgather2.md).
+constexpr int kGatherStages = 4;
+
+template <int kHeads, int kRows, int kMath, bool kGather = false>
 absl::Status LaunchMx(const LogitsParams& p, Stream stream) {
-  constexpr int kStages = kRows == 1 ? 3 : 4;
+  constexpr int kStages = kGather ? kGatherStages : kRows == 1 ? 3 : 4;
   using C = MxConfig<kHeads, kRows, kMath, kStages>;
-  auto* kernel = &DenseLogitsWgmmaMxfp4Kernel<kHeads, kRows, kMath, kStages>;
+  auto* kernel = &DenseLogitsWgmmaMxfp4Kernel<kHeads, kRows, kMath, kStages, kGather>;
   // Once per process: the shared-memory limit and the blocks per SM (host
   // calls that would otherwise sit between the timing events).
   static const absl::StatusOr<int> per_sm = [&]() -> absl::StatusOr<int> {
@@ -507,6 +692,32 @@ absl::Status LaunchDenseLogitsWgmmaMxfp4(const LogitsParams& p, Stream stream) {
       return MxWarpgroups(1) == 3 ? LaunchMx<kHeads, 1, 3>(p, stream) : LaunchMx<kHeads, 1, 4>(p, stream);
     }
     return MxWarpgroups(2) == 2 ? LaunchMx<kHeads, 2, 2>(p, stream) : LaunchMx<kHeads, 2, 3>(p, stream);
+  });
+}
+
+bool WgmmaMxfp4GatherSupported(const LogitsParams& p, int cc_major, int cc_minor) {
+  const PageLayout& l = p.layout;
+  return cc_major == 9 && cc_minor == 0 && l.format == KvFormat::kMxfp4 && l.head_dim == kMxDim &&
+         !l.tiled() && l.page_entries % kMxTile == 0 && l.page_bytes() % 16 == 0 &&
+         MmaHeadsSupported(p.num_heads) && p.max_group_rows == 1 && p.gather_block >= kMxBoxEntries &&
+         p.gather_block % kMxBoxEntries == 0;
+}
+
+absl::Status LaunchDenseLogitsWgmmaMxfp4Gather(const LogitsParams& p, Stream stream) {
+  if (p.unit_end == p.unit_begin) return absl::OkStatus();
+  if (!WgmmaMxfp4GatherSupported(p, 9, 0) || p.q_scales == nullptr || p.gather_blocks == nullptr ||
+      p.gather_entries == nullptr) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "MXFP4 gather walk: expected linear MXFP4 pages of a multiple of 64 entries, D = 128, H = 16, 32 "
+        "or 64, groups of 1 row, Q scales, pool entries and pool blocks of a multiple of ", kMxBoxEntries,
+        " entries, got ", p.layout.DebugString(), ", H ", p.num_heads, ", ", p.max_group_rows, " rows, block ",
+        p.gather_block));
+  }
+  // Three math warpgroups, or four with INDEXER_GPU_MXFP4_WARPGROUPS=4 (as
+  // the dense walk's one-row configurations; A/B runs).
+  return DispatchMmaHeads(p.num_heads, [&](auto h) -> absl::Status {
+    constexpr int kHeads = decltype(h)::value;
+    return MxWarpgroups(1) == 3 ? LaunchMx<kHeads, 1, 3, true>(p, stream) : LaunchMx<kHeads, 1, 4, true>(p, stream);
   });
 }
 

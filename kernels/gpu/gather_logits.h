@@ -25,8 +25,8 @@ bool GatherLogitsSupported(const LogitsParams& p, int cc_major, int cc_minor);
 // multiple of 8 entries and INDEXER_GPU_WGMMA_WS is not 0; else
 // "wgmma_gather" (the serial cp.async kernel, entry by entry: any layout and
 // block size it takes). MXFP4: "wgmma_mxfp4_gather" (the MXFP4
-// warp-specialized kernel, whole 8-entry chunks by bulk copies; no tensor
-// map). `which` gets the name.
+// warp-specialized kernel, whole 8-entry chunks by 16-byte cp.async of
+// the producer warp; no tensor map). `which` gets the name.
 absl::Status LaunchGatherLogits(const LogitsParams& p, const TensorMap* rows8, int cc_major, int cc_minor,
                                 Stream stream, const char** which);
 

@@ -43,7 +43,10 @@
 // slots [64 t, 64 t + 64) of one row, each 8-slot chunk 8 consecutive
 // entries of one pool block (blocks of a multiple of 8 entries), so a chunk
 // is two contiguous runs of one page: 512 value bytes and 32 scale bytes,
-// two 1-D bulk copies into the tile's places in the slot. The whole
+// copied into the tile's places in the slot by 16-byte cp.async of four
+// producer lanes (a tile: 10 warp instructions; 16 per-lane bulk copies,
+// issued lane by lane, held the walk at ~1.2 us per tile), completing on
+// the slot's `full` barrier by cp.async.mbarrier.arrive. The whole
 // producer warp walks (GatherProducerMx): rounds of kSlots tiles, lane
 // i < kSlots holding tile i's unit facts, lane L the chunks L, L + 32, ...
 // of the round; a round's pool blocks (and the rows' pool entries) are
@@ -143,6 +146,14 @@ __device__ __forceinline__ bool FastRow(const uint4& v, uint32_t sc, uint32_t em
   const uint32_t s = emax - ((sc >> (8 * t)) & 0xffu);
   const bool zero = ((v.x | v.y | v.z | v.w) & 0x77777777u) == 0;
   return (s <= kMaxShift || zero) && InWindow(emax);
+}
+#endif  // INDEXER_GPU_WGMMA
+
+#if INDEXER_GPU_WGMMA
+// An arrival on `bar` once every cp.async this thread issued before has
+// landed (.noinc: the barrier's expected count includes it).
+__device__ __forceinline__ void CpAsyncArriveNoinc(uint64_t* bar) {
+  asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" ::"r"(SmemAddr(bar)) : "memory");
 }
 #endif  // INDEXER_GPU_WGMMA
 
@@ -262,21 +273,32 @@ __device__ __forceinline__ void GatherProducerMx(const LogitsParams& p, int32_t 
         // completion n0 / kSlots - 1 of `empty` (every lane waits: its
         // copies follow).
         if (n0 >= kSlots) MbarWait(&empty[slot], static_cast<uint32_t>(n0 / kSlots + 1) & 1u);
-        const bool go = lane / kMxTileBoxes == slot % kPerIter && ((o.valid >> k) & 1u) != 0;
-        const uint32_t boxes = __popc(__ballot_sync(0xffffffffu, go));
+        // Lane L copies quarter L % 4 of chunk L / 4 of the tile (128 value
+        // bytes, and 16 of its 32 scale bytes for quarters 0 and 1): the
+        // chunk's page and entry come from the lane that located it.
+        const int src = (slot % kPerIter) * kMxTileBoxes + lane / 4;
+        const bool go = ((ShflIdx(o.valid, src) >> k) & 1u) != 0;
+        const int32_t pg = ShflIdx(o.page[k], src), e = ShflIdx(o.e[k], src);
         const int4 ti = make_int4(ShflIdx(o.ti.x, slot), ShflIdx(o.ti.y, slot), ShflIdx(o.ti.z, slot), 0);
-        if (lane == 0) {
-          tinfo[slot] = ti;  // released by the arrive
-          MbarArriveExpectTx(&full[slot], boxes * (kMxBoxValueBytes + kMxBoxScaleBytes));
-        }
-        __syncwarp();  // the expected bytes before any of them land
         if (go) {
-          const int box = lane % kMxTileBoxes;
-          const uint8_t* src = p.pool + l.PageOffset(o.page[k]);
+          const int box = lane / 4, q = lane % 4;
+          const uint8_t* base = p.pool + l.PageOffset(pg);
+          const uint8_t* sv = base + l.ValueOffset(e, 0) + q * 128;
           uint8_t* dst = slots + slot * kMxSlotBytes;
-          BulkLoad(dst + box * kMxBoxValueBytes, src + l.ValueOffset(o.e[k], 0), kMxBoxValueBytes, &full[slot]);
-          BulkLoad(dst + kMxValueBytes + box * kMxBoxScaleBytes, src + l.ScaleOffset(o.e[k], 0),
-                   kMxBoxScaleBytes, &full[slot]);
+          uint8_t* dv = dst + box * kMxBoxValueBytes + q * 128;
+#pragma unroll
+          for (int i = 0; i < 8; ++i) CpAsync16(dv + 16 * i, sv + 16 * i, true);
+          if (q < 2) {
+            CpAsync16(dst + kMxValueBytes + box * kMxBoxScaleBytes + q * 16, base + l.ScaleOffset(e, 0) + q * 16,
+                      true);
+          }
+        }
+        // Every lane's arrival fires when its copies of the slot have landed
+        // (none: at once); lane 0's plain arrival releases the slot's info.
+        CpAsyncArriveNoinc(&full[slot]);
+        if (lane == 0) {
+          tinfo[slot] = ti;
+          MbarArrive(&full[slot]);
         }
       }
     }
@@ -329,7 +351,9 @@ __global__ void __launch_bounds__((MxConfig<kHeads, kRows, kMath, kStages>::kThr
   for (int32_t ui = u_first; ui < u_last; ++ui) total += tiles_of(p.step.units[ui]);
   if (tid == 0) {
     for (int s = 0; s < kSlots; ++s) {
-      MbarInit(&full[s], 1);                        // the producer's expect_tx
+      // The producer's expect_tx; the gather walk's: one cp.async arrival
+      // per producer lane and lane 0's plain one.
+      MbarInit(&full[s], kGather ? kWarpSize + 1 : 1);
       MbarInit(&empty[s], kMxWgSize);               // every thread of the consuming warpgroup
     }
     FenceMbarInit();
@@ -627,10 +651,10 @@ __global__ void __launch_bounds__((MxConfig<kHeads, kRows, kMath, kStages>::kThr
 
 // kGather: the gather walk, in kGatherStages slots per warpgroup.
 // The gather walk's ring: four slots per math warpgroup (12 x 4.25 KiB at
-// three warpgroups). Eight measured slower (H200, V4.1 B=64 128k consumer:
-// logits 157.4 us at 8, 148.5-150.6 at 4): the walk is bound by its one
-// producer warp's issue rate (16 bulk copies per tile), not by bytes in
-// flight (h200_2026-12-02_kgather2.md).
+// three warpgroups). With per-lane bulk copies eight measured slower (H200,
+// V4.1 B=64 128k consumer: logits 157.4 us at 8, 148.5 at 4): that walk was
+// bound by its one producer warp's issue rate, not by bytes in flight; the
+// cp.async fill took it to 93.7 us (h200_2026-12-02_kgather2.md).
 constexpr int kGatherStages = 4;
 
 template <int kHeads, int kRows, int kMath, bool kGather = false>

@@ -328,6 +328,11 @@ int main(int argc, char** argv) {
                         "before it sleeps on the ring's futex")
       ->capture_default_str()
       ->check(CLI::Range(0.0, 1e6));
+  bench_cmd->add_option("--ring-tensors", bench.ring_tensors,
+                        "--transport ring: where the step's tensors live, host (a registered "
+                        "shared-memory region) or device (GPU memory by IPC handle; GPU builds only)")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"host", "device"}));
   bench_cmd->add_option("--host-region", bench.host_region,
                         "--transport host: shm (a POSIX shared-memory object, by name) or "
                         "memfd (a memfd passed over the daemon's memfd socket)")

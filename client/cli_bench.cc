@@ -574,7 +574,7 @@ absl::Status RunBench(const GlobalFlags& global, const BenchFlags& flags) {
 
   const bool use_ring = flags.transport == "ring";
   ASSIGN_OR_RETURN(std::unique_ptr<BenchTransport> transport,
-                   MakeBenchTransport(use_ring ? "host" : flags.transport, flags.host_region,
+                   MakeBenchTransport(use_ring ? flags.ring_tensors : flags.transport, flags.host_region,
                                       client.get()));
   std::unique_ptr<RingChannel> ring;
   if (use_ring) {
@@ -582,8 +582,9 @@ absl::Status RunBench(const GlobalFlags& global, const BenchFlags& flags) {
     ro.spin = absl::Microseconds(flags.ring_spin_us);
     ro.shm_name = absl::StrCat("/indexer-cli-ring-", getpid());
     ASSIGN_OR_RETURN(ring, RingChannel::Open(client.get(), ro));
-    std::printf("ring: %u slots of %u bytes, client spin %.0f us, daemon spin %u us\n",
-                ro.slot_count, ro.slot_bytes, flags.ring_spin_us, ring->server_spin_us());
+    std::printf("ring: %u slots of %u bytes, client spin %.0f us, daemon spin %u us, tensors in %s regions\n",
+                ro.slot_count, ro.slot_bytes, flags.ring_spin_us, ring->server_spin_us(),
+                flags.ring_tensors.c_str());
   }
   std::printf("transport: %s%s\n", use_ring ? "ring" : transport->name(),
               flags.transport == "inline"

@@ -57,6 +57,7 @@ struct BenchFlags {
   std::string transport = "inline";  // inline, host, device or ring
   std::string host_region = "shm";    // --transport host: shm or memfd
   double ring_spin_us = 0;            // --transport ring: the client's spin before it sleeps
+  std::string ring_tensors = "host";  // --transport ring: where the tensors live (host or device)
 };
 
 struct HealthFlags {

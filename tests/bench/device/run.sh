@@ -17,6 +17,9 @@
 #             (inline, host, device) at B=64 x 32k and B=1 x 128k beside the
 #             gRPC echo floors, committed steps at B=64 and B=128 x 32k, and a
 #             61-layer DeepSeek-V3.2 step through device regions (B=64 x 32k)
+#   dataplane issue 10's table: inline, host, device and ring (host or
+#             device tensors) at B=64 x 32k and B=1 x 128k, plain and MPS,
+#             beside the gRPC floors; the inline path's lent bytes
 #   latency   where a layer's round trip goes, per transport, with the
 #             client's --busy-poll-us off and on, with and without MPS, for
 #             one-layer and eight-layer steps (the same-host split: step
@@ -250,6 +253,39 @@ stage_latency() {
     echo "MPS could not start"
   fi
   echo "== echo floor"
+  timeout 60 grpc_echo_bench --warmup 200 --iters 3000 2>&1 | tail -3
+  timeout 60 grpc_echo_bench --warmup 200 --iters 3000 --unix /tmp/echo.sock 2>&1 | tail -1
+}
+
+stage_dataplane() {
+  # Issue 10's target table in one place: every transport (inline bytes,
+  # host regions, device regions, the request ring with host or device
+  # tensors) at B=64 x 32k and B=1 x 128k, LSTEPS (default 300) committed
+  # steps each, beside the same call's gRPC floors. The daemon logs at
+  # debug level, so its per-layer line shows which path the inline bytes
+  # took (lent = straight into pinned staging).
+  local shape b n
+  LSTEPS=${LSTEPS:-300}
+  for mode in plain mps; do
+    if [[ $mode == mps ]]; then mps_start || { echo "MPS could not start"; break; }; fi
+    daemon_start dataplane-$mode --config "$CFG" --device gpu:0 --log-level debug
+    for shape in "64 32768" "1 131072"; do
+      set -- $shape; b=$1; n=$2
+      if [[ $mode == plain ]]; then
+        bench_line "$mode B=$b n=$n inline poll 1000" --busy-poll-us 1000 bench --batch $b --context $n --transport inline
+        echo "== daemon: the last inline layer's bytes"
+        grep -a "inline in" "$DLOG" | tail -1
+        bench_line "$mode B=$b n=$n host poll 1000" --busy-poll-us 1000 bench --batch $b --context $n --transport host
+      fi
+      bench_line "$mode B=$b n=$n device poll 1000" --busy-poll-us 1000 bench --batch $b --context $n --transport device
+      bench_line "$mode B=$b n=$n ring host spin 0" bench --batch $b --context $n --transport ring --ring-tensors host
+      bench_line "$mode B=$b n=$n ring device spin 0" bench --batch $b --context $n --transport ring --ring-tensors device
+      bench_line "$mode B=$b n=$n ring device spin 1000" bench --batch $b --context $n --transport ring --ring-tensors device --ring-spin-us 1000
+    done
+    daemon_stop
+    [[ $mode == mps ]] && mps_stop
+  done
+  echo "== echo floor (200-byte request and reply; TCP, then Unix socket)"
   timeout 60 grpc_echo_bench --warmup 200 --iters 3000 2>&1 | tail -3
   timeout 60 grpc_echo_bench --warmup 200 --iters 3000 --unix /tmp/echo.sock 2>&1 | tail -1
 }

@@ -21,7 +21,8 @@ gpu_tests=$(find build-gpu/tests/gpu -maxdepth 1 -type f -executable -name '*_te
 printf '%s\n' $gpu_tests > dev/gpu-tests.txt
 for b in $(printf 'tests/gpu/%s ' $gpu_tests) tests/gpu/ipc_export_helper \
          tests/integration/server_test tests/integration/serving_test \
-         tests/integration/regions_test client/indexer-cli server/indexerd \
+         tests/integration/regions_test tests/integration/inline_path_test \
+         tests/integration/ring_test client/indexer-cli server/indexerd \
          tests/bench/indexer_gpu_bench tests/bench/grpc_echo_bench; do
   [[ -f build-gpu/$b ]] || { echo "pack: no $b"; exit 1; }
   cp "build-gpu/$b" dev/bin/ && strip "dev/bin/$(basename "$b")"

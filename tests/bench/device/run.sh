@@ -53,7 +53,7 @@ OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 CFG=$ROOT/tests/bench/configs/decode-h64-fp8.textproto
 STEPS=${STEPS:-300}
 TO=${TEST_TIMEOUT:-600}
-GRPC_SUITES=(server_test serving_test regions_test)
+GRPC_SUITES=(server_test serving_test regions_test inline_path_test ring_test)
 
 daemon_start() {  # daemon_start LOGNAME ARGS... -> $DPID, $DADDR
   local name=$1; shift
@@ -137,8 +137,11 @@ stage_sanitize() {
       [[ $rc == 0 ]] || tail -30 "/tmp/san-$name-$i.log"
     done
   }
-  for t in $(gpu_tests); do run_sharded "$t" X=1 -- "${ms[@]}" "$t"; done
+  # SAN_ONLY="a b": only these binaries (GPU tests or gRPC suites).
+  only() { [[ -z ${SAN_ONLY:-} || " $SAN_ONLY " == *" $1 "* ]]; }
+  for t in $(gpu_tests); do only "$t" && run_sharded "$t" X=1 -- "${ms[@]}" "$t"; done
   for t in "${GRPC_SUITES[@]}"; do
+    only "$t" || continue
     run_sharded "$t-gpu0" INDEXER_TEST_DEVICE=gpu:0 -- "${ms[@]}" "$t"
   done
   tar czf "$OUT/sanitize-logs.tgz" -C /tmp $(cd /tmp && ls san-*.log) 2>/dev/null
@@ -180,26 +183,29 @@ part_committed() {
   kill -0 "$DPID" && echo "daemon alive after committed steps"
   daemon_stop
 }
-part_layers61() {  # part_layers61 [mps]
+part_layers61() {  # part_layers61 [plain|mps|ring]
   # A DeepSeek-V3.2 decode step: 61 dense layers in sequence, device
   # regions, B=64 x 32k (17 GB of K). With "mps": under MPS, the client
-  # busy-polling (the configuration docs/frontend.md recommends).
-  local mode=${1:-plain} poll=()
-  if [[ $mode == mps ]]; then
+  # busy-polling (the configuration docs/frontend.md recommends). With
+  # "ring": under MPS, the step's messages through a request ring (client
+  # spin 1000 us), tensors in device regions.
+  local mode=${1:-plain} poll=() tr=(--transport device)
+  if [[ $mode == mps || $mode == ring ]]; then
     mps_start || { echo "MPS could not start"; return 0; }
     poll=(--busy-poll-us 1000)
   fi
+  [[ $mode == ring ]] && tr=(--transport ring --ring-tensors device --ring-spin-us 1000)
   daemon_start layers61-$mode --profile deepseek-v3.2-fp8 --config-dir "$ROOT/deploy/configs" \
     --device gpu:0 --cache-mb 18000
   echo "== 61 layers ($mode)"
   timeout "$TO" indexer-cli --addr "$DADDR" "${poll[@]}" bench --batch 64 --context 32768 --warmup 3 \
-    --steps 50 --transport device 2>&1 | bench_filter > /tmp/layers61-$mode.txt
+    --steps 50 "${tr[@]}" 2>&1 | bench_filter > /tmp/layers61-$mode.txt
   echo "bench rc ${PIPESTATUS[0]}"
   tail -5 /tmp/layers61-$mode.txt
   # Per-layer table: columns 9 and 10 are the logits and top-k p50.
   awk '$2 == "dense" { k += $9 + $10; n++ } END { printf "kernels: %d layers, sum of logits + top-k p50 %.1f us\n", n, k }' /tmp/layers61-$mode.txt
   daemon_stop
-  [[ $mode == mps ]] && mps_stop
+  [[ $mode == mps || $mode == ring ]] && mps_stop
   return 0
 }
 mps_start() {
@@ -265,10 +271,14 @@ stage_dataplane() {
   # debug level, so its per-layer line shows which path the inline bytes
   # took (lent = straight into pinned staging).
   local shape b n
+  # DP_LAYERS=8: the 8-layer config, whose later layers do not wait behind
+  # the step header (the per-layer figures); DP_MODES: plain, mps.
   LSTEPS=${LSTEPS:-300}
-  for mode in plain mps; do
+  local cfg=$CFG
+  [[ ${DP_LAYERS:-1} == 8 ]] && cfg=${CFG%.textproto}-x8.textproto
+  for mode in ${DP_MODES:-plain mps}; do
     if [[ $mode == mps ]]; then mps_start || { echo "MPS could not start"; break; }; fi
-    daemon_start dataplane-$mode --config "$CFG" --device gpu:0 --log-level debug
+    daemon_start dataplane-$mode --config "$cfg" --device gpu:0 --log-level debug
     for shape in "64 32768" "1 131072"; do
       set -- $shape; b=$1; n=$2
       if [[ $mode == plain ]]; then
@@ -296,7 +306,7 @@ stage_integration() { part_integration; }
 stage_python() { part_python; }
 stage_memcheck() { stage_sanitize; }
 stage_committed() { part_committed; }
-stage_layers61() { part_layers61; part_layers61 mps; }
+stage_layers61() { local m; for m in ${L61_MODES:-plain mps ring}; do part_layers61 "$m"; done; }
 
 stages=("$@")
 ((${#stages[@]})) || stages=(suite sanitize bench service)

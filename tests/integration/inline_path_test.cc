@@ -19,10 +19,12 @@
 namespace indexer::testing {
 namespace {
 
-// The cpu backend with a pool that lends nothing: the copying path.
+// The backend under test (the cpu backend, or INDEXER_TEST_DEVICE) with a
+// pool that lends nothing: the copying path (on the gpu backend: the
+// staging copy).
 class NoLendBackend final : public ForwardingBackend {
  public:
-  NoLendBackend() : ForwardingBackend(std::make_unique<CpuBackend>(2)) {
+  NoLendBackend() : ForwardingBackend(TestBackend()) {
     HostBufferPool::Limits none;
     none.max_buffers = 0;
     pool_ = HostBufferPool::Heap(none);
@@ -89,7 +91,7 @@ void Step(Served& s, Shadow& shadow, const std::vector<SeqStep>& seqs, Form form
 }
 
 TEST(InlinePathTest, LentAndCopiedPathsGiveTheSameTopk) {
-  Served lent = Start(std::make_unique<CpuBackend>(2));
+  Served lent = Start(TestBackend());
   Served copied = Start(std::make_unique<NoLendBackend>());
   Shadow shadow_lent(lent.layers, 5), shadow_copied(copied.layers, 5);
   std::vector<std::string> a, b;
@@ -136,8 +138,8 @@ TEST(InlinePathTest, LentAndCopiedPathsGiveTheSameTopk) {
 // A layer the skeleton reader declines (an unknown group field) takes
 // protobuf's parse: the same top-k, its bytes counted as copied.
 TEST(InlinePathTest, ALayerTheSkeletonDeclinesIsParsedAndCountedAsCopied) {
-  Served a = Start(std::make_unique<CpuBackend>(2));
-  Served b = Start(std::make_unique<CpuBackend>(2));
+  Served a = Start(TestBackend());
+  Served b = Start(TestBackend());
   Shadow sa(a.layers, 8), sb(b.layers, 8);
   const std::vector<SeqStep> seqs = {{"x", 20}, {"y", 3}};
   std::vector<std::string> ta, tb;

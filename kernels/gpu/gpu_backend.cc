@@ -367,6 +367,10 @@ absl::StatusOr<GpuBackend::Step*> GpuBackend::CheckedStep(
 }
 
 absl::Status GpuBackend::BeginCall() {
+  // Calls come from any thread (the executor's, a request ring's worker),
+  // and the runtime's current device is per thread: a daemon on gpu:N with
+  // N != 0 would otherwise launch on device 0 with device N's stream.
+  GPU_RETURN_IF_ERROR(SetDevice(ordinal_));
   if (staged_pending_) {
     GPU_RETURN_IF_ERROR(EventSynchronize(staged_));
     staged_pending_ = false;

@@ -1,11 +1,8 @@
 #include "indexer/ring_channel.h"
 
-#include <linux/futex.h>
-#include <sys/syscall.h>
 #include <unistd.h>
 
 #include <atomic>
-#include <climits>
 #include <cstring>
 #include <new>
 #include <utility>
@@ -19,22 +16,9 @@ namespace {
 
 namespace rw = ring_wire;
 
-void FutexWait(std::atomic<uint32_t>* word, uint32_t expected, int timeout_ms) {
-  timespec ts{timeout_ms / 1000, static_cast<long>(timeout_ms % 1000) * 1000000L};
-  syscall(SYS_futex, reinterpret_cast<uint32_t*>(word), FUTEX_WAIT, expected, &ts, nullptr, 0);
-}
-
-void FutexWake(std::atomic<uint32_t>* word) {
-  syscall(SYS_futex, reinterpret_cast<uint32_t*>(word), FUTEX_WAKE, INT_MAX, nullptr, nullptr, 0);
-}
-
-inline void CpuRelax() {
-#if defined(__x86_64__) || defined(__i386__)
-  __builtin_ia32_pause();
-#elif defined(__aarch64__)
-  asm volatile("yield");
-#endif
-}
+using rw::CpuRelax;
+using rw::FutexWait;
+using rw::FutexWake;
 
 constexpr uint64_t kPage = 4096;
 uint64_t RoundUp(uint64_t v, uint64_t to) { return (v + to - 1) / to * to; }

@@ -44,9 +44,15 @@
 // resp_head; a client that waits then sees the ring gone.
 #pragma once
 
+#include <linux/futex.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
 #include <atomic>
+#include <climits>
 #include <cstddef>
 #include <cstdint>
+#include <ctime>
 
 namespace indexer::ring_wire {
 
@@ -100,6 +106,27 @@ constexpr uint64_t RequestSlotOffset(uint32_t slot_count, uint32_t slot_bytes, u
 }
 constexpr uint64_t ResponseSlotOffset(uint32_t slot_count, uint32_t slot_bytes, uint32_t k) {
   return kHeaderBytes + uint64_t{slot_count} * slot_bytes + uint64_t{k % slot_count} * slot_bytes;
+}
+
+// The doorbell, as both sides ring it. Shared futexes (not FUTEX_PRIVATE):
+// the peer is another process. A wait returns on a wake, a changed word,
+// a signal or the timeout; callers re-check the counters in every case.
+inline void FutexWait(std::atomic<uint32_t>* word, uint32_t expected, int timeout_ms) {
+  timespec ts{timeout_ms / 1000, static_cast<long>(timeout_ms % 1000) * 1000000L};
+  syscall(SYS_futex, reinterpret_cast<uint32_t*>(word), FUTEX_WAIT, expected, &ts, nullptr, 0);
+}
+
+inline void FutexWake(std::atomic<uint32_t>* word) {
+  syscall(SYS_futex, reinterpret_cast<uint32_t*>(word), FUTEX_WAKE, INT_MAX, nullptr, nullptr, 0);
+}
+
+// One step of a spin (the core's pause hint).
+inline void CpuRelax() {
+#if defined(__x86_64__) || defined(__i386__)
+  __builtin_ia32_pause();
+#elif defined(__aarch64__)
+  asm volatile("yield");
+#endif
 }
 
 }  // namespace indexer::ring_wire

@@ -1,12 +1,9 @@
 #include "server/rpc/ring_host.h"
 
-#include <linux/futex.h>
-#include <sys/syscall.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
-#include <climits>
 #include <cstring>
 #include <thread>
 #include <utility>
@@ -25,23 +22,9 @@ namespace {
 namespace rw = ring_wire;
 using Clock = std::chrono::steady_clock;
 
-// Shared (not FUTEX_PRIVATE): the client is another process.
-void FutexWait(std::atomic<uint32_t>* word, uint32_t expected, int timeout_ms) {
-  timespec ts{timeout_ms / 1000, static_cast<long>(timeout_ms % 1000) * 1000000L};
-  syscall(SYS_futex, reinterpret_cast<uint32_t*>(word), FUTEX_WAIT, expected, &ts, nullptr, 0);
-}
-
-void FutexWake(std::atomic<uint32_t>* word) {
-  syscall(SYS_futex, reinterpret_cast<uint32_t*>(word), FUTEX_WAKE, INT_MAX, nullptr, nullptr, 0);
-}
-
-inline void CpuRelax() {
-#if defined(__x86_64__) || defined(__i386__)
-  __builtin_ia32_pause();
-#elif defined(__aarch64__)
-  asm volatile("yield");
-#endif
-}
+using rw::CpuRelax;
+using rw::FutexWait;
+using rw::FutexWake;
 
 bool PowerOfTwo(uint32_t v) { return v != 0 && (v & (v - 1)) == 0; }
 

@@ -30,6 +30,18 @@
 namespace indexer::testing {
 namespace {
 
+#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
+constexpr bool kSanitized = true;
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer) || __has_feature(thread_sanitizer)
+constexpr bool kSanitized = true;
+#else
+constexpr bool kSanitized = false;
+#endif
+#else
+constexpr bool kSanitized = false;
+#endif
+
 using ::testing::HasSubstr;
 using ::testing::Not;
 using Clock = std::chrono::steady_clock;
@@ -411,7 +423,11 @@ TEST(TrustTest, HealthAnswersWhileTheBackendIsSaturated) {
               p50, p99, ms.back(), ms.size(), info_ms, static_cast<long long>(layers_during));
   EXPECT_GT(open_during, 0) << "the load ended before the checks did";
   EXPECT_GT(layers_during, 0) << "no layer ran while the checks did";
-  EXPECT_LT(p99, 10.0);
+  // A check stuck behind the backend would wait a layer (90-300 ms here,
+  // 1024 rows); the bound is 10 ms, 50 ms in a sanitizer build, where every
+  // thread runs several times slower and the two CI cores are shared with
+  // the other tests (ASan: p99 12.5 ms once, with layers of 290 ms).
+  EXPECT_LT(p99, kSanitized ? 50.0 : 10.0);
   EXPECT_LT(info_ms, 100.0);
   d.WaitIdle();
   EXPECT_TRUE(d.engine().CheckInvariants().ok()) << d.engine().CheckInvariants();

@@ -78,10 +78,17 @@ bool IsGroup(uint32_t tag) {
   return t == WireFormatLite::WIRETYPE_START_GROUP || t == WireFormatLite::WIRETYPE_END_GROUP;
 }
 
+// Protobuf's generated parser takes tags and length prefixes of at most 5
+// bytes and fails the message on a longer one; CodedInputStream reads up
+// to 10 and truncates. The skeleton declines those (protobuf then gives its
+// verdict): true when the last read took at most 5 bytes from `at`.
+bool Short(const CodedInputStream& in, int at) { return in.CurrentPosition() - at <= 5; }
+
 // Reads a length prefix and limits `in` to it. False on a bad or too long one.
 bool Enter(CodedInputStream* in, CodedInputStream::Limit* limit) {
   uint32_t len = 0;
-  if (!in->ReadVarint32(&len) || len > INT_MAX) return false;
+  const int at = in->CurrentPosition();
+  if (!in->ReadVarint32(&len) || !Short(*in, at) || len > INT_MAX) return false;
   // ReadSkeleton limits the whole request, so BytesUntilLimit is >= 0.
   if (static_cast<int>(len) > in->BytesUntilLimit()) return false;
   *limit = in->PushLimit(static_cast<int>(len));
@@ -98,7 +105,9 @@ bool ReadFields(CodedInputStream* in, std::string* rest, Take take) {
     StringOutputStream sos(rest);
     CodedOutputStream out(&sos);
     for (;;) {
+      const int at = in->CurrentPosition();
       const uint32_t tag = in->ReadTag();
+      if (!Short(*in, at)) return false;
       if (tag == 0) break;
       int handled = take(tag);  // 1 read, 0 not its field, -1 decline
       if (handled < 0) return false;
@@ -120,7 +129,8 @@ bool ReadTensor(CodedInputStream* in, v1::Tensor* meta, WireSpan* span) {
     if (seen_data) return -1;        // the last one wins: left to the parser
     seen_data = true;
     uint32_t len = 0;
-    if (!in->ReadVarint32(&len) || len > INT_MAX) return -1;
+    const int at = in->CurrentPosition();
+    if (!in->ReadVarint32(&len) || !Short(*in, at) || len > INT_MAX) return -1;
     span->offset = static_cast<size_t>(in->CurrentPosition());
     span->length = len;
     return in->Skip(static_cast<int>(len)) ? 1 : -1;
@@ -167,13 +177,14 @@ bool ReadSkeleton(absl::Span<const absl::string_view> chunks, StepWire* w) {
   ChunkStream stream(chunks);
   CodedInputStream in(&stream);
   in.PushLimit(static_cast<int>(total));
-  if (in.ReadTag() != LenTag(2)) return false;
+  if (in.ReadTag() != LenTag(2) || !Short(in, 0)) return false;
   CodedInputStream::Limit limit;
   if (!Enter(&in, &limit)) return false;
   if (!ReadLayer(&in, w->msg.mutable_layer(), w)) return false;
   in.PopLimit(limit);
   // Nothing after it (a second layer would merge, a header would replace it).
-  return in.ReadTag() == 0 && in.ConsumedEntireMessage();
+  const int at = in.CurrentPosition();
+  return in.ReadTag() == 0 && Short(in, at) && in.ConsumedEntireMessage();
 }
 
 }  // namespace

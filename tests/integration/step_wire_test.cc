@@ -248,6 +248,12 @@ TEST(StepWireTest, MalformedBytesGiveTheSameError) {
   Agrees({longer}, "length + 1");
   Agrees({good + "\x12"}, "a dangling tag");
   Agrees({good + std::string(1, '\0')}, "a zero tag");
+  // Tags and lengths of more than 5 bytes: protobuf fails them, where
+  // CodedInputStream would read and truncate (fuzz_step_wire's find).
+  Agrees({std::string("\x12\x12\x12\x00\xc8\xc7\xc7\xe5\xc7\xc7\xc7\xc0\x38\xe4\x08\x08\x98\x00\x08\x08", 20)},
+         "a 9-byte tag inside a layer");
+  Agrees({std::string("\x92\x80\x80\x80\x80\x00\x00", 7)}, "a 6-byte top-level tag");
+  Agrees({std::string("\x12\x80\x80\x80\x80\x80\x00", 7)}, "a 6-byte length");
 }
 
 TEST(StepWireTest, CopySpanCrossesSlices) {

@@ -153,28 +153,6 @@ struct Mem {
 
 uint64_t Align16(uint64_t x) { return (x + 15) & ~uint64_t{15}; }
 
-// Appends `tokens` pre-quantized entries to `name` (WriteEntries), as the
-// shadow records them.
-void Import(Daemon& d, Shadow& shadow, IndexerClient& c, const std::string& name,
-            int64_t tokens) {
-  const std::vector<SeqStep> seqs = {{name, tokens}};
-  std::vector<LayerData> data = shadow.MakeEntries(seqs);
-  v1::WriteEntriesRequest w;
-  *w.mutable_id() = client::NamedSequenceId(name);
-  w.set_create(shadow.len(name) == 0);
-  w.set_num_tokens(tokens);
-  for (size_t li = 0; li < d.layers().size(); ++li) {
-    const TestLayer& t = d.layers()[li];
-    v1::LayerEntries* le = w.add_layers();
-    le->set_layer(t.layer);
-    *le->mutable_k() = client::MakeByteTensor(v1::UINT8, data[li].k_quant,
-                                              {data[li].n_new, t.layout.entry_bytes()});
-  }
-  auto len = c.WriteEntries(w);
-  ASSERT_TRUE(len.ok()) << len.status();
-  shadow.Commit(seqs, data);
-}
-
 // One committed step over `seqs`, every tensor inline (`mem` null) or by
 // reference to `mem` with the top-k through topk_out; each layer checked
 // against the shadow. Returns the top-k of every layer.

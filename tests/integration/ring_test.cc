@@ -329,6 +329,81 @@ TEST(RingTest, DetachAndUnregisterRollBackTheOpenStep) {
   }
 }
 
+// Four co-located front-ends at once, each with its own identity, ring and
+// sequences, the way a serving engine's workers drive the daemon: a prefill
+// of 12 sequences, committed decode steps, an import and a gRPC step
+// between ring steps, releases and new sequences in a mixed step. Every
+// top-k checked; at the end no ring, region, sequence or page is left.
+TEST(RingTest, SeveralRingClientsCommitWithImportsAndReleases) {
+  config::ServerConfig cfg = MakeConfig({{.format = "fp8", .page_entries = 16, .num_layers = 2,
+                                          .pages = 1600, .cand_block = 2,
+                                          .cand_topk_blocks = 5},
+                                         {.format = "mxfp4", .page_entries = 16,
+                                          .compress_ratio = 4, .num_layers = 1, .heads = 8,
+                                          .topk = 16, .pages = 600}},
+                                        /*next_n=*/2);
+  cfg.set_ring_spin_us(20);
+  Daemon d(cfg);
+  const std::vector<GroupUsage> empty = d.engine().Usage();
+  constexpr int kClients = 4, kSeqs = 12;
+  std::atomic<int> failures{0};
+  std::vector<std::thread> threads;
+  for (int c = 0; c < kClients; ++c) {
+    threads.emplace_back([&, c] {
+      auto client = ClientAs(d.port(), "fe-" + std::to_string(c));
+      if (client == nullptr) return void(++failures);
+      RingOptions o = SmallRing();
+      o.data_bytes = 4 << 20;
+      auto ch = RingChannel::Open(client.get(), o);
+      if (!ch.ok()) {
+        ADD_FAILURE() << "client " << c << ": " << ch.status();
+        return void(++failures);
+      }
+      Shadow shadow(d.layers(), 91 + c);
+      const std::string p = "r" + std::to_string(c) + "-";
+      std::vector<SeqStep> prefill, decode;
+      for (int i = 0; i < kSeqs; ++i) {
+        prefill.push_back({SeqNameOf(p, i), 1 + (i * 29 + c * 13) % 70});
+        decode.push_back({SeqNameOf(p, i), 1 + (i + c) % 2});
+      }
+      RingStep(d, shadow, prefill, **ch);
+      for (int step = 0; step < 5; ++step) {
+        RingStep(d, shadow, decode, **ch, /*inline_topk=*/step == 3);
+        if (step == 1) Import(d, shadow, *client, SeqNameOf(p, 0), 300 + 17 * c);
+        if (step == 2) WireStep(d, shadow, decode, Form::kNative, client.get());
+        if (step == 3) {
+          // Release the last three, then bring three new ones in a mixed step.
+          std::vector<v1::SequenceId> ids;
+          for (int i = kSeqs - 3; i < kSeqs; ++i) {
+            ids.push_back(client::NamedSequenceId(SeqNameOf(p, i)));
+            shadow.Forget(SeqNameOf(p, i));
+          }
+          if (!client->Release(ids).ok()) ++failures;
+          for (int i = kSeqs - 3; i < kSeqs; ++i) decode[i].first = SeqNameOf(p + "new", i);
+          std::vector<SeqStep> mixed = decode;
+          for (int i = kSeqs - 3; i < kSeqs; ++i) mixed[i].second = 30 + i;
+          RingStep(d, shadow, mixed, **ch);
+        }
+      }
+      std::vector<v1::SequenceId> ids;
+      for (const auto& [name, q] : decode) ids.push_back(client::NamedSequenceId(name));
+      if (!client->Release(ids).ok()) ++failures;
+      ch->reset();
+      auto left = client->ListRegions();
+      if (!left.ok() || !left->empty()) ++failures;
+      if (::testing::Test::HasFailure()) ++failures;
+    });
+  }
+  for (std::thread& t : threads) t.join();
+  EXPECT_EQ(failures.load(), 0);
+  EXPECT_EQ(d.service().rings(), 0u);
+  EXPECT_EQ(d.engine().num_sequences(), 0);
+  EXPECT_EQ(d.engine().open_steps(), 0);
+  const std::vector<GroupUsage> now = d.engine().Usage();
+  for (size_t g = 0; g < now.size(); ++g) EXPECT_EQ(now[g].free_pages, empty[g].free_pages);
+  EXPECT_TRUE(d.engine().CheckInvariants().ok()) << d.engine().CheckInvariants();
+}
+
 // A front-end (indexer-cli bench --transport ring) killed with SIGKILL
 // while it holds a ring and an open step: the step rolls back and, after
 // the lease, the ring is detached and its region unmapped.

@@ -28,35 +28,6 @@ config::ServerConfig ServingConfig(int pages) {
   return cfg;
 }
 
-std::string SeqNameOf(const std::string& prefix, int i) { return prefix + std::to_string(i); }
-
-// Appends `tokens` tokens to `name` by WriteEntries (pre-quantized entries),
-// in imports of at most max_q_len tokens, and records them in the shadow.
-void Import(Daemon& d, Shadow& shadow, IndexerClient& client, const std::string& name,
-            int64_t tokens, int64_t max_q_len) {
-  while (tokens > 0) {
-    const int64_t n = std::min(tokens, max_q_len);
-    const std::vector<SeqStep> seqs = {{name, n}};
-    std::vector<LayerData> data = shadow.MakeEntries(seqs);
-    v1::WriteEntriesRequest w;
-    *w.mutable_id() = client::NamedSequenceId(name);
-    w.set_create(shadow.len(name) == 0);
-    w.set_num_tokens(n);
-    for (size_t li = 0; li < d.layers().size(); ++li) {
-      const TestLayer& t = d.layers()[li];
-      v1::LayerEntries* le = w.add_layers();
-      le->set_layer(t.layer);
-      *le->mutable_k() = client::MakeByteTensor(v1::UINT8, data[li].k_quant,
-                                                {data[li].n_new, t.layout.entry_bytes()});
-    }
-    auto len = client.WriteEntries(w);
-    ASSERT_TRUE(len.ok()) << len.status();
-    shadow.Commit(seqs, data);
-    ASSERT_EQ(*len, static_cast<uint64_t>(shadow.len(name)));
-    tokens -= n;
-  }
-}
-
 struct BatchCase {
   int batch;
   bool long_context;  // sequence 0 grows to 131,073 tokens (3-byte varint)

@@ -27,6 +27,9 @@
 #   layers61  the 61-layer DeepSeek-V3.2 step (device regions, B=64 x 32k)
 #             as service runs it, then again under MPS with the client
 #             busy-polling
+#   ab        two daemons of one pack A/B in the same call (AB_BASE: the
+#             other indexerd binary): ring (device tensors) and device
+#             regions at both shapes under MPS, alternated twice
 #   env       GPU, driver, SOURCE.txt, python/torch (printed first by every run)
 # Aliases kept for older notes and results files: gpu-tests and integration
 # (parts of suite), memcheck (= sanitize), committed and python (parts of
@@ -298,6 +301,34 @@ stage_dataplane() {
   echo "== echo floor (200-byte request and reply; TCP, then Unix socket)"
   timeout 60 grpc_echo_bench --warmup 200 --iters 3000 2>&1 | tail -3
   timeout 60 grpc_echo_bench --warmup 200 --iters 3000 --unix /tmp/echo.sock 2>&1 | tail -1
+}
+
+stage_ab() {
+  # Two daemons of one pack, A/B in the same call: $AB_BASE (another
+  # indexerd binary, e.g. dev/bin/indexerd-base built from the parent
+  # commit) against the packed indexerd, under MPS, 8-layer config, the
+  # ring and device-region transports at both shapes (AB_STEPS committed
+  # steps each, default 300), twice in alternation so drift shows.
+  [[ -x ${AB_BASE:-} ]] || { echo "ab: AB_BASE names no indexerd binary"; return 1; }
+  LSTEPS=${AB_STEPS:-300}
+  local cfg=${CFG%.textproto}-x8.textproto bin shape b n round
+  mps_start || { echo "MPS could not start"; return 1; }
+  for round in 1 2; do
+    for bin in "$AB_BASE" "$DEV/bin/indexerd"; do
+      # daemon_start runs `indexerd` from PATH: a directory holding this one.
+      mkdir -p /tmp/ab-bin && ln -sf "$bin" /tmp/ab-bin/indexerd
+      PATH=/tmp/ab-bin:$PATH daemon_start ab-$round --config "$cfg" --device gpu:0
+      for shape in "64 32768" "1 131072"; do
+        set -- $shape; b=$1; n=$2
+        bench_line "round $round $(basename "$bin") B=$b n=$n ring device spin 1000" \
+          bench --batch $b --context $n --transport ring --ring-tensors device --ring-spin-us 1000
+        bench_line "round $round $(basename "$bin") B=$b n=$n device poll 1000" \
+          --busy-poll-us 1000 bench --batch $b --context $n --transport device
+      done
+      daemon_stop
+    done
+  done
+  mps_stop
 }
 
 # Aliases (older notes name them).

@@ -144,7 +144,18 @@ absl::Status GpuBackend::Init() {
   GPU_RETURN_IF_ERROR(MemsetAsync(topk_state_, 0, int64_t{ws_.max_rows} * kTopkStateWords * 4, stream_));
   GPU_RETURN_IF_ERROR(StreamSynchronize(stream_));
   RETURN_IF_ERROR(take(int64_t{ws_.max_rows} * 64 * 4, &aux_));
-  RETURN_IF_ERROR(take(sizeof(bad_host_), &bad_));
+  // The checks' state starts as every launch leaves it (CheckParams::state).
+  RETURN_IF_ERROR(take((kCheckSlots + 1) * 4, &check_state_));
+  GPU_RETURN_IF_ERROR(MemsetAsync(check_state_, 0xff, kCheckSlots * 4, stream_));
+  GPU_RETURN_IF_ERROR(MemsetAsync(check_state_ + kCheckSlots, 0, 4, stream_));
+  GPU_RETURN_IF_ERROR(StreamSynchronize(stream_));
+  {
+    void* host = nullptr;
+    void* dev = nullptr;
+    GPU_RETURN_IF_ERROR(HostMallocMapped(&host, &dev, kCheckSlots * 4));
+    verdict_host_ = static_cast<uint32_t*>(host);
+    verdict_dev_ = static_cast<uint32_t*>(dev);
+  }
   RETURN_IF_ERROR(take(ws_.arena_bytes, &arena_base_));
   arena_ = std::make_unique<DeviceArena>(arena_base_, ws_.arena_bytes);
   return absl::OkStatus();
@@ -161,6 +172,7 @@ GpuBackend::~GpuBackend() {
   for (HostStage* h : {&host_in_, &host_out_}) {
     if (h->base != nullptr) (void)HostFree(h->base);
   }
+  if (verdict_host_ != nullptr) (void)HostFree(verdict_host_);
   pinned_->Shutdown();  // lent buffers are freed when given back
   for (Event e : ev_) {
     if (e != nullptr) (void)EventDestroy(e);
@@ -393,8 +405,10 @@ absl::Status GpuBackend::BeginCall() {
 absl::Status GpuBackend::ArmChecks() {
   chain_edge_ = -1;  // the checks run between spans
   if (checks_armed_) return absl::OkStatus();
-  // 0xffffffff: no bad element; the check kernels lower it.
-  GPU_RETURN_IF_ERROR(MemsetAsync(bad_, 0xff, sizeof(bad_host_), stream_));
+  // No bad element unless the launch's last block says otherwise (a launch
+  // with nothing to check publishes nothing). A host store: the device
+  // state needs no reset (the kernel leaves it clean), the verdict no copy.
+  for (int s = 0; s < kCheckSlots; ++s) verdict_host_[s] = UINT32_MAX;
   checks_armed_ = true;
   return absl::OkStatus();
 }
@@ -486,55 +500,60 @@ absl::Status GpuBackend::LaunchDeviceChecks(const PageLayout& layout, const Step
                 : k->kind == KInput::Kind::kBf16  ? CheckKind::kBf16
                                                   : CheckKind::kQuantized;
     part.count = part.kind == CheckKind::kQuantized ? n : n * layout.head_dim;
-    part.first_bad = bad_;
+    part.slot = 0;
   }
   if (q != nullptr && q->on_device && rows.num_rows > 0) {
     // Weights, Q's codes (FP8: the cache variant's NaN codes; e2m1 has
     // none) and Q's e8m0 scales (MXFP4).
     const int64_t rh = int64_t{rows.num_rows} * q->num_heads;
     if (cp.num_parts + 2 > kMaxCheckParts) return absl::InternalError("check: too many parts");
-    cp.parts[cp.num_parts++] = {q->weights, rh, CheckKind::kFloat32, bad_ + 1};
+    cp.parts[cp.num_parts++] = {q->weights, rh, CheckKind::kFloat32, 1};
     if (layout.format == KvFormat::kMxfp4) {
       cp.parts[cp.num_parts++] = {q->scales, rh * (layout.head_dim / kMxBlock), CheckKind::kE8m0,
-                                  bad_ + 3};
+                                  3};
     } else {
       cp.parts[cp.num_parts++] = {q->values, rh * layout.value_bytes(), CheckKind::kFp8Codes,
-                                  bad_ + 2};
+                                  2};
       q_check_fp8_ = layout.fp8;
     }
   }
   if (cp.num_parts == 0) return absl::OkStatus();
+  cp.state = check_state_;
+  cp.verdict = verdict_dev_;
   RETURN_IF_ERROR(ArmChecks());
   RETURN_IF_ERROR(LaunchCheckInput(cp, stream_));
   return absl::OkStatus();
 }
 
 absl::Status GpuBackend::EndCall() {
-  if (checks_armed_) RETURN_IF_ERROR(Download(bad_host_, bad_, sizeof(bad_host_)));
   RETURN_IF_ERROR(Sync());
   for (const PendingCopy& c : downloads_) std::memcpy(c.dst, c.src, c.bytes);
   downloads_.clear();
   if (!checks_armed_) return absl::OkStatus();
   checks_armed_ = false;
-  if (bad_host_[0] != UINT32_MAX) {
+  // The check launch's last block stored these (mapped memory; the wait
+  // above is after it).
+  uint32_t bad[kCheckSlots];
+  for (int s = 0; s < kCheckSlots; ++s) bad[s] = static_cast<volatile uint32_t*>(verdict_host_)[s];
+  if (bad[0] != UINT32_MAX) {
     return absl::InvalidArgumentError(absl::StrCat(
-        "k: element ", bad_host_[0],
+        "k: element ", bad[0],
         " of the device tensor is not finite (NaN or Inf, an e4m3 NaN code, a scale not "
         "finite > 0 or an e8m0 0xff); expected finite values"));
   }
-  if (bad_host_[1] != UINT32_MAX) {
+  if (bad[1] != UINT32_MAX) {
     return absl::InvalidArgumentError(absl::StrCat(
-        "weights: element ", bad_host_[1],
+        "weights: element ", bad[1],
         " of the device tensor is NaN or Inf; expected finite values"));
   }
-  if (bad_host_[2] != UINT32_MAX) {
+  if (bad[2] != UINT32_MAX) {
     return absl::InvalidArgumentError(absl::StrCat(
-        "q: byte ", bad_host_[2], " of the device tensor is an ", Fp8VariantName(q_check_fp8_),
+        "q: byte ", bad[2], " of the device tensor is an ", Fp8VariantName(q_check_fp8_),
         " NaN code; expected finite codes"));
   }
-  if (bad_host_[3] != UINT32_MAX) {
+  if (bad[3] != UINT32_MAX) {
     return absl::InvalidArgumentError(absl::StrCat(
-        "q_scale: byte ", bad_host_[3],
+        "q_scale: byte ", bad[3],
         " of the device tensor is 0xff (e8m0 NaN); expected 0x00..0xfe"));
   }
   return absl::OkStatus();

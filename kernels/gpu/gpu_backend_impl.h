@@ -28,8 +28,10 @@
 // when its metadata does not fit the staging.
 //
 // Device tensors (on_device inputs, out_on_device): read and written in
-// place on the stream; device K and weights are checked on the device into
-// bad_, read after the call's wait (INVALID_ARGUMENT naming the field).
+// place on the stream; device K, weights and Q are checked on the device in
+// one launch whose last block stores the verdict in mapped pinned memory,
+// read after the call's wait (INVALID_ARGUMENT naming the field): no reset
+// and no copy enqueued for it.
 //
 // Thread safety: as Backend. Device work of concurrent calls is serialized
 // on the backend's one stream (one workspace, one pinned staging) under mu_;
@@ -237,7 +239,8 @@ class GpuBackend : public Backend {
                          StepContext* ctx, const BlockQInput& q, const BlockSpec& spec,
                          int32_t* out, LayerTimings* timings, bool nested)
       ABSL_NO_THREAD_SAFETY_ANALYSIS;
-  // Enqueues the reset of bad_ once per call (device inputs present).
+  // Marks the call's checks armed (device inputs present) and clears the
+  // verdict words on the host (no device work).
   absl::Status ArmChecks() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Output rows from out_ to the caller: a download, or a device copy when
   // the call's output is device memory (out_device_).
@@ -273,7 +276,7 @@ class GpuBackend : public Backend {
   absl::Status BeginSpan() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::Status EndSpan(double* sum) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The device inputs' value checks (k entries or floats; weights, Q codes,
-  // Q scales) in one launch, once per call: arms bad_ and enqueues them.
+  // Q scales) in one launch, once per call: arms the verdict, enqueues them.
   absl::Status LaunchDeviceChecks(const PageLayout& layout, const StepRows& rows,
                                   const KInput* k, const QInput* q)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -368,11 +371,13 @@ class GpuBackend : public Backend {
   // Per-call row scratch of the candidate and block paths: [max_rows x 64]
   // int32 (block counts, slot counts, causal pages per head and row).
   int32_t* aux_ = nullptr;
-  // [2] first bad element of device K, of device weights (0xffffffff: none).
-  uint32_t* bad_ = nullptr;
-  // First bad element of the call's device inputs: k, weights, q (FP8
-  // codes), q_scale (e8m0); 0xffffffff = none.
-  uint32_t bad_host_[4] ABSL_GUARDED_BY(mu_) = {};
+  // The device checks' state (CheckParams::state: [kCheckSlots + 1] words).
+  uint32_t* check_state_ = nullptr;
+  // Their verdict: first bad element of the call's device inputs (k,
+  // weights, q FP8 codes, q_scale e8m0; 0xffffffff = none), in mapped pinned
+  // memory the check launch writes (verdict_dev_ its device address).
+  uint32_t* verdict_host_ ABSL_GUARDED_BY(mu_) = nullptr;
+  uint32_t* verdict_dev_ = nullptr;
   Fp8Variant q_check_fp8_ ABSL_GUARDED_BY(mu_) = Fp8Variant::kE4m3fn;  // q's NaN rule
   bool checks_armed_ ABSL_GUARDED_BY(mu_) = false;
   bool out_device_ ABSL_GUARDED_BY(mu_) = false;

@@ -85,6 +85,12 @@ inline Error HostMalloc(void** p, size_t n) {
   return hipHostMalloc(p, n, hipHostMallocDefault);
 }
 inline Error HostFree(void* p) { return hipHostFree(p); }
+// Pinned host memory the device also addresses (`*dev`): kernels store into
+// it, the host reads it after the stream's wait, no copy enqueued.
+inline Error HostMallocMapped(void** p, void** dev, size_t n) {
+  const Error e = hipHostMalloc(p, n, hipHostMallocMapped);
+  return e != hipSuccess ? e : hipHostGetDevicePointer(dev, *p, 0);
+}
 inline Error MemsetAsync(void* p, int v, size_t n, Stream s) {
   return hipMemsetAsync(p, v, n, s);
 }
@@ -194,6 +200,12 @@ inline Error MemGetInfo(size_t* free, size_t* total) { return cudaMemGetInfo(fre
 inline Error Free(void* p) { return cudaFree(p); }
 inline Error HostMalloc(void** p, size_t n) { return cudaMallocHost(p, n); }
 inline Error HostFree(void* p) { return cudaFreeHost(p); }
+// Pinned host memory the device also addresses (`*dev`): kernels store into
+// it, the host reads it after the stream's wait, no copy enqueued.
+inline Error HostMallocMapped(void** p, void** dev, size_t n) {
+  const Error e = cudaHostAlloc(p, n, cudaHostAllocMapped);
+  return e != cudaSuccess ? e : cudaHostGetDevicePointer(dev, *p, 0);
+}
 inline Error MemsetAsync(void* p, int v, size_t n, Stream s) {
   return cudaMemsetAsync(p, v, n, s);
 }

@@ -58,11 +58,14 @@ enum class CheckKind : int32_t {
   kE8m0,         // bytes: 0xff (the e8m0 NaN)
 };
 // One tensor to check: its first bad element's index lowers *first_bad.
+// The verdict words of a call's checks: k, weights, q (FP8 codes), q_scale
+// (e8m0); 0xffffffff = no bad element.
+constexpr int kCheckSlots = 4;
 struct CheckPart {
   const void* src;
   int64_t count;  // elements (kFloat32 / kBf16 / bytes) or entries (kQuantized)
   CheckKind kind;
-  uint32_t* first_bad;  // device word, set to 0xffffffff before
+  int32_t slot;   // its verdict word, < kCheckSlots
 };
 // Up to kMaxCheckParts tensors in one launch (a layer's device weights, Q
 // values and Q scales cost one kernel, not three).
@@ -71,6 +74,14 @@ struct CheckParams {
   CheckPart parts[kMaxCheckParts];
   int32_t num_parts;
   PageLayout layout;
+  // [kCheckSlots + 1] device words: each slot's first bad element so far
+  // (0xffffffff between launches), then the count of blocks done (0 between
+  // launches). The launch's last block publishes the slots to `verdict` and
+  // puts both back, so a launch needs no reset before it and no copy after.
+  uint32_t* state;
+  // [kCheckSlots] mapped pinned host words (their device address), written
+  // by the last block; the host reads them after the stream's wait.
+  uint32_t* verdict;
 };
 absl::Status LaunchCheckInput(const CheckParams& p, Stream stream);
 

@@ -126,8 +126,24 @@ __global__ void CheckInputKernel(CheckParams p) {
         for (int32_t b = 0; b < l.scale_bytes() && !bad; ++b) bad = e[vb + b] == 0xff;
       }
     }
-    if (bad) atomicMin(part.first_bad, static_cast<uint32_t>(i));
+    if (bad) atomicMin(&p.state[part.slot], static_cast<uint32_t>(i));
   }
+  // ---- the last block publishes the verdict and resets the state ---------
+  // Every thread's atomics are ordered before its block's count.
+  __threadfence();
+  __syncthreads();
+  if (threadIdx.x != 0) return;
+  const uint32_t blocks = gridDim.x * gridDim.y;
+  if (atomicAdd(&p.state[kCheckSlots], 1u) != blocks - 1) return;
+  __threadfence();
+  // Only this launch's slots: a call that checks K and Q in two launches
+  // (the single-path calls) keeps the first one's verdict.
+  for (int i = 0; i < p.num_parts; ++i) {
+    const int32_t s = p.parts[i].slot;
+    p.verdict[s] = atomicExch(&p.state[s], 0xffffffffu);
+  }
+  atomicExch(&p.state[kCheckSlots], 0u);
+  __threadfence_system();
 }
 
 }  // namespace

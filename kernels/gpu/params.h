@@ -65,7 +65,8 @@ struct CheckPart {
   const void* src;
   int64_t count;  // elements (kFloat32 / kBf16 / bytes) or entries (kQuantized)
   CheckKind kind;
-  int32_t slot;   // its verdict word, < kCheckSlots
+  int32_t slot;      // its verdict word, < kCheckSlots
+  int32_t per_unit;  // elements per thread unit (LaunchCheckInput sets it)
 };
 // Up to kMaxCheckParts tensors in one launch (a layer's device weights, Q
 // values and Q scales cost one kernel, not three).
@@ -73,6 +74,9 @@ constexpr int kMaxCheckParts = 3;
 struct CheckParams {
   CheckPart parts[kMaxCheckParts];
   int32_t num_parts;
+  // Blocks [block_begin[k], block_begin[k + 1]) check part k
+  // (LaunchCheckInput sets them).
+  int32_t block_begin[kMaxCheckParts + 1];
   PageLayout layout;
   // [kCheckSlots + 1] device words: each slot's first bad element so far
   // (0xffffffff between launches), then the count of blocks done (0 between

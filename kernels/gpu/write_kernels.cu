@@ -98,43 +98,95 @@ __global__ void __launch_bounds__(kWriteThreads)
   }
 }
 
-__global__ void CheckInputKernel(CheckParams p) {
-  // blockIdx.y: the part; a grid-stride walk over its elements.
-  const CheckPart& part = p.parts[blockIdx.y];
-  const int64_t stride = int64_t{gridDim.x} * blockDim.x;
-  for (int64_t i = int64_t{blockIdx.x} * blockDim.x + threadIdx.x; i < part.count; i += stride) {
-    bool bad = false;
-    if (part.kind == CheckKind::kFloat32) {
-      bad = !isfinite(static_cast<const float*>(part.src)[i]);
-    } else if (part.kind == CheckKind::kBf16) {
-      // All-ones exponent: Inf or NaN.
-      bad = (static_cast<const uint16_t*>(part.src)[i] & 0x7f80u) == 0x7f80u;
-    } else if (part.kind == CheckKind::kFp8Codes) {
-      bad = IsFp8Nan(p.layout.fp8, static_cast<const uint8_t*>(part.src)[i]);
-    } else if (part.kind == CheckKind::kE8m0) {
-      bad = static_cast<const uint8_t*>(part.src)[i] == 0xff;
-    } else {
+// Whether element `i` of `part` is bad (one element, any kind).
+__device__ bool BadElement(const CheckParams& p, const CheckPart& part, int64_t i) {
+  switch (part.kind) {
+    case CheckKind::kFloat32:
+      return !isfinite(static_cast<const float*>(part.src)[i]);
+    case CheckKind::kBf16:  // all-ones exponent: Inf or NaN
+      return (static_cast<const uint16_t*>(part.src)[i] & 0x7f80u) == 0x7f80u;
+    case CheckKind::kFp8Codes:
+      return IsFp8Nan(p.layout.fp8, static_cast<const uint8_t*>(part.src)[i]);
+    case CheckKind::kE8m0:
+      return static_cast<const uint8_t*>(part.src)[i] == 0xff;
+    case CheckKind::kQuantized: {
       const PageLayout& l = p.layout;
       const uint8_t* e = static_cast<const uint8_t*>(part.src) + i * l.entry_bytes();
       const int32_t vb = l.value_bytes();
       if (l.format == KvFormat::kFp8) {
-        for (int32_t b = 0; b < vb && !bad; ++b) bad = IsFp8Nan(l.fp8, e[b]);
+        for (int32_t b = 0; b < vb; ++b) {
+          if (IsFp8Nan(l.fp8, e[b])) return true;
+        }
         float s;
         memcpy(&s, e + vb, 4);
-        bad = bad || !isfinite(s) || !(s > 0.f);
-      } else {
-        for (int32_t b = 0; b < l.scale_bytes() && !bad; ++b) bad = e[vb + b] == 0xff;
+        return !isfinite(s) || !(s > 0.f);
+      }
+      for (int32_t b = 0; b < l.scale_bytes(); ++b) {
+        if (e[vb + b] == 0xff) return true;
+      }
+      return false;
+    }
+  }
+  return false;
+}
+
+// Blocks [block_begin[k], block_begin[k + 1]) take part k; a thread takes
+// unit u of it: 16 bytes (elements u * per .. u * per + per - 1, per = 16 /
+// element bytes) where the part is vectorized, else element u. Each unit's
+// first bad element lowers the part's slot; the launch's last block
+// publishes the slots and puts the state back (CheckParams::state).
+__global__ void CheckInputKernel(CheckParams p) {
+  int k = 0;
+  while (k + 1 < p.num_parts && blockIdx.x >= static_cast<uint32_t>(p.block_begin[k + 1])) ++k;
+  const CheckPart& part = p.parts[k];
+  const int64_t blocks = p.block_begin[k + 1] - p.block_begin[k];
+  const int64_t stride = blocks * blockDim.x;
+  const int32_t per = part.per_unit;
+  const int64_t units = (part.count + per - 1) / per;
+  for (int64_t u = (blockIdx.x - p.block_begin[k]) * int64_t{blockDim.x} + threadIdx.x; u < units;
+       u += stride) {
+    const int64_t first = u * per;
+    const int64_t last = first + per < part.count ? first + per : part.count;
+    if (per > 1 && last - first == per) {
+      // One 16-byte load, then its elements in order (the lowest bad one).
+      uint4 v = static_cast<const uint4*>(part.src)[u];
+      const uint8_t* bytes = reinterpret_cast<const uint8_t*>(&v);
+      int32_t bad = -1;
+      for (int32_t j = 0; j < per && bad < 0; ++j) {
+        bool b = false;
+        if (part.kind == CheckKind::kFloat32) {
+          float f;
+          memcpy(&f, bytes + 4 * j, 4);
+          b = !isfinite(f);
+        } else if (part.kind == CheckKind::kBf16) {
+          uint16_t h;
+          memcpy(&h, bytes + 2 * j, 2);
+          b = (h & 0x7f80u) == 0x7f80u;
+        } else if (part.kind == CheckKind::kFp8Codes) {
+          b = IsFp8Nan(p.layout.fp8, bytes[j]);
+        } else {
+          b = bytes[j] == 0xff;
+        }
+        if (b) bad = j;
+      }
+      if (bad >= 0) atomicMin(&p.state[part.slot], static_cast<uint32_t>(first + bad));
+      continue;
+    }
+    for (int64_t i = first; i < last; ++i) {
+      if (BadElement(p, part, i)) {
+        atomicMin(&p.state[part.slot], static_cast<uint32_t>(i));
+        break;
       }
     }
-    if (bad) atomicMin(&p.state[part.slot], static_cast<uint32_t>(i));
   }
   // ---- the last block publishes the verdict and resets the state ---------
   // Every thread's atomics are ordered before its block's count.
   __threadfence();
   __syncthreads();
   if (threadIdx.x != 0) return;
-  const uint32_t blocks = gridDim.x * gridDim.y;
-  if (atomicAdd(&p.state[kCheckSlots], 1u) != blocks - 1) return;
+  if (atomicAdd(&p.state[kCheckSlots], 1u) != static_cast<uint32_t>(p.block_begin[p.num_parts]) - 1) {
+    return;
+  }
   __threadfence();
   // Only this launch's slots: a call that checks K and Q in two launches
   // (the single-path calls) keeps the first one's verdict.
@@ -148,16 +200,29 @@ __global__ void CheckInputKernel(CheckParams p) {
 
 }  // namespace
 
-absl::Status LaunchCheckInput(const CheckParams& p, Stream stream) {
-  if (p.num_parts < 1 || p.num_parts > kMaxCheckParts) {
+absl::Status LaunchCheckInput(const CheckParams& p_in, Stream stream) {
+  if (p_in.num_parts < 1 || p_in.num_parts > kMaxCheckParts) {
     return absl::InvalidArgumentError("check: expected 1..kMaxCheckParts parts");
   }
-  int64_t most = 0;
-  for (int i = 0; i < p.num_parts; ++i) most = most > p.parts[i].count ? most : p.parts[i].count;
-  if (most == 0) return absl::OkStatus();
-  const int64_t want = (most + kWriteThreads - 1) / kWriteThreads;
-  const dim3 grid(static_cast<unsigned>(want < 1024 ? want : 1024), static_cast<unsigned>(p.num_parts));
-  GPU_LAUNCH(CheckInputKernel, grid, kWriteThreads, 0, stream, p);
+  // Each part as many blocks as its units need (at most kMaxCheckBlocks, a
+  // grid-stride walk past that): a layer's Q at B=64 (512 KiB) is 128
+  // blocks of 16-byte units, its weights 4, its new K entries 1.
+  constexpr int64_t kMaxCheckBlocks = 1024;
+  CheckParams p = p_in;
+  p.block_begin[0] = 0;
+  for (int i = 0; i < p.num_parts; ++i) {
+    CheckPart& part = p.parts[i];
+    const int32_t elem = part.kind == CheckKind::kFloat32 ? 4 : part.kind == CheckKind::kBf16 ? 2 : 1;
+    const bool vec = part.kind != CheckKind::kQuantized &&
+                     reinterpret_cast<uintptr_t>(part.src) % 16 == 0;
+    part.per_unit = vec ? 16 / elem : 1;
+    const int64_t units = (part.count + part.per_unit - 1) / part.per_unit;
+    const int64_t want = (units + kWriteThreads - 1) / kWriteThreads;
+    p.block_begin[i + 1] = p.block_begin[i] + static_cast<int32_t>(want < kMaxCheckBlocks ? want : kMaxCheckBlocks);
+  }
+  // A part of no elements still takes no block; a launch of none is none.
+  if (p.block_begin[p.num_parts] == 0) return absl::OkStatus();
+  GPU_LAUNCH(CheckInputKernel, p.block_begin[p.num_parts], kWriteThreads, 0, stream, p);
   return absl::OkStatus();
 }
 

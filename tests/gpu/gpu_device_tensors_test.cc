@@ -12,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
 #include "kernels/backend.h"
 #include "kernels/format/fp8.h"
@@ -245,13 +246,25 @@ TEST(GpuDeviceTensors, NonFiniteDeviceInputsFailNamingTheField) {
   ASSERT_TRUE(ctx.ok());
   std::mt19937 rng(5);
   Inputs in = MakeInputs(rng, L, rows.NewEntries(), rows.num_rows, 64);
-  for (const std::string field : {"k", "weights", "k quantized", "q"}) {
+  // The check reads 16-byte units (device tensors are 16-byte aligned: the
+  // logits kernels load Q so, and region offsets must be): "q last" and
+  // "weights last" put the bad element in the last unit.
+  for (const std::string field : {"k", "weights", "k quantized", "q", "q last", "weights last",
+                                   "q and weights"}) {
     SCOPED_TRACE(field);
     Inputs bad = in;
+    const int64_t q_bytes = static_cast<int64_t>(bad.q_values.size());
     if (field == "k") bad.k_f32[130] = std::nanf("");
     if (field == "weights") bad.weights[7] = INFINITY;
     if (field == "k quantized") bad.k_quant[1] = 0x7f;  // e4m3 NaN code
     if (field == "q") bad.q_values[300] = 0xff;          // e4m3fn NaN code (negative)
+    if (field == "q last") bad.q_values[q_bytes - 1] = 0x7f;
+    if (field == "weights last") bad.weights.back() = std::nanf("");
+    if (field == "q and weights") {  // two parts bad: each slot its own, k named first
+      bad.q_values[17] = 0x7f;
+      bad.q_values[16] = 0xff;
+      bad.weights[70] = -INFINITY;
+    }
     const bool quant = field == "k quantized";
     KInput k;
     k.kind = quant ? KInput::Kind::kQuantized : KInput::Kind::kFloat32;
@@ -270,10 +283,14 @@ TEST(GpuDeviceTensors, NonFiniteDeviceInputsFailNamingTheField) {
     auto t = be.RunLayer(*pool, ctx->get(), work);
     ASSERT_FALSE(t.ok());
     EXPECT_EQ(t.status().code(), absl::StatusCode::kInvalidArgument) << t.status();
-    const std::string want = field == "weights" ? "weights: element 7"
-                             : field == "q"     ? "q: byte 300 of the device tensor is an e4m3fn NaN code"
-                             : quant            ? "k: element 0"
-                                                : "k: element 130";
+    const std::string want =
+        field == "weights"        ? "weights: element 7"
+        : field == "weights last" ? absl::StrCat("weights: element ", bad.weights.size() - 1)
+        : field == "q and weights" ? "weights: element 70"
+        : field == "q"            ? "q: byte 300 of the device tensor is an e4m3fn NaN code"
+        : field == "q last"       ? absl::StrCat("q: byte ", q_bytes - 1, " of the device tensor")
+        : quant                   ? "k: element 0"
+                                  : "k: element 130";
     EXPECT_NE(std::string(t.status().message()).find(want), std::string::npos) << t.status();
   }
   // Clean inputs pass on the same backend afterwards (the flags are reset).

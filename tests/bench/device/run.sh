@@ -136,13 +136,26 @@ stage_sanitize() {
     done
     for ((i = 0; i < n; i++)); do
       wait "${pids[$i]}"; rc=$?
+      # A shard with no test of its own (fewer tests than shards) makes no
+      # CUDA call: compute-sanitizer exits 255 on that, not an error.
+      if [[ $rc == 255 ]] && grep -q "Running 0 tests" "/tmp/san-$name-$i.log"; then
+        echo "$name shard $i/$n: empty (no test in this shard)"; continue
+      fi
       echo "$name shard $i/$n: rc $rc; $(grep -E '^\[  (PASSED|FAILED)  \]|ERROR SUMMARY' "/tmp/san-$name-$i.log" | tr '\n' ' ')"
       [[ $rc == 0 ]] || tail -30 "/tmp/san-$name-$i.log"
     done
   }
+  # device_regions_test opens garbage IPC handles on purpose (the SPEC's bad
+  # input): the failing API calls it makes are the test, and it checks each
+  # one's status; memory errors are still reported.
+  local ms_api=("${ms[@]:0:1}" --report-api-errors no "${ms[@]:1}")
   # SAN_ONLY="a b": only these binaries (GPU tests or gRPC suites).
   only() { [[ -z ${SAN_ONLY:-} || " $SAN_ONLY " == *" $1 "* ]]; }
-  for t in $(gpu_tests); do only "$t" && run_sharded "$t" X=1 -- "${ms[@]}" "$t"; done
+  for t in $(gpu_tests); do
+    only "$t" || continue
+    if [[ $t == device_regions_test ]]; then run_sharded "$t" X=1 -- "${ms_api[@]}" "$t"
+    else run_sharded "$t" X=1 -- "${ms[@]}" "$t"; fi
+  done
   for t in "${GRPC_SUITES[@]}"; do
     only "$t" || continue
     run_sharded "$t-gpu0" INDEXER_TEST_DEVICE=gpu:0 -- "${ms[@]}" "$t"

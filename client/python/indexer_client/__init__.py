@@ -9,7 +9,8 @@
 Modules: client (Client, StepSession), tensors (numpy <-> Tensor), fp8 (the
 e4m3 codec and SPEC §3 quantizers), reference (SPEC §5 dense reference and
 top-k check), regions (host regions by shared-memory name or memfd, and
-device regions), cuda_ipc (CUDA IPC export
+device regions), ring (Ring: a co-located front-end's steps through a
+request ring in shared memory, no gRPC in the loop), cuda_ipc (CUDA IPC export
 via ctypes), routing (RoutedClient: sequences spread over several daemons
 by rendezvous hashing). torch is imported only by DeviceRegion.
 """
@@ -18,13 +19,14 @@ from ._pb import indexer_pb2 as pb
 from .client import CLIENT_ID_HEADER, Client, LayerResult, StepSession, seq_id
 from .errors import RegionError, StepClosedError, TensorError
 from .regions import Arena, DeviceRegion, HostRegion, MemfdRegion, packed_size, send_memfd
+from .ring import Ring, RingError, RingStep
 from .routing import Part, RoutedClient, pick_daemon, rendezvous_weight
 from .tensors import (DataType, from_bf16_bits, from_tensor, nbytes, ref_tensor, tensor_ref,
                       to_bf16_bits, to_tensor)
 
 __all__ = [
     "Arena", "CLIENT_ID_HEADER", "Client", "DataType", "DeviceRegion", "HostRegion",
-    "LayerResult", "MemfdRegion", "Part", "RegionError", "RoutedClient", "pick_daemon", "rendezvous_weight", "StepClosedError", "StepSession", "TensorError", "from_bf16_bits",
+    "LayerResult", "MemfdRegion", "Part", "RegionError", "Ring", "RingError", "RingStep", "RoutedClient", "pick_daemon", "rendezvous_weight", "StepClosedError", "StepSession", "TensorError", "from_bf16_bits",
     "from_tensor", "nbytes", "packed_size", "pb", "ref_tensor", "send_memfd", "seq_id", "tensor_ref",
     "to_bf16_bits", "to_tensor",
 ]

@@ -34,6 +34,17 @@ def seq_id(x):
     raise TypeError(f"sequence id: expected int or str, got {type(x).__name__}")
 
 
+def step_header(sequences, request_id=""):
+    """A StepHeader of sequences = [(id, q_len[, create]), ...]."""
+    header = pb.StepHeader(request_id=request_id)
+    for i, s in enumerate(sequences):
+        if len(s) not in (2, 3):
+            raise TensorError(f"sequences[{i}]: expected (id, q_len[, create]), got {s!r}")
+        header.sequences.add(id=seq_id(s[0]), q_len=int(s[1]),
+                             create=bool(s[2]) if len(s) == 3 else False)
+    return header
+
+
 @dataclasses.dataclass
 class LayerResult:
     """One layer's answer.
@@ -268,13 +279,8 @@ class Client:
     def step(self, sequences, request_id=""):
         """Opens a step over sequences = [(id, q_len, create), ...] (create
         may be left out: False). Returns a StepSession."""
-        header = pb.StepHeader(request_id=request_id)
-        for i, s in enumerate(sequences):
-            if len(s) not in (2, 3):
-                raise TensorError(f"sequences[{i}]: expected (id, q_len[, create]), got {s!r}")
-            header.sequences.add(id=seq_id(s[0]), q_len=int(s[1]),
-                                 create=bool(s[2]) if len(s) == 3 else False)
-        return StepSession(self.stub, header, self._metadata, self.timeout, self.abort_grace)
+        return StepSession(self.stub, step_header(sequences, request_id), self._metadata,
+                           self.timeout, self.abort_grace)
 
     # Lifecycle (README "Lifecycle").
 

@@ -26,17 +26,15 @@ one region lease after the client went away.
 import ctypes
 import os
 import platform
-import secrets
 import struct
 import time
-from multiprocessing import shared_memory
 
 import grpc
 
 from ._pb import indexer_pb2 as pb
 from .client import LayerResult, _as_tensor, _timings, step_header
 from .errors import RegionError, StepClosedError
-from .regions import HostRegion
+from .regions import HostRegion, MemfdRegion
 from .tensors import from_tensor
 
 # proto/ring_wire.h
@@ -82,15 +80,18 @@ class Ring:
     """A request ring attached to the daemon.
 
     Ring(client, slot_count=8, slot_bytes=64 KiB, data_bytes=0, spin=0.0,
-    timeout=300.0): creates the ring's shared-memory object, registers it,
-    attaches it; with data_bytes > 0 also a HostRegion `data` for tensors.
+    timeout=300.0, memfd=False): creates the ring's shared-memory object
+    (memfd: a memfd passed over the daemon's memfd socket, feature
+    "host_regions_memfd"), registers it, attaches it; with data_bytes > 0
+    also a region `data` of the same kind (HostRegion or MemfdRegion) for
+    tensors.
     spin: seconds this thread polls for an answer before it sleeps on the
     futex (0 suits a host without a core to spare; see the README). close()
     detaches, unregisters and unlinks both. Use it as a context manager.
     """
 
     def __init__(self, client, slot_count=8, slot_bytes=64 << 10, data_bytes=0, spin=0.0,
-                 timeout=300.0):
+                 timeout=300.0, memfd=False):
         if _SYS_FUTEX is None:
             raise RegionError(f"ring: no futex system call number for {platform.machine()}")
         if slot_count < 1 or slot_count > MAX_SLOTS or slot_count & (slot_count - 1):
@@ -107,23 +108,25 @@ class Ring:
         self._pending = None  # an error answer read while posting, for the next await
         self._words = {}
         self.ring = None
-        self.region = None
+        self.mem = None
         self.data = None
-        total = ring_bytes(slot_count, slot_bytes)
-        self.shm = shared_memory.SharedMemory(create=True, size=total,
-                                              name=f"idx-ring-{secrets.token_hex(8)}")
+        # The ring's own host region: a shared-memory object, or with memfd
+        # a memfd passed over the daemon's memfd socket.
+        kind = MemfdRegion if memfd else HostRegion
+        self.mem = kind(client, ring_bytes(slot_count, slot_bytes), name=f"ring-{os.getpid()}")
+        self.region = self.mem.region
         try:
-            struct.pack_into("<4I", self.shm.buf, 0, MAGIC, VERSION, slot_count, slot_bytes)
+            self._buf = self.mem._buf()
+            # A fresh object is zero-filled: every counter starts at 0.
+            struct.pack_into("<4I", self._buf, 0, MAGIC, VERSION, slot_count, slot_bytes)
             for off in (_REQ_HEAD, _RESP_TAIL, _CLIENT_SLEEPING, _RESP_HEAD, _SERVER_SLEEPING,
                         _DETACHED):
-                self._words[off] = ctypes.c_uint32.from_buffer(self.shm.buf, off)
-            self.region, _ = client.register_host_region(f"ring-{os.getpid()}",
-                                                         "/" + self.shm.name, total)
+                self._words[off] = ctypes.c_uint32.from_buffer(self._buf, off)
             resp = client._unary(client.stub.AttachRing,
                                  pb.AttachRingRequest(region=self.region, offset=0))
             self.ring, self.server_spin_us = resp.ring, resp.spin_us
             if data_bytes > 0:
-                self.data = HostRegion(client, data_bytes, name=f"ring-data-{os.getpid()}")
+                self.data = kind(client, data_bytes, name=f"ring-data-{os.getpid()}")
         except BaseException:
             self.close()
             raise
@@ -137,7 +140,7 @@ class Ring:
 
     def close(self):
         """Detaches the ring (the daemon rolls an open step back), then
-        unregisters and unlinks its memory and the data region."""
+        unregisters and releases its memory and the data region."""
         try:
             if self.ring is not None:
                 ring, self.ring = self.ring, None
@@ -147,18 +150,15 @@ class Ring:
                 except grpc.RpcError as e:
                     if e.code() != grpc.StatusCode.NOT_FOUND:  # already detached
                         raise
-            if self.region is not None:
-                region, self.region = self.region, None
-                self.client.unregister_region(region)
         finally:
-            if self.data is not None:
-                data, self.data = self.data, None
-                data.close()
             self._words.clear()  # the ctypes views pin the mapping
-            if self.shm is not None:
-                shm, self.shm = self.shm, None
-                shm.close()
-                shm.unlink()
+            self._buf = None
+            for attr in ("data", "mem"):
+                region = getattr(self, attr)
+                if region is not None:
+                    setattr(self, attr, None)
+                    region.close()
+            self.region = None
 
     # ---- the doorbell (proto/ring_wire.h) -----------------------------------
 
@@ -188,8 +188,8 @@ class Ring:
                 self._pending = self._pending or e
         k = self._next
         at = HEADER_BYTES + (k % self.slot_count) * self.slot_bytes
-        struct.pack_into("<IiII", self.shm.buf, at, len(payload), 0, k & 0xffffffff, 0)
-        self.shm.buf[at + SLOT_HEADER_BYTES:at + SLOT_HEADER_BYTES + len(payload)] = payload
+        struct.pack_into("<IiII", self._buf, at, len(payload), 0, k & 0xffffffff, 0)
+        self._buf[at + SLOT_HEADER_BYTES:at + SLOT_HEADER_BYTES + len(payload)] = payload
         self._words[_REQ_HEAD].value = (k + 1) & 0xffffffff
         # Python cannot fence between that store and a load of
         # server_sleeping, so it always rings: FUTEX_WAKE with no sleeper is
@@ -224,8 +224,8 @@ class Ring:
         i = self._read
         self._wait(i)
         at = HEADER_BYTES + (self.slot_count + i % self.slot_count) * self.slot_bytes
-        nbytes_, code, seq, _ = struct.unpack_from("<IiII", self.shm.buf, at)
-        payload = bytes(self.shm.buf[at + SLOT_HEADER_BYTES:
+        nbytes_, code, seq, _ = struct.unpack_from("<IiII", self._buf, at)
+        payload = bytes(self._buf[at + SLOT_HEADER_BYTES:
                                      at + SLOT_HEADER_BYTES + min(nbytes_, self.slot_bytes)])
         self._read += 1
         self._words[_RESP_TAIL].value = self._read & 0xffffffff

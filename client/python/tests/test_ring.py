@@ -38,13 +38,18 @@ _WIRE = {np.dtype(np.float32): DataType.FP32, np.dtype(np.uint8): DataType.UINT8
 
 
 class RingTest(unittest.TestCase):
+    memfd = False  # MemfdRingTest: the ring and its data in memfd regions
+
     def setUp(self):
         self.client = ic.Client(_daemon.addr, client_id="py-ring", timeout=120)
         self.addCleanup(self.client.close)
         self.info = self.client.server_info()
         if "host_ring" not in self.info.features:
             self.skipTest("the daemon does not list the feature host_ring")
-        self.ring = ic.Ring(self.client, slot_count=4, slot_bytes=64 << 10, data_bytes=4 << 20)
+        if self.memfd and "host_regions_memfd" not in self.info.features:
+            self.skipTest("the daemon does not list the feature host_regions_memfd")
+        self.ring = ic.Ring(self.client, slot_count=4, slot_bytes=64 << 10, data_bytes=4 << 20,
+                            memfd=self.memfd)
         self.addCleanup(self.ring.close)
 
     def ring_step(self, wl, batch, create, inline=False, stream=False):
@@ -165,6 +170,17 @@ class RingTest(unittest.TestCase):
                    dict(slot_bytes=512)):
             with self.assertRaises(ic.RegionError):
                 ic.Ring(self.client, **kw)
+
+
+class MemfdRingTest(RingTest):
+    """The same cases with the ring and its tensors in memfd regions (the
+    descriptors passed over the daemon's memfd socket)."""
+    memfd = True
+
+    def test_the_regions_are_memfds(self):
+        listed = {r.region: r for r in self.client.list_regions()}
+        for region in (self.ring.region, self.ring.data.region):
+            self.assertTrue(listed[region].where.startswith("memfd:"), listed[region].where)
 
 
 if __name__ == "__main__":

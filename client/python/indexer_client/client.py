@@ -71,6 +71,28 @@ def _as_tensor(value, what, dtype=None):
     return to_tensor(value, dtype=dtype, what=what)
 
 
+def layer_request(layer, k=None, q=None, weights=None, q_scale=None, topk_out=None,
+                  k_dtype=None, q_dtype=None):
+    """The LayerRequest of run_layer's arguments (StepSession, RingStep)."""
+    req = pb.LayerRequest(layer=int(layer))
+    for field, value, dtype in (("k", k, k_dtype), ("q", q, q_dtype),
+                                ("weights", weights, None), ("q_scale", q_scale, None)):
+        t = _as_tensor(value, f"layer {layer}: {field}", dtype)
+        if t is not None:
+            getattr(req, field).CopyFrom(t)
+    if topk_out is not None:
+        req.topk_out.CopyFrom(topk_out)
+    return req
+
+
+def layer_result(reply, written_out):
+    """A LayerResult of a LayerReply; `written_out`: the request named
+    topk_out (the reply carries shape, no bytes)."""
+    topk = None if written_out else from_tensor(reply.topk, f"layer {reply.layer}: topk")
+    return LayerResult(layer=reply.layer, topk=topk, shape=tuple(reply.topk.shape),
+                       timings=_timings(reply.timings))
+
+
 class StepSession:
     """One open Step stream: header sent, then run_layer per layer, then
     commit. Use it as a context manager: leaving the block by an exception,
@@ -140,23 +162,12 @@ class StepSession:
         Returns a LayerResult. Raises grpc.RpcError with the daemon's status
         (the step is then rolled back and this session closed).
         """
-        req = pb.LayerRequest(layer=int(layer))
-        for field, value, dtype in (("k", k, k_dtype), ("q", q, q_dtype),
-                                    ("weights", weights, None), ("q_scale", q_scale, None)):
-            t = _as_tensor(value, f"layer {layer}: {field}", dtype)
-            if t is not None:
-                getattr(req, field).CopyFrom(t)
-        if topk_out is not None:
-            req.topk_out.CopyFrom(topk_out)
+        req = layer_request(layer, k, q, weights, q_scale, topk_out, k_dtype, q_dtype)
         resp = self._exchange(pb.StepRequest(layer=req))
         if resp.WhichOneof("kind") != "layer" or resp.layer.layer != req.layer:
             self.abort()
             raise StepClosedError(f"step: expected the reply of layer {layer}, got {resp}")
-        reply = resp.layer
-        shape = tuple(reply.topk.shape)
-        topk = None if topk_out is not None else from_tensor(reply.topk, f"layer {layer}: topk")
-        return LayerResult(layer=reply.layer, topk=topk, shape=shape,
-                           timings=_timings(reply.timings))
+        return layer_result(resp.layer, topk_out is not None)
 
     def commit(self):
         """Commits the step; returns the sequences' lengths in header order."""

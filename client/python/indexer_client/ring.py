@@ -32,10 +32,9 @@ import time
 import grpc
 
 from ._pb import indexer_pb2 as pb
-from .client import LayerResult, _as_tensor, _timings, step_header
+from .client import layer_request, layer_result, step_header
 from .errors import RegionError, StepClosedError
 from .regions import HostRegion, MemfdRegion
-from .tensors import from_tensor
 
 # proto/ring_wire.h
 MAGIC = 0x49585247
@@ -297,22 +296,12 @@ class RingStep:
                   k_dtype=None, q_dtype=None):
         """As StepSession.run_layer. Inline arrays must fit the ring's slot:
         pass references (ring.data.put) for anything larger."""
-        req = pb.LayerRequest(layer=int(layer))
-        for field, value, dtype in (("k", k, k_dtype), ("q", q, q_dtype),
-                                    ("weights", weights, None), ("q_scale", q_scale, None)):
-            t = _as_tensor(value, f"layer {layer}: {field}", dtype)
-            if t is not None:
-                getattr(req, field).CopyFrom(t)
-        if topk_out is not None:
-            req.topk_out.CopyFrom(topk_out)
+        req = layer_request(layer, k, q, weights, q_scale, topk_out, k_dtype, q_dtype)
         resp = self._exchange(pb.StepRequest(layer=req))
         if resp.WhichOneof("kind") != "layer" or resp.layer.layer != req.layer:
             self.abort()
             raise StepClosedError(f"step: expected the reply of layer {layer}, got {resp}")
-        reply = resp.layer
-        topk = None if topk_out is not None else from_tensor(reply.topk, f"layer {layer}: topk")
-        return LayerResult(layer=reply.layer, topk=topk, shape=tuple(reply.topk.shape),
-                           timings=_timings(reply.timings))
+        return layer_result(resp.layer, topk_out is not None)
 
     def commit(self):
         """Commits the step; returns the sequences' lengths in header order."""

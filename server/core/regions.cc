@@ -144,6 +144,13 @@ absl::StatusOr<uint64_t> RegionRegistry::RegisterDevice(const std::string& owner
                                                         const DeviceRegionSpec& spec) {
   RETURN_IF_ERROR(CheckName(name));
   if (spec.bytes == 0) return absl::InvalidArgumentError("device.bytes: expected >= 1, got 0");
+  // Reference offsets are multiples of 16 from the region's start, and the
+  // kernels load device tensors 16 bytes at a time: a region starting off
+  // that grid would fault them (a sticky device error for every client).
+  if (spec.offset % kRefAlignment != 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "device.offset: expected a multiple of ", kRefAlignment, ", got ", spec.offset));
+  }
   if (backend_ == nullptr) {
     return absl::FailedPreconditionError(absl::StrCat(
         "region \"", name, "\": device regions need the gpu backend (no backend)"));

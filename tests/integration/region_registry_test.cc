@@ -95,10 +95,14 @@ TEST_F(RegistryTest, RegisterErrorsNameTheField) {
                absl::StatusCode::kInvalidArgument, "name: expected 1..128 bytes");
   ExpectStatus(registry_.RegisterHost("a", "x", "", 0, 16).status(),
                absl::StatusCode::kInvalidArgument, "host.shm_name");
-  // The cpu backend has no device regions.
+  // The cpu backend has no device regions; a device offset off the 16-byte
+  // grid is refused before any backend is asked.
   ExpectStatus(registry_.RegisterDevice("a", "d", {std::string(64, '\x7f'), "GPU-0", "", 0, 64})
                    .status(),
                absl::StatusCode::kFailedPrecondition, "need the gpu backend");
+  ExpectStatus(registry_.RegisterDevice("a", "d", {std::string(64, '\x7f'), "GPU-0", "", 8, 64})
+                   .status(),
+               absl::StatusCode::kInvalidArgument, "device.offset: expected a multiple of 16, got 8");
   EXPECT_EQ(registry_.size(), 0u);
 }
 

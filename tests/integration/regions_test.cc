@@ -320,6 +320,11 @@ TEST_F(RegionErrors, BadRegistrations) {
     ExpectRejected(dev.status(), absl::StatusCode::kFailedPrecondition,
                    "region \"dev\": device: device regions need the gpu backend");
   }
+  // A device region starting off the 16-byte grid (a slice of an
+  // allocation at an odd offset): refused on any backend, naming the field.
+  ExpectRejected(a_->RegisterDeviceRegion("dev", garbage, "", "", 4, 4096).status(),
+                 absl::StatusCode::kInvalidArgument,
+                 "device.offset: expected a multiple of 16, got 4");
   EXPECT_EQ(a_->ListRegions()->size(), 1u);  // only the fixture's
 }
 

@@ -455,24 +455,13 @@ TEST(RegionsTest, ClientKilledHoldingRegions) {
   // loses its region on a loaded machine.
   constexpr uint64_t kLeaseMs = 1000;
   Daemon d(TwoGroups(kLeaseMs));
-  const std::string addr = "127.0.0.1:" + std::to_string(d.port());
-  const char* cli = std::getenv("INDEXER_CLI") ? std::getenv("INDEXER_CLI") : INDEXER_CLI_PATH;
-  const char* argv[] = {cli, "--addr", addr.c_str(), "--client-id", "killed", "bench",
-                        "--transport", "host", "--batch", "2", "--context", "64", "--steps",
-                        "10000000", "--warmup", "0", nullptr};
-  pid_t pid = 0;
-  ASSERT_EQ(posix_spawn(&pid, cli, nullptr, nullptr, const_cast<char**>(argv), environ), 0);
   auto same = ClientAs(d.port(), "killed");
-  bool holding = false;
-  for (int i = 0; i < 2000 && !holding; ++i) {
-    holding = d.engine().open_steps() > 0 && d.engine().num_sequences() == 2 &&
-              same->ListRegions().ok() && !same->ListRegions()->empty();
-    if (!holding) std::this_thread::sleep_for(std::chrono::milliseconds(5));
-  }
-  kill(pid, SIGKILL);
-  int status = 0;
-  waitpid(pid, &status, 0);
-  ASSERT_TRUE(holding) << "the client never held a region and an open step";
+  const KilledClient k = SpawnBenchAndKill(d.port(), "killed", "host", [&] {
+    return d.engine().open_steps() > 0 && d.engine().num_sequences() == 2 &&
+           same->ListRegions().ok() && !same->ListRegions()->empty();
+  }, 2000);
+  UnlinkShmOfKilled(k.pid);
+  ASSERT_TRUE(k.holding) << "the client never held a region and an open step";
   d.WaitIdle();
   EXPECT_EQ(d.engine().num_sequences(), 2);  // its committed sequences stay
   EXPECT_TRUE(d.engine().CheckInvariants().ok()) << d.engine().CheckInvariants();

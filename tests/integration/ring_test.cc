@@ -410,23 +410,12 @@ TEST(RingTest, SeveralRingClientsCommitWithImportsAndReleases) {
 TEST(RingTest, ClientKilledHoldingARing) {
   constexpr uint64_t kLeaseMs = 500;
   Daemon d(RingConfig(kLeaseMs));
-  const std::string addr = "127.0.0.1:" + std::to_string(d.port());
-  const char* cli = std::getenv("INDEXER_CLI") ? std::getenv("INDEXER_CLI") : INDEXER_CLI_PATH;
-  const char* argv[] = {cli, "--addr", addr.c_str(), "--client-id", "killed", "bench",
-                        "--transport", "ring", "--batch", "2", "--context", "64", "--steps",
-                        "10000000", "--warmup", "0", nullptr};
-  pid_t pid = 0;
-  ASSERT_EQ(posix_spawn(&pid, cli, nullptr, nullptr, const_cast<char**>(argv), environ), 0);
-  bool holding = false;
-  for (int i = 0; i < 4000 && !holding; ++i) {
-    holding = d.engine().open_steps() > 0 && d.engine().num_sequences() == 2 &&
-              d.service().rings() == 1;
-    if (!holding) std::this_thread::sleep_for(std::chrono::milliseconds(5));
-  }
-  kill(pid, SIGKILL);
-  int status = 0;
-  waitpid(pid, &status, 0);
-  ASSERT_TRUE(holding) << "the client never held a ring and an open step";
+  const KilledClient k = SpawnBenchAndKill(d.port(), "killed", "ring", [&] {
+    return d.engine().open_steps() > 0 && d.engine().num_sequences() == 2 &&
+           d.service().rings() == 1;
+  }, 4000);
+  const pid_t pid = k.pid;
+  ASSERT_TRUE(k.holding) << "the client never held a ring and an open step";
   const auto end = std::chrono::steady_clock::now() + std::chrono::seconds(8);
   while ((d.service().rings() > 0 || d.engine().open_steps() > 0) &&
          std::chrono::steady_clock::now() < end) {
@@ -441,13 +430,7 @@ TEST(RingTest, ClientKilledHoldingARing) {
   EXPECT_TRUE(same->ListRegions()->empty());
   EXPECT_FALSE(Mapped("/indexer-cli-ring-" + std::to_string(pid)));
   // The killed process never unlinked its objects.
-  for (const auto& e : std::filesystem::directory_iterator("/dev/shm")) {
-    const std::string n = e.path().filename().string();
-    if (absl::StartsWith(n, absl::StrCat("indexer-cli-ring-", pid)) ||
-        absl::StartsWith(n, absl::StrCat("indexer-cli-bench-", pid, "-"))) {
-      shm_unlink(("/" + n).c_str());
-    }
-  }
+  UnlinkShmOfKilled(pid);
 }
 
 }  // namespace

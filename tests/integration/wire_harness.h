@@ -3,10 +3,18 @@
 // library, and the wire forms of a Shadow step.
 #pragma once
 
+#include <signal.h>
+#include <spawn.h>
+#include <sys/mman.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <filesystem>
+#include <functional>
 #include <limits>
 #include <memory>
 #include <string>
@@ -160,6 +168,46 @@ inline void WireStep(Daemon& d, Shadow& shadow, const std::vector<SeqStep>& seqs
     EXPECT_EQ(committed->seq_lens(i), static_cast<uint64_t>(shadow.len(seqs[i].first)));
   }
   ASSERT_TRUE(d.engine().CheckInvariants().ok()) << d.engine().CheckInvariants();
+}
+
+// `indexer-cli --addr <daemon> --client-id <id> bench --transport <transport>
+// ... --steps 10000000` spawned, until `holding()` (polled every 5 ms, at
+// most `polls` times) says it holds what the test needs, then killed with
+// SIGKILL and reaped. Returns its pid and whether it was holding. The
+// shared-memory objects the killed process never unlinked
+// (indexer-cli-bench-<pid>-*, indexer-cli-ring-<pid>*) are removed by
+// UnlinkShmOfKilled once the test has looked at what it needs.
+struct KilledClient {
+  pid_t pid = 0;
+  bool holding = false;
+};
+inline KilledClient SpawnBenchAndKill(int port, const std::string& client_id,
+                                      const std::string& transport,
+                                      const std::function<bool()>& holding, int polls) {
+  const std::string addr = "127.0.0.1:" + std::to_string(port);
+  const char* cli = std::getenv("INDEXER_CLI") ? std::getenv("INDEXER_CLI") : INDEXER_CLI_PATH;
+  const char* argv[] = {cli, "--addr", addr.c_str(), "--client-id", client_id.c_str(), "bench",
+                        "--transport", transport.c_str(), "--batch", "2", "--context", "64",
+                        "--steps", "10000000", "--warmup", "0", nullptr};
+  KilledClient k;
+  EXPECT_EQ(posix_spawn(&k.pid, cli, nullptr, nullptr, const_cast<char**>(argv), environ), 0);
+  if (k.pid == 0) return k;
+  for (int i = 0; i < polls && !k.holding; ++i) {
+    k.holding = holding();
+    if (!k.holding) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  kill(k.pid, SIGKILL);
+  int status = 0;
+  waitpid(k.pid, &status, 0);
+  return k;
+}
+inline void UnlinkShmOfKilled(pid_t pid) {
+  const std::string bench = "indexer-cli-bench-" + std::to_string(pid) + "-";
+  const std::string ring = "indexer-cli-ring-" + std::to_string(pid);
+  for (const auto& e : std::filesystem::directory_iterator("/dev/shm")) {
+    const std::string n = e.path().filename().string();
+    if (n.rfind(bench, 0) == 0 || n.rfind(ring, 0) == 0) shm_unlink(("/" + n).c_str());
+  }
 }
 
 inline std::string SeqNameOf(const std::string& prefix, int i) { return prefix + std::to_string(i); }

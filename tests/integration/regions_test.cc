@@ -456,7 +456,7 @@ TEST(RegionsTest, ClientKilledHoldingRegions) {
   constexpr uint64_t kLeaseMs = 1000;
   Daemon d(TwoGroups(kLeaseMs));
   auto same = ClientAs(d.port(), "killed");
-  const KilledClient k = SpawnBenchAndKill(d.port(), "killed", "host", [&] {
+  const KilledClient k = SpawnBenchAndKill(INDEXER_CLI_PATH, d.port(), "killed", "host", [&] {
     return d.engine().open_steps() > 0 && d.engine().num_sequences() == 2 &&
            same->ListRegions().ok() && !same->ListRegions()->empty();
   }, 2000);

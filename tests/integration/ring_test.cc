@@ -410,7 +410,7 @@ TEST(RingTest, SeveralRingClientsCommitWithImportsAndReleases) {
 TEST(RingTest, ClientKilledHoldingARing) {
   constexpr uint64_t kLeaseMs = 500;
   Daemon d(RingConfig(kLeaseMs));
-  const KilledClient k = SpawnBenchAndKill(d.port(), "killed", "ring", [&] {
+  const KilledClient k = SpawnBenchAndKill(INDEXER_CLI_PATH, d.port(), "killed", "ring", [&] {
     return d.engine().open_steps() > 0 && d.engine().num_sequences() == 2 &&
            d.service().rings() == 1;
   }, 4000);

@@ -181,11 +181,13 @@ struct KilledClient {
   pid_t pid = 0;
   bool holding = false;
 };
-inline KilledClient SpawnBenchAndKill(int port, const std::string& client_id,
+// `built`: the test's INDEXER_CLI_PATH (the tests that spawn the CLI define
+// it); $INDEXER_CLI overrides it (tests run away from their build tree).
+inline KilledClient SpawnBenchAndKill(const char* built, int port, const std::string& client_id,
                                       const std::string& transport,
                                       const std::function<bool()>& holding, int polls) {
   const std::string addr = "127.0.0.1:" + std::to_string(port);
-  const char* cli = std::getenv("INDEXER_CLI") ? std::getenv("INDEXER_CLI") : INDEXER_CLI_PATH;
+  const char* cli = std::getenv("INDEXER_CLI") ? std::getenv("INDEXER_CLI") : built;
   const char* argv[] = {cli, "--addr", addr.c_str(), "--client-id", client_id.c_str(), "bench",
                         "--transport", transport.c_str(), "--batch", "2", "--context", "64",
                         "--steps", "10000000", "--warmup", "0", nullptr};

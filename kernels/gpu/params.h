@@ -57,10 +57,10 @@ enum class CheckKind : int32_t {
                  // e4m3fnuz 0x80)
   kE8m0,         // bytes: 0xff (the e8m0 NaN)
 };
-// One tensor to check: its first bad element's index lowers *first_bad.
 // The verdict words of a call's checks: k, weights, q (FP8 codes), q_scale
 // (e8m0); 0xffffffff = no bad element.
 constexpr int kCheckSlots = 4;
+// One tensor to check: its first bad element's index lowers its slot.
 struct CheckPart {
   const void* src;
   int64_t count;  // elements (kFloat32 / kBf16 / bytes) or entries (kQuantized)

@@ -260,7 +260,7 @@ TEST(GpuDeviceTensors, NonFiniteDeviceInputsFailNamingTheField) {
     if (field == "q") bad.q_values[300] = 0xff;          // e4m3fn NaN code (negative)
     if (field == "q last") bad.q_values[q_bytes - 1] = 0x7f;
     if (field == "weights last") bad.weights.back() = std::nanf("");
-    if (field == "q and weights") {  // two parts bad: each slot its own, k named first
+    if (field == "q and weights") {  // two parts bad: weights are named before q
       bad.q_values[17] = 0x7f;
       bad.q_values[16] = 0xff;
       bad.weights[70] = -INFINITY;

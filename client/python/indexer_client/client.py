@@ -93,7 +93,62 @@ def layer_result(reply, written_out):
                        timings=_timings(reply.timings))
 
 
-class StepSession:
+class _Step:
+    """What a Step stream session and a ring step share: the context
+    manager (leaving the block open aborts), is_open, run_layer and the
+    commit's answer. Subclasses give _exchange(request) -> StepResponse,
+    _close() and abort()."""
+
+    _open = False
+    committed = None  # lengths after commit
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, exc_type, exc, tb):
+        if self._open:
+            self.abort()
+        return False
+
+    @property
+    def is_open(self):
+        return self._open
+
+    def run_layer(self, layer, k=None, q=None, weights=None, q_scale=None, topk_out=None,
+                  k_dtype=None, q_dtype=None):
+        """Sends one layer and waits for its reply.
+
+        k, q, weights, q_scale: numpy arrays (sent inline; FP32/INT32/UINT8
+          from the array's dtype, or k_dtype / q_dtype, e.g.
+          DataType.FP8_E4M3 for uint8 e4m3 codes, DataType.BF16) or Tensor
+          messages (inline or references, see tensors.ref_tensor). Shapes
+          follow the proto: k [n_new, D] or [n_new, VB + SB] UINT8, q
+          [rows, H, D] (or [rows, H, D/2] UINT8 + q_scale [rows, H, D/32]
+          for MXFP4), weights [rows, H] FP32 (none for block layers).
+        topk_out: a TensorRef where the daemon writes the top-k instead of
+          the reply.
+        Returns a LayerResult. Raises the daemon's status (grpc.RpcError on
+        the Step stream, RingError on a ring; the step is then rolled back
+        and this session closed).
+        """
+        req = layer_request(layer, k, q, weights, q_scale, topk_out, k_dtype, q_dtype)
+        resp = self._exchange(pb.StepRequest(layer=req))
+        if resp.WhichOneof("kind") != "layer" or resp.layer.layer != req.layer:
+            self.abort()
+            raise StepClosedError(f"step: expected the reply of layer {layer}, got {resp}")
+        return layer_result(resp.layer, topk_out is not None)
+
+    def _commit(self):
+        """Sends StepCommit, closes, returns the lengths in header order."""
+        resp = self._exchange(pb.StepRequest(commit=pb.StepCommit()))
+        self._close()
+        if resp.WhichOneof("kind") != "committed":
+            raise StepClosedError(f"step: expected StepCommitted, got {resp}")
+        self.committed = list(resp.committed.seq_lens)
+        return self.committed
+
+
+class StepSession(_Step):
     """One open Step stream: header sent, then run_layer per layer, then
     commit. Use it as a context manager: leaving the block by an exception,
     or without commit(), aborts the step (the daemon rolls every sequence
@@ -111,23 +166,10 @@ class StepSession:
                                timeout=timeout)
         self._call.add_done_callback(lambda _: self._done.set())
         self._open = True
-        self.committed = None  # lengths after commit
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, exc_type, exc, tb):
-        if self._open:
-            self.abort()
-        return False
 
     def __del__(self):
         if getattr(self, "_open", False):
             self._call.cancel()
-
-    @property
-    def is_open(self):
-        return self._open
 
     def _exchange(self, request):
         if not self._open:
@@ -146,36 +188,9 @@ class StepSession:
         self._open = False
         self._requests.put(_END)
 
-    def run_layer(self, layer, k=None, q=None, weights=None, q_scale=None, topk_out=None,
-                  k_dtype=None, q_dtype=None):
-        """Sends one layer and waits for its reply.
-
-        k, q, weights, q_scale: numpy arrays (sent inline; FP32/INT32/UINT8
-          from the array's dtype, or k_dtype / q_dtype, e.g.
-          DataType.FP8_E4M3 for uint8 e4m3 codes, DataType.BF16) or Tensor
-          messages (inline or references, see tensors.ref_tensor). Shapes
-          follow the proto: k [n_new, D] or [n_new, VB + SB] UINT8, q
-          [rows, H, D] (or [rows, H, D/2] UINT8 + q_scale [rows, H, D/32]
-          for MXFP4), weights [rows, H] FP32 (none for block layers).
-        topk_out: a TensorRef where the daemon writes the top-k instead of
-          the reply.
-        Returns a LayerResult. Raises grpc.RpcError with the daemon's status
-        (the step is then rolled back and this session closed).
-        """
-        req = layer_request(layer, k, q, weights, q_scale, topk_out, k_dtype, q_dtype)
-        resp = self._exchange(pb.StepRequest(layer=req))
-        if resp.WhichOneof("kind") != "layer" or resp.layer.layer != req.layer:
-            self.abort()
-            raise StepClosedError(f"step: expected the reply of layer {layer}, got {resp}")
-        return layer_result(resp.layer, topk_out is not None)
-
     def commit(self):
         """Commits the step; returns the sequences' lengths in header order."""
-        resp = self._exchange(pb.StepRequest(commit=pb.StepCommit()))
-        self._close()
-        if resp.WhichOneof("kind") != "committed":
-            raise StepClosedError(f"step: expected StepCommitted, got {resp}")
-        self.committed = list(resp.committed.seq_lens)
+        self._commit()
         # The daemon ends the stream after StepCommitted; wait for its status
         # so that the sequences are free for the next step when this returns.
         self._done.wait(self._abort_grace)

@@ -32,7 +32,7 @@ import time
 import grpc
 
 from ._pb import indexer_pb2 as pb
-from .client import layer_request, layer_result, step_header
+from .client import _Step, step_header
 from .errors import RegionError, StepClosedError
 from .regions import HostRegion, MemfdRegion
 
@@ -258,30 +258,18 @@ class Ring:
         return RingStep(self, step_header(sequences, request_id))
 
 
-class RingStep:
+class RingStep(_Step):
     """One step over a Ring, the StepSession interface: run_layer per layer,
     then commit. Leaving the block by an exception, or without commit(),
     aborts the step (StepAbort; the daemon rolls every sequence back). After
     an error answer (RingError) the step is closed: the daemon rolled it back
-    already."""
+    already. Inline arrays must fit the ring's slot: pass references
+    (ring.data.put) for anything larger."""
 
     def __init__(self, ring, header):
         self._ring = ring
         ring._post(pb.StepRequest(header=header))
         self._open = True
-        self.committed = None
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, exc_type, exc, tb):
-        if self._open:
-            self.abort()
-        return False
-
-    @property
-    def is_open(self):
-        return self._open
 
     def _exchange(self, request):
         if not self._open:
@@ -292,25 +280,12 @@ class RingStep:
             self._open = False
             raise
 
-    def run_layer(self, layer, k=None, q=None, weights=None, q_scale=None, topk_out=None,
-                  k_dtype=None, q_dtype=None):
-        """As StepSession.run_layer. Inline arrays must fit the ring's slot:
-        pass references (ring.data.put) for anything larger."""
-        req = layer_request(layer, k, q, weights, q_scale, topk_out, k_dtype, q_dtype)
-        resp = self._exchange(pb.StepRequest(layer=req))
-        if resp.WhichOneof("kind") != "layer" or resp.layer.layer != req.layer:
-            self.abort()
-            raise StepClosedError(f"step: expected the reply of layer {layer}, got {resp}")
-        return layer_result(resp.layer, topk_out is not None)
+    def _close(self):
+        self._open = False
 
     def commit(self):
         """Commits the step; returns the sequences' lengths in header order."""
-        resp = self._exchange(pb.StepRequest(commit=pb.StepCommit()))
-        self._open = False
-        if resp.WhichOneof("kind") != "committed":
-            raise StepClosedError(f"step: expected StepCommitted, got {resp}")
-        self.committed = list(resp.committed.seq_lens)
-        return self.committed
+        return self._commit()
 
     def abort(self):
         """Rolls the step back (StepAbort) and waits for the daemon's

@@ -238,6 +238,9 @@ std::vector<Shape> Shapes() {
       // 32 rows over ~30000 entries: every ring slot of the MXFP4 kernel
       // reused many times (for racecheck)
       {mx, 64, false, 16, 2, 2, 29000, 30000, 64, 1024, 2},
+      // 24 one-query rows over ~30000 entries: the one-row configuration
+      // of the MXFP4 kernel with every ring slot reused (for racecheck)
+      {mx, 64, false, 24, 1, 1, 29000, 30000, 64, 1024, 2},
       // H = 32 (DeepSeek-V4.1) and 16 on the tensor-core kernels, H a
       // template constant: warp-specialized wgmma (N = 32 and 64 a warpgroup,
       // teams of two for 3-4 rows; N = 16, 32, 64 at H = 16), the serial

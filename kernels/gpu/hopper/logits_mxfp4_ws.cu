@@ -127,6 +127,29 @@ __device__ __forceinline__ uint32_t WidenE2m1x4(uint32_t x, uint2 lut) {
   return __byte_perm(lut.x, lut.y, x & 0x7777u) | __byte_perm(0u, 0x80808080u, (x >> 1) & 0x4444u);
 }
 
+// prmt.b32 in its default mode: a selector nibble with bit 3 set replicates
+// the selected byte's bit 7 over the byte (CUDA's __byte_perm ignores bit 3).
+__device__ __forceinline__ uint32_t Prmt(uint32_t a, uint32_t b, uint32_t c) {
+  uint32_t d;
+  asm("prmt.b32 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(c));
+  return d;
+}
+
+// Eight e2m1 nibbles (element i in nibble i of w) -> eight e5m2 codes,
+// elements 0..3 in lo and 4..7 in hi (element i in byte i % 4), in 9
+// operations (two WidenE2m1x4 take 13): the magnitudes through the table;
+// the signs by prmt's sign replication, element 2j's sign (bit 8j + 3) being
+// bit 7 of byte j of w << 4 and element 2j + 1's (bit 8j + 7) bit 7 of byte
+// j of w; one LOP3 per word merges them (the table's bytes are below 0x80).
+__device__ __forceinline__ void WidenE2m1x8(uint32_t w, uint2 lut, uint32_t& lo, uint32_t& hi) {
+  const uint32_t m = w & 0x77777777u;  // selector nibbles of the magnitudes
+  const uint32_t w4 = w << 4;
+  const uint32_t mlo = Prmt(lut.x, lut.y, m);        // prmt reads c's low 16 bits
+  const uint32_t mhi = Prmt(lut.x, lut.y, m >> 16);
+  lo = (Prmt(w4, w, 0xd9c8u) & 0x80808080u) | mlo;  // elements 0..3: bytes 0, 4, 1, 5 signed
+  hi = (Prmt(w4, w, 0xfbeau) & 0x80808080u) | mhi;  // elements 4..7: bytes 2, 6, 3, 7 signed
+}
+
 __device__ __forceinline__ uint32_t MaxByte(uint32_t w) {
   const uint32_t m = __vmaxu4(w, w >> 16);
   return __vmaxu4(m, m >> 8) & 0xffu;
@@ -331,8 +354,7 @@ __global__ void __launch_bounds__((MxConfig<kHeads, kRows, kMath, kStages>::kThr
   constexpr int kN = C::kN, kSlots = C::kSlots;
   static_assert(kMxWgSize == 128, "wgmma runs on warpgroups of 128 threads");
   extern __shared__ uint8_t smem_raw[];
-  uint8_t* smem = reinterpret_cast<uint8_t*>(
-      (reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t{1023});
+  uint8_t* smem = AlignSmem1024(smem_raw);
   uint8_t* slots = smem + C::kOffSlots;  // [kSlots][64 x 64 B values | 64 x 4 B scales]
   __shared__ __align__(8) uint64_t full[kSlots];   // producer -> warpgroup
   __shared__ __align__(8) uint64_t empty[kSlots];  // warpgroup -> producer
@@ -563,11 +585,8 @@ __global__ void __launch_bounds__((MxConfig<kHeads, kRows, kMath, kStages>::kThr
       uint32_t a[4][4];
 #pragma unroll
       for (int j = 0; j < 4; ++j) {
-        const uint32_t w0 = Word(v0, j), w1 = Word(v1, j);
-        a[j][0] = WidenE2m1x4(w0, lut0);
-        a[j][1] = WidenE2m1x4(w1, lut1);
-        a[j][2] = WidenE2m1x4(w0 >> 16, lut0);
-        a[j][3] = WidenE2m1x4(w1 >> 16, lut1);
+        WidenE2m1x8(Word(v0, j), lut0, a[j][0], a[j][2]);
+        WidenE2m1x8(Word(v1, j), lut1, a[j][1], a[j][3]);
       }
       float acc[kN / 2];
       WgmmaFence();

@@ -53,8 +53,7 @@ __global__ void __launch_bounds__(kWgThreads)
   static_assert(kWgThreads == 4 * kWarpSize, "one warpgroup of four warps");
   static_assert(kWgTile * (kWgDim / 16) % kWgThreads == 0, "whole 16-byte chunks per thread");
   extern __shared__ uint8_t smem_raw[];
-  uint8_t* smem = reinterpret_cast<uint8_t*>(
-      (reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t{1023});
+  uint8_t* smem = AlignSmem1024(smem_raw);
   uint8_t* q_s = smem;                                   // [kN, 128] swizzled
   uint8_t* k_s = q_s + kN * kWgDim;                      // [kStages][64, 128]
   float* ks_s = reinterpret_cast<float*>(k_s + kStages * kTileBytes);  // [kStages][64]

@@ -264,8 +264,7 @@ __global__ void __launch_bounds__(C::kThreads, C::kMinBlocks)
   constexpr int kWarpsWg = kWgSize / kWarpSize;
   static_assert(kWgSize == 128, "wgmma runs on warpgroups of 128 threads");
   extern __shared__ uint8_t smem_raw[];
-  uint8_t* smem = reinterpret_cast<uint8_t*>(
-      (reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t{1023});
+  uint8_t* smem = AlignSmem1024(smem_raw);
   uint8_t* k_s = smem;                                            // [kSlots][64, 128]
   float* ks_s = reinterpret_cast<float*>(smem + C::kOffScale);   // [kSlots][64]
   __shared__ __align__(8) uint64_t full[kSlots];   // producer -> team

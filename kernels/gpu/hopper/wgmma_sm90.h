@@ -67,6 +67,15 @@ __device__ __forceinline__ void CpAsyncWait() {
 __device__ __forceinline__ uint32_t SmemAddr(const void* p) {
   return static_cast<uint32_t>(__cvta_generic_to_shared(p));
 }
+// The dynamic shared memory `raw` rounded up to a multiple of 1024 bytes
+// (the 128-byte swizzle's repeat), by pointer arithmetic on the shared
+// array itself: the compiler keeps the shared state space, so loads and
+// atomics through the result are LDS / ATOMS. (Rounding through uintptr_t
+// lost it: every shared read of the math warpgroups compiled to a generic
+// LD, which waits on the L1TEX scoreboard.)
+__device__ __forceinline__ uint8_t* AlignSmem1024(uint8_t* raw) {
+  return raw + ((1024u - (SmemAddr(raw) & 1023u)) & 1023u);
+}
 __device__ __forceinline__ void MbarInit(uint64_t* bar, uint32_t count) {
   asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(SmemAddr(bar)), "r"(count) : "memory");
 }

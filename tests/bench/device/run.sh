@@ -30,6 +30,13 @@
 #   ab        two daemons of one pack A/B in the same call (AB_BASE: the
 #             other indexerd binary): ring (device tensors) and device
 #             regions at both shapes under MPS, alternated twice
+#   kab       two kernel benches of one pack A/B in the same call (KAB_BASE:
+#             the other indexer_gpu_bench binary; KAB_ONLY: its --only
+#             shapes), alternated KAB_ROUNDS times (default 2)
+#   ncu       Nsight Compute on one warmed launch per NCU_CASES entry
+#             ("kernel regex@bench shape;..."; NCU_BENCH: another bench
+#             binary): speed of light, warp states and stall reasons,
+#             occupancy, pipes, scheduler ($OUT/ncu-N.txt)
 #   env       GPU, driver, SOURCE.txt, python/torch (printed first by every run)
 # Aliases kept for older notes and results files: gpu-tests and integration
 # (parts of suite), memcheck (= sanitize), committed and python (parts of
@@ -345,6 +352,44 @@ stage_ab() {
 }
 
 # Aliases (older notes name them).
+stage_kab() {
+  # Kernel A/B: $KAB_BASE (another indexer_gpu_bench, e.g. built from the
+  # parent commit) and this pack's, on the same shapes, alternated.
+  [[ -x ${KAB_BASE:-} ]] || { echo "kab: KAB_BASE names no indexer_gpu_bench binary"; return 1; }
+  local only=${KAB_ONLY:-decode mxfp4 B=64 next_n=1 n=32k} r rc=0 side bin
+  for r in $(seq "${KAB_ROUNDS:-2}"); do
+    for side in base new; do
+      bin=$DEV/bin/indexer_gpu_bench; [[ $side == base ]] && bin=$KAB_BASE
+      echo "== round $r: $side ($bin)"
+      timeout "$TO" "$bin" --only "$only" --markdown "$OUT/kab-$r-$side.md" 2>&1 | grep -vE '^ *$'
+      [[ ${PIPESTATUS[0]} == 0 ]] || rc=1
+    done
+  done
+  return $rc
+}
+stage_ncu() {
+  # One warmed launch (the 3rd) of each kernel, after the bench's ceilings
+  # are skipped; --clock-control none: the clocks the timed runs see.
+  local cases=${NCU_CASES:-"DenseLogitsWgmmaMxfp4Kernel@decode mxfp4 B=64 next_n=1 n=32k"} i=0 c k shape
+  command -v ncu >/dev/null || export PATH=/usr/local/cuda/bin:$PATH
+  IFS=';' read -ra list <<< "$cases"
+  for c in "${list[@]}"; do
+    k=${c%%@*}; shape=${c#*@}; i=$((i + 1))
+    echo "== ncu $i: kernel /$k/ in '$shape'"
+    # The stall reasons: cycles a warp spends in each per issued instruction.
+    timeout "$TO" ncu --clock-control none -k "regex:$k" --launch-skip 2 --launch-count 1 \
+      --section SpeedOfLight --section WarpStateStats --section Occupancy --section LaunchStats \
+      --section ComputeWorkloadAnalysis --section SchedulerStats --section MemoryWorkloadAnalysis \
+      --metrics 'regex:smsp__average_warps_issue_stalled_.*_per_issue_active\.ratio' \
+      "${NCU_BENCH:-indexer_gpu_bench}" --only "$shape" --iters 3 --no-ceilings > "$OUT/ncu-$i.txt" 2>&1
+    echo "ncu rc $?"
+    grep -E "Duration|DRAM Throughput|Compute \(SM\) Throughput|Issue Slots Busy|Registers Per|Achieved Occupancy|Block Limit (Reg|Sh)|Warp Cycles Per Issued|No Eligible|Active Warps Per" "$OUT/ncu-$i.txt" | head -14
+    # Stall reasons above 0.2 cycles per issued instruction, largest first.
+    grep -E "issue_stalled_.*per_issue_active" "$OUT/ncu-$i.txt" |
+      awk '$NF + 0 >= 0.2 { sub(/smsp__average_warps_issue_stalled_/, "", $1); sub(/_per_issue_active.ratio/, "", $1); print $NF, $1 }' |
+      sort -rn | head -8 | tr '\n' ';'; echo
+  done
+}
 stage_gpu_tests() { part_gpu_tests; }
 stage_integration() { part_integration; }
 stage_python() { part_python; }

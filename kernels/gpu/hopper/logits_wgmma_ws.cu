@@ -3,11 +3,16 @@
 // decode and prefill groups alike.
 //
 // A persistent grid; block b takes an equal contiguous share of the plan's
-// work units and streams their 64-entry K tiles. One producer warp (one
-// elected lane) walks the share and issues, for tile n, the bulk tensor copy
-// of its 8 KiB of values (128-byte swizzle) and the bulk copy of its 64
-// scales into ring slot n % kSlots, completing on the slot's `full`
-// mbarrier; it waits on the slot's `empty` mbarrier before reusing it.
+// work units and streams their 64-entry K tiles. One producer warp walks
+// the share in windows of 32 tiles (tile_window.h) and its lane 0 issues,
+// for tile n, the bulk tensor copy of its 8 KiB of values (128-byte
+// swizzle) and the bulk copy of its 64 scales into ring slot n % kSlots,
+// completing on the slot's `full` mbarrier; it waits on the slot's `empty`
+// mbarrier before reusing it.
+// Each tile's facts (group, the group's rows, first entry) go with it in
+// shared memory (tinfo), so the math warpgroups walk no units: their unit
+// loads at every unit crossing held the consumers once the producer no
+// longer walked the units just ahead of them through L1.
 //
 // The kMath math warpgroups form kMath / kTeam teams of kTeam warpgroups.
 // Teams take the tiles round robin (tile n -> team n % teams); all kTeam
@@ -53,6 +58,7 @@
 #include "kernels/gpu/knobs.h"
 #include "kernels/gpu/params.h"
 #include "kernels/gpu/topk_key.h"
+#include "kernels/gpu/hopper/tile_window.h"
 #include "kernels/gpu/hopper/wgmma_sm90.h"
 
 namespace indexer {
@@ -110,11 +116,6 @@ struct WsConfig {
   static_assert(!kHist || kRowsWg == 1, "a histogram per warpgroup holds one row");
 };
 
-// One line of `addr` into L1 (no register holds the data).
-__device__ __forceinline__ void PrefetchL1(const void* addr) {
-  asm volatile("prefetch.global.L1 [%0];\n" ::"l"(addr));
-}
-
 // ---- the gather walk's producer (the whole warp) ---------------------------
 constexpr int kBoxEntries = 8;                     // entries per chunk (box)
 constexpr int kBoxBytes = kBoxEntries * kWsDim;    // 1 KiB of values
@@ -123,13 +124,14 @@ constexpr int kTileBoxes = kWsTile / kBoxEntries;  // 8 chunks per tile
 constexpr int kWinTiles = kWarpSize / kTileBoxes;  // 4 tiles per window
 
 // Copies every tile of the block's units [u_first, u_last) into the ring as
-// the consumers take them (tile n -> slot n % kSlots): `full` expects the
-// bytes of the tile's chunks below the row's pool entries; a slot's `empty`
-// completion is waited on before its reuse.
+// the consumers take them (tile n -> slot n % kSlots, its unit facts to
+// tinfo[slot]): `full` expects the bytes of the tile's chunks below the
+// row's pool entries; a slot's `empty` completion is waited on before its
+// reuse. Returns the tiles issued.
 template <class C>
-__device__ __forceinline__ void GatherProducer(const LogitsParams& p, const TensorMap* rows8, int32_t u_first,
-                                               int32_t u_last, uint8_t* k_s, float* ks_s, uint64_t* full,
-                                               uint64_t* empty) {
+__device__ __forceinline__ int32_t GatherProducer(const LogitsParams& p, const TensorMap* rows8, int32_t u_first,
+                                                  int32_t u_last, uint8_t* k_s, float* ks_s, int4* tinfo,
+                                                  uint64_t* full, uint64_t* empty) {
 #if INDEXER_GPU_WGMMA
   constexpr int kSlots = C::kSlots;
   const PageLayout& l = p.layout;
@@ -148,16 +150,19 @@ __device__ __forceinline__ void GatherProducer(const LogitsParams& p, const Tens
     int32_t tiles;  // tiles of the window (warp-uniform; 0 past the share)
     bool in;        // the lane's chunk starts inside its unit
     int32_t seq, slot, blk, cnt;
+    int4 ti;        // its tile's {group, first slot, row_begin, num_rows}
   };
   struct Located {
     int32_t tiles;
     bool valid;  // the chunk holds pool entries: copy it
     int32_t page, e;
+    int4 ti;
   };
   auto walk = [&](Walked& w) {
     w.tiles = 0;
     w.seq = 0;
     w.slot = 0;
+    w.ti = make_int4(0, 0, 0, 0);
     int32_t row = 0, end = 0;
     bool mine = false;
 #pragma unroll
@@ -169,6 +174,7 @@ __device__ __forceinline__ void GatherProducer(const LogitsParams& p, const Tens
           w.seq = u.seq;
           w.slot = u.e_begin + it * kWsTile + my_box * kBoxEntries;
           end = u.e_end;
+          w.ti = make_int4(u.group, u.e_begin + it * kWsTile, u.row_begin, u.num_rows);
         }
         ++w.tiles;
         if (++it == u_tiles) {
@@ -194,6 +200,7 @@ __device__ __forceinline__ void GatherProducer(const LogitsParams& p, const Tens
   };
   auto locate = [&](const Walked& w, Located& r) {
     r.tiles = w.tiles;
+    r.ti = w.ti;
     r.valid = w.in && w.slot < w.cnt;
     r.page = 0;
     r.e = 0;
@@ -216,6 +223,8 @@ __device__ __forceinline__ void GatherProducer(const LogitsParams& p, const Tens
         if (t >= kSlots) MbarWait(&empty[slot], static_cast<uint32_t>(t / kSlots + 1) & 1u);
         const bool go = r.valid && my_tile == j;
         const uint32_t boxes = __popc(__ballot_sync(0xffffffffu, go));
+        if (lane == j * kTileBoxes) tinfo[slot] = r.ti;
+        __syncwarp();  // the tile's facts before the arrive that releases them
         if (lane == 0) MbarArriveExpectTx(&full[slot], boxes * (kBoxBytes + kBoxScaleBytes));
         __syncwarp();  // the expected bytes before any of them land
         if (go) {
@@ -247,8 +256,10 @@ __device__ __forceinline__ void GatherProducer(const LogitsParams& p, const Tens
     issue(b);
     b = c;
   }
+  return n;
 #else
-  (void)p, (void)rows8, (void)u_first, (void)u_last, (void)k_s, (void)ks_s, (void)full, (void)empty;
+  (void)p, (void)rows8, (void)u_first, (void)u_last, (void)k_s, (void)ks_s, (void)tinfo, (void)full, (void)empty;
+  return 0;
 #endif  // INDEXER_GPU_WGMMA
 }
 
@@ -269,6 +280,10 @@ __global__ void __launch_bounds__(C::kThreads, C::kMinBlocks)
   float* ks_s = reinterpret_cast<float*>(smem + C::kOffScale);   // [kSlots][64]
   __shared__ __align__(8) uint64_t full[kSlots];   // producer -> team
   __shared__ __align__(8) uint64_t empty[kSlots];  // team -> producer
+  // Per slot, written by the producer before the arrive that starts its
+  // copies: the tile's {group, first entry, the group's first row, its
+  // rows}; group -1 ends the team's walk. The consumers walk no units.
+  __shared__ int4 tinfo[kSlots];
 
   // ---- this block's share of the units ----------------------------------
   const int64_t units = p.unit_end - p.unit_begin;
@@ -292,61 +307,76 @@ __global__ void __launch_bounds__(C::kThreads, C::kMinBlocks)
 
   // ---- producer: tile n -> slot n % kSlots ---------------------------------
   if (warp == C::kMath * kWarpsWg) {
+    // After the share's last tile, one end mark per team (lane 0).
+    auto finish = [&](int32_t n) {
+      if (lane != 0) return;
+      for (int k = 0; k < kTeams; ++k, ++n) {
+        const int slot = n % kSlots;
+        if (n >= kSlots) MbarWait(&empty[slot], static_cast<uint32_t>(n / kSlots + 1) & 1u);
+        tinfo[slot] = make_int4(-1, 0, 0, 0);
+        MbarArrive(&full[slot]);  // the phase completes with no bytes
+      }
+    };
     if constexpr (kGather) {
-      GatherProducer<C>(p, &rows8, u_first, u_last, k_s, ks_s, full, empty);
+      finish(GatherProducer<C>(p, &rows8, u_first, u_last, k_s, ks_s, tinfo, full, empty));
       return;
     }
-    if (lane != 0) return;
+    // The whole warp looks its tiles up a window of 32 at a time (TileWalk,
+    // tile_window.h), the next window's block-table loads in flight while
+    // lane 0 issues this one's copies from registers. (Walked one tile
+    // ahead by lane 0 alone, each tile's table entry and every unit load
+    // sat between two copies: the walk bound the kernel, H200 ncu at B=64
+    // 32k.) Pages hold whole tiles and units start at multiples of 64
+    // entries, so a tile is one box of one page.
     const PageLayout& l = p.layout;
-    // The walk runs one tile ahead: the next tile's block-table entry (and,
-    // at a unit's start, the unit after it) is loaded before this tile's
-    // slot wait and copies, so no load latency sits between two copies.
-    // Pages hold whole tiles and units and groups start at multiples of 64
-    // entries, so a tile is one box of one page. No count of the share's
-    // tiles up front, and a unit's first page rides in the unit: the first
-    // copy waits on one unit load alone, and so does the first copy of every
-    // later unit (the unit is loaded a unit ahead).
-    int32_t iu = u_first;
-    LogitsUnit u = p.step.units[iu];
-    LogitsUnit next_u = iu + 1 < u_last ? p.step.units[iu + 1] : u;
-    const int32_t* block_row = p.step.block_table + static_cast<int64_t>(u.seq) * p.step.max_pages;
-    int32_t pos = u.e_begin;
-    PagePos at = PagePosOf(l, pos);
-    int32_t page = u.page0;
-    for (int32_t n = 0;; ++n) {
-      // ---- the next tile, its table entry in flight ------------------------
-      const PagePos cur = at;
-      const int32_t cur_page = page;
-      pos += kWsTile;
-      if (pos < u.e_end) {
-        StepPagePos(l, &at, kWsTile);
-        page = block_row[at.lp];
-      } else if (++iu < u_last) {
-        u = next_u;
-        if (iu + 1 < u_last) next_u = p.step.units[iu + 1];
-        block_row = p.step.block_table + static_cast<int64_t>(u.seq) * p.step.max_pages;
-        pos = u.e_begin;
-        at = PagePosOf(l, pos);
-        page = u.page0;
-      } else {
-        pos = -1;  // the share's last tile
-      }
-      // ---- this tile -> slot n % kSlots --------------------------------------
+    TileWalk walk(p, u_first, u_last);
+    int32_t n = 0;  // the next tile to issue
+    // Tile n from its page and entry (lane 0).
+    auto copy = [&](int32_t page, int32_t e, const void* sc, const int4& ti) {
       const int slot = n % kSlots;
-      // Tile n - kSlots was the slot's last use: its release is completion
-      // n / kSlots - 1 of `empty`.
-      if (n >= kSlots) MbarWait(&empty[slot], static_cast<uint32_t>(n / kSlots + 1) & 1u);
+      tinfo[slot] = ti;  // released by the arrive
       MbarArriveExpectTx(&full[slot], kWsTileBytes + kWsScaleBytes);
-      const uint8_t* scales = p.pool + l.PageOffset(cur_page) + l.ScaleOffset(cur.e, 0);
       if (p.k_evict_first) {
-        TmaLoad3dHint(k_s + slot * kWsTileBytes, &p.tmap, 0, cur.e, cur_page, &full[slot], kL2EvictFirst);
-        BulkLoadHint(ks_s + slot * kWsTile, scales, kWsScaleBytes, &full[slot], kL2EvictFirst);
+        TmaLoad3dHint(k_s + slot * kWsTileBytes, &p.tmap, 0, e, page, &full[slot], kL2EvictFirst);
+        BulkLoadHint(ks_s + slot * kWsTile, sc, kWsScaleBytes, &full[slot], kL2EvictFirst);
       } else {
-        TmaLoad3d(k_s + slot * kWsTileBytes, &p.tmap, 0, cur.e, cur_page, &full[slot]);
-        BulkLoad(ks_s + slot * kWsTile, scales, kWsScaleBytes, &full[slot]);
+        TmaLoad3d(k_s + slot * kWsTileBytes, &p.tmap, 0, e, page, &full[slot]);
+        BulkLoad(ks_s + slot * kWsTile, sc, kWsScaleBytes, &full[slot]);
       }
-      if (pos < 0) break;
-    }
+    };
+    // The whole warp waits for tile n's slot (tile n - kSlots was its last
+    // use: its release is completion n / kSlots - 1 of `empty`), so lane 0
+    // issues with the warp converged: with lane 0 waiting alone, the other
+    // lanes ran ahead into the next shuffle and the warp split between the
+    // try-wait loop and the shuffle's divergent path at every full ring
+    // (H200 ncu, FP8 B=64 32k: 107 us against 94 walked lane by lane).
+    auto wait_slot = [&]() {
+      if (n >= kSlots) MbarWait(&empty[n % kSlots], static_cast<uint32_t>(n / kSlots + 1) & 1u);
+    };
+    auto lead = [&](const TileWindow& w) -> int {
+      if (w.lead < 0 || w.count == 0) return 0;
+      wait_slot();
+      if (lane == 0) {
+        copy(w.lead, w.e, p.pool + l.PageOffset(w.lead) + l.ScaleOffset(w.e, 0),
+             make_int4(w.group, w.first, w.row_begin, w.num_rows));
+      }
+      ++n;
+      return 1;
+    };
+    auto rest = [&](const TileWindow& w, int i) {
+      if (i >= w.count) return;
+      const uint64_t scales = reinterpret_cast<uint64_t>(p.pool + l.PageOffset(w.page) + l.ScaleOffset(w.e, 0));
+      for (; i < w.count; ++i, ++n) {
+        const int32_t page = ShflIdx(w.page, i), e = ShflIdx(w.e, i);
+        const void* sc = reinterpret_cast<const void*>(ShflIdx(scales, i));
+        const int4 ti = make_int4(ShflIdx(w.group, i), ShflIdx(w.first, i), ShflIdx(w.row_begin, i),
+                                  ShflIdx(w.num_rows, i));
+        wait_slot();
+        if (lane == 0) copy(page, e, sc, ti);
+      }
+    };
+    WalkWindows(walk, lead, rest);
+    finish(n);
     return;
   }
 
@@ -359,28 +389,6 @@ __global__ void __launch_bounds__(C::kThreads, C::kMinBlocks)
   float* w_s = reinterpret_cast<float*>(smem + C::kOffW) + wg * kN;  // [kN], halved
   const uint64_t desc_q = Sw128KMajorDesc(q_s);
   uint32_t* hist_s = reinterpret_cast<uint32_t*>(smem + C::kOffHist) + wg * C::kHistWords;  // [2048]
-  int32_t cu = u_first, ct = 0;  // cursor: unit, tile in unit
-  LogitsUnit u = p.step.units[cu];
-  // The unit after the cursor's is prefetched into L1 a unit ahead (the
-  // cursor crosses a unit every few tiles; an L2 load would sit in the
-  // chain, and a register copy of it costs spills at this register cap).
-  auto prefetch_next = [&]() {
-    if (cu + 1 < u_last) PrefetchL1(p.step.units + cu + 1);
-  };
-  prefetch_next();
-  int32_t u_tiles = (u.e_end - u.e_begin + kWsTile - 1) / kWsTile;
-  // Moves the cursor one tile on; false past the share's last tile.
-  auto advance = [&]() -> bool {
-    if (++ct < u_tiles) return true;
-    if (++cu >= u_last) return false;
-    ct = 0;
-    u = p.step.units[cu];
-    prefetch_next();
-    u_tiles = (u.e_end - u.e_begin + kWsTile - 1) / kWsTile;
-    return true;
-  };
-  bool more = true;
-  for (int i = 0; i < team && more; ++i) more = advance();
   int32_t staged = -1;            // group whose Q this warpgroup holds
   int32_t my_rows = 0, row0 = 0;  // its rows of that group; the first (sub-chunk row)
   int32_t n_r[kRowsWg] = {};
@@ -400,14 +408,14 @@ __global__ void __launch_bounds__(C::kThreads, C::kMinBlocks)
     }
   };
   // ---- this warpgroup's rows of the cursor's group (zero past the group) --
-  auto stage = [&]() {
+  auto stage = [&](int32_t group, int32_t row_begin, int32_t num_rows) {
     NamedBarrierSync(1 + wg, kWgSize);  // every warp is done with the old Q
     if (hist && staged >= 0) flush();   // (the barrier below orders its zeroing)
-    staged = u.group;
+    staged = group;
     // The group's rows ride in the unit: the Q load waits on no group load.
     const int32_t first = role * kRowsWg;  // the group's row this warpgroup starts at
-    my_rows = min(max(u.num_rows - first, 0), kRowsWg);
-    row0 = u.row_begin + first - p.row_base;
+    my_rows = min(max(num_rows - first, 0), kRowsWg);
+    row0 = row_begin + first - p.row_base;
     if (my_rows > 0) {
       const int64_t q0 = static_cast<int64_t>(row0) * kHeads;
 #pragma unroll 1
@@ -471,19 +479,27 @@ __global__ void __launch_bounds__(C::kThreads, C::kMinBlocks)
   auto skip = [&](int slot) { MbarArrive(&empty[slot]); };
 
   // ---- one tile at a time: wait, multiply, epilogue ------------------------
+  // The team's first tile: when it lies in the share's first unit its group
+  // is staged before the wait (its Q load beside the tile's); every later
+  // group change is staged from the slot's facts, the tile waiting in it.
+  {
+    const LogitsUnit u = p.step.units[u_first];
+    if ((u.e_end - u.e_begin + kWsTile - 1) / kWsTile > team) stage(u.group, u.row_begin, u.num_rows);
+  }
   float acc[kN / 2];  // written by each tile's first k-slice
-  for (int32_t n = team; more; n += kTeams) {
-    if (u.group != staged) stage();
+  for (int32_t n = team;; n += kTeams) {
     const int slot = n % kSlots;
     MbarWait(&full[slot], static_cast<uint32_t>(n / kSlots) & 1u);
+    const int4 ti = tinfo[slot];  // read before the slot's release
+    if (ti.x < 0) break;          // the share's end
+    if (ti.x != staged) stage(ti.x, ti.z, ti.w);
     if (my_rows == 0) {
       skip(slot);
     } else {
       mma(acc, slot);
       WgmmaWaitAll();
-      epilogue(acc, slot, u.e_begin + ct * kWsTile + e0);
+      epilogue(acc, slot, ti.y + e0);
     }
-    for (int i = 0; i < kTeams && more; ++i) more = advance();
   }
   if (hist && staged >= 0) {
     NamedBarrierSync(1 + wg, kWgSize);  // every warp's last epilogue done

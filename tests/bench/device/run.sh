@@ -36,7 +36,9 @@
 #   ncu       Nsight Compute on one warmed launch per NCU_CASES entry
 #             ("kernel regex@bench shape;..."; NCU_BENCH: another bench
 #             binary): speed of light, warp states and stall reasons,
-#             occupancy, pipes, scheduler ($OUT/ncu-N.txt)
+#             occupancy, pipes, scheduler ($OUT/ncu-N.txt); NCU_SOURCE=1
+#             adds the per-instruction samples ($OUT/ncu-N-src.csv, read
+#             with tests/bench/device/ncu_top.py)
 #   env       GPU, driver, SOURCE.txt, python/torch (printed first by every run)
 # Aliases kept for older notes and results files: gpu-tests and integration
 # (parts of suite), memcheck (= sanitize), committed and python (parts of
@@ -383,6 +385,13 @@ stage_ncu() {
       --metrics 'regex:smsp__average_warps_issue_stalled_.*_per_issue_active\.ratio' \
       "${NCU_BENCH:-indexer_gpu_bench}" --only "$shape" --iters 3 --no-ceilings > "$OUT/ncu-$i.txt" 2>&1
     echo "ncu rc $?"
+    if [[ -n ${NCU_SOURCE:-} ]]; then
+      # Per-instruction warp-state samples (SASS), for tests/bench/device/ncu_top.py.
+      timeout "$TO" ncu --clock-control none -k "regex:$k" --launch-skip 2 --launch-count 1 \
+        --section SourceCounters --section WarpStateStats --page source --print-source sass --csv \
+        "${NCU_BENCH:-indexer_gpu_bench}" --only "$shape" --iters 3 --no-ceilings > "$OUT/ncu-$i-src.csv" 2>&1
+      echo "ncu source rc $?"
+    fi
     grep -E "Duration|DRAM Throughput|Compute \(SM\) Throughput|Issue Slots Busy|Registers Per|Achieved Occupancy|Block Limit (Reg|Sh)|Warp Cycles Per Issued|No Eligible|Active Warps Per" "$OUT/ncu-$i.txt" | head -14
     # Stall reasons above 0.2 cycles per issued instruction, largest first.
     grep -E "issue_stalled_.*per_issue_active" "$OUT/ncu-$i.txt" |

@@ -287,9 +287,11 @@ absl::StatusOr<std::unique_ptr<GpuBackend::Step>> GpuBackend::MakeStep(
       ws_.logits_floats,
       static_cast<int32_t>(std::min<int64_t>(ws_.max_rows, ws_.q_bytes / (int64_t{ws_.max_heads} * vb))),
       props_.multiProcessorCount,
-      // FP8 on sm_90 runs the persistent wgmma kernel: fine units. (The
-      // MXFP4 one keeps the coarse units: its producer lanes walk kSlots
-      // tiles a step and would stall on every unit crossed.)
+      // FP8 on sm_90 runs the persistent wgmma kernel: fine units. The
+      // MXFP4 one keeps the coarse units: with the fine ones (its producer
+      // walks them 32 tiles at a time, hopper/tile_window.h) it measured no
+      // faster at 32k and slower at 128k (H200, B=128 x 128k logits 749 ->
+      // 794 us, V4.1 dense H 32 x 128k 343 -> 362; h200_2026-12-02_s11.md).
       layout.format == KvFormat::kFp8 && props_.major == 9 ? WsUnitEntries() : 0};
   ASSIGN_OR_RETURN(StepPlan plan, PlanStep(rows, limits));
   // Each unit's first physical page: the ws producer's first copy of a unit

@@ -345,11 +345,8 @@ __global__ void __launch_bounds__(C::kThreads, C::kMinBlocks)
       }
     };
     // The whole warp waits for tile n's slot (tile n - kSlots was its last
-    // use: its release is completion n / kSlots - 1 of `empty`), so lane 0
-    // issues with the warp converged: with lane 0 waiting alone, the other
-    // lanes ran ahead into the next shuffle and the warp split between the
-    // try-wait loop and the shuffle's divergent path at every full ring
-    // (H200 ncu, FP8 B=64 32k: 107 us against 94 walked lane by lane).
+    // use: its release is completion n / kSlots - 1 of `empty`); why the
+    // whole warp: tile_window.h.
     auto wait_slot = [&]() {
       if (n >= kSlots) MbarWait(&empty[n % kSlots], static_cast<uint32_t>(n / kSlots + 1) & 1u);
     };

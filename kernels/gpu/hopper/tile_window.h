@@ -136,6 +136,13 @@ class TileWalk {
 // lead(w) issues tile 0 of w from w.lead when it can (returns 1; else 0),
 // rest(w, i0) tiles i0.. of w; tile 0 of every window goes out before the
 // next lookup waits on the units it loaded.
+//
+// The callers' lead and rest: the whole warp waits for a tile's ring slot,
+// then lane 0 issues its copies, so the warp stays converged. (With lane 0
+// waiting alone, the other lanes ran ahead into the next shuffle and the
+// warp split between the try-wait loop and the shuffle's divergent path at
+// every full ring: H200 ncu, FP8 B=64 32k, 107 us against 94 for the walk
+// lane 0 made alone before, 88.8-90.5 converged.)
 template <class Lead, class Rest>
 __device__ __forceinline__ void WalkWindows(TileWalk& walk, Lead&& lead, Rest&& rest) {
   TileWindow a = walk.Next();

@@ -78,6 +78,7 @@ namespace gpu {
 namespace {
 
 constexpr int kMxTile = 64;                          // entries per K tile (wgmma M)
+static_assert(kMxTile == kWindowTile, "the producer walks tiles of TileWalk's size");
 constexpr int kMxDim = 128;                          // D
 constexpr int kMxValueBytes = kMxTile * kMxDim / 2;  // packed e2m1 of a tile
 constexpr int kMxScaleBytes = kMxTile * kMxDim / 32; // e8m0 of a tile

@@ -66,6 +66,7 @@ namespace gpu {
 namespace {
 
 constexpr int kWsTile = 64;     // entries per K tile (wgmma M)
+static_assert(kWsTile == kWindowTile, "the producer walks tiles of TileWalk's size");
 constexpr int kWsDim = 128;     // D: one 128-byte swizzle row per entry
 constexpr int kWsTileBytes = kWsTile * kWsDim;
 constexpr int kWsScaleBytes = kWsTile * 4;

@@ -48,12 +48,13 @@
 // copied into the tile's places in the slot by 16-byte cp.async of four
 // producer lanes (a tile: 10 warp instructions; 16 per-lane bulk copies,
 // issued lane by lane, held the walk at ~1.2 us per tile), completing on
-// the slot's `full` barrier by cp.async.mbarrier.arrive. The whole
-// producer warp walks (GatherProducerMx): rounds of kSlots tiles, lane
-// i < kSlots holding tile i's unit facts, lane L the chunks L, L + 32, ...
-// of the round; a round's pool blocks (and the rows' pool entries) are
-// loaded two rounds ahead of its copies and its pages one round ahead, so
-// neither dependent load sits between two copies. Chunks at or past the
+// the slot's `full` barrier by cp.async.mbarrier.arrive. Four producer
+// warps walk (GatherProducerMx), warp w the tiles of slots w, w + 4, ...:
+// in rounds of kSlots tiles, lane i < kSlots / 4 holds the unit facts of
+// the warp's tile i of the round and lane L its chunk L; a round's pool
+// blocks (and the rows' pool entries) are loaded two rounds ahead of its
+// copies and its pages one round ahead, so neither dependent load sits
+// between two copies. Chunks at or past the
 // row's pool entries copy nothing: their slot rows are stale, never stored
 // (the epilogue stores slots below gather_entries[row]) and left out of
 // the route choice (the tile's end is clamped to the pool entries).
@@ -90,11 +91,11 @@ constexpr uint32_t kMaxShift = 13;
 // powers and the weight products stay normal fp32.
 constexpr uint32_t kExpWindow = 60;
 
-template <int kHeads, int kRows, int kMath, int kStages>
+template <int kHeads, int kRows, int kMath, int kStages, int kProducers>
 struct MxConfig {
   static constexpr int kN = kRows * kHeads;                // wgmma N
   static constexpr int kSlots = kMath * kStages;           // ring slots
-  static constexpr int kThreads = kMath * kMxWgSize + kWarpSize;  // + producer warp
+  static constexpr int kThreads = (kMath * kMxWgSize / kWarpSize + kProducers) * kWarpSize;  // + producer warps
   static constexpr int kQBytes = kN * kMxDim;              // one warpgroup's widened Q
   // Shared memory from a 1024-byte aligned base: Q per warpgroup (swizzled,
   // 1024-byte aligned) | slots [values | scales] | per warpgroup: weights
@@ -112,6 +113,7 @@ struct MxConfig {
   static_assert(kN <= kMxWgSize, "Q staging: one thread per head");
   static_assert(kMath >= 1 && kMath <= 4, "1..4 math warpgroups (named barriers 1..kMath)");
   static_assert(kStages >= 2, "at least double-buffered per warpgroup");
+  static_assert(kProducers >= 1 && kSlots % kProducers == 0, "every producer warp owns the same slots");
   static_assert(kOffSlots % 1024 == 0 && kQBytes % 1024 == 0, "swizzled Q 1024-byte aligned");
   static_assert(kMxSlotBytes % 16 == 0 && kMxValueBytes % 16 == 0, "bulk copies land 16-byte aligned");
   static_assert(kSmem <= 227 * 1024, "fits one block's shared memory");
@@ -190,40 +192,61 @@ constexpr int kMxBoxValueBytes = kMxBoxEntries * kMxDim / 2;      // 512 B of va
 constexpr int kMxBoxScaleBytes = kMxBoxEntries * kMxDim / 32;     // 32 B of scales
 constexpr int kMxTileBoxes = kMxTile / kMxBoxEntries;             // 8 chunks per tile
 
-// Copies tiles [0, total) of the block's units [u_first, u_last) into the
-// ring (tile n -> slot n % kSlots) with each slot's {group, first slot,
-// end} in tinfo (the end clamped to the row's pool entries); a slot's
-// `empty` completion is waited on before its reuse.
-template <int kSlots>
-__device__ __forceinline__ void GatherProducerMx(const LogitsParams& p, int32_t u_first, int32_t u_last,
+// Tiles of the block's units [u_first, u_last): every lane of the warp
+// calls it and gets the sum (a unit a lane, then a shuffle reduction; a
+// loop of one thread over the units, dependent loads, held each consumer
+// ~5 us at the start of the V4.1 gather walk: H200 ncu source view).
+__device__ __forceinline__ int32_t ShareTiles(const LogitsParams& p, int32_t u_first, int32_t u_last) {
+  int32_t tiles = 0;
+  for (int32_t i = u_first + LaneId(); i < u_last; i += kWarpSize) {
+    const LogitsUnit& u = p.step.units[i];
+    tiles += (u.e_end - u.e_begin + kMxTile - 1) / kMxTile;
+  }
+#pragma unroll
+  for (int d = kWarpSize / 2; d >= 1; d >>= 1) tiles += ShflXor(tiles, d);
+  return tiles;
+}
+
+// Producer warp pw of kProducers copies its tiles of [0, total) of the
+// block's units [u_first, u_last) into the ring (tile n -> slot n % kSlots;
+// the warp's tiles are those of its slots pw, pw + kProducers, ...), with
+// each slot's {group, first slot, end} in tinfo (the end clamped to the
+// row's pool entries); a slot's `empty` completion is waited on before its
+// reuse.
+template <int kSlots, int kProducers>
+__device__ __forceinline__ void GatherProducerMx(const LogitsParams& p, int pw, int32_t u_first, int32_t u_last,
                                                  int32_t total, uint8_t* slots, int4* tinfo, uint64_t* full,
                                                  uint64_t* empty) {
 #if INDEXER_GPU_WGMMA
-  constexpr int kChunks = kSlots * kMxTileBoxes;              // chunks of a round
+  constexpr int kMine = kSlots / kProducers;                     // the warp's tiles of a round
+  constexpr int kChunks = kMine * kMxTileBoxes;                  // their chunks
   constexpr int kIters = (kChunks + kWarpSize - 1) / kWarpSize;  // chunks per lane
-  static_assert(kSlots <= kWarpSize, "one walker lane per slot");
+  static_assert(kMine <= kWarpSize, "one walker lane per tile of the warp's round");
   const PageLayout& l = p.layout;
   const int lane = LaneId();
   auto tiles_of = [](const LogitsUnit& u) { return (u.e_end - u.e_begin + kMxTile - 1) / kMxTile; };
-  // Walker lane i < kSlots: its cursor on tiles i, i + kSlots, ...
-  const bool walker = lane < kSlots;
+  // Walker lane i < kMine: its cursor on tile pw + i * kProducers of each
+  // round (round r: tiles [r * kSlots, (r + 1) * kSlots)).
+  const int my = pw + lane * kProducers;
+  const bool walker = lane < kMine;
   int32_t cu = u_first, ct = 0;
   LogitsUnit u = p.step.units[cu];
   LogitsUnit nxt = p.step.units[min(cu + 1, u_last - 1)];  // in flight a unit ahead
-  auto step = [&]() {
-    if (++ct == tiles_of(u) && ++cu < u_last) {
-      ct = 0;
+  // The cursor k tiles on (REQUIRES: that tile is in the share).
+  auto advance = [&](int32_t k) {
+    ct += k;
+    for (int32_t t = tiles_of(u); ct >= t; t = tiles_of(u)) {
+      ct -= t;
+      ++cu;
       u = nxt;
       nxt = p.step.units[min(cu + 1, u_last - 1)];
     }
   };
-  if (walker) {
-    for (int i = 0; i < lane; ++i) step();
-  }
+  if (walker && my < total) advance(my);
   // A round in two steps: walked (the lane's chunks' pool blocks and the
   // rows' pool entries in flight), then located (their pages in flight).
   // Per-tile facts stay in their walker lane (shuffled where needed), the
-  // chunks' flags in bit masks: registers for a deep ring.
+  // chunks' flags in bit masks.
   struct Walked {
     int32_t group, first, end, seq, cnt;  // walker lane: its tile's (cnt: the row's pool entries)
     uint32_t in;                          // bit k: chunk k starts inside its unit
@@ -234,11 +257,11 @@ __device__ __forceinline__ void GatherProducerMx(const LogitsParams& p, int32_t 
     uint32_t valid;  // bit k: chunk k holds pool entries: copy it
     int32_t page[kIters], e[kIters];
   };
-  int32_t n_walk = 0;  // the next round to walk
+  int32_t n_walk = 0;  // the next round to walk (its first tile)
   auto walk = [&](Walked& w) {
     const int32_t n0 = n_walk;
     n_walk += kSlots;
-    const bool mine = walker && n0 + lane < total;
+    const bool mine = walker && n0 + my < total;
     int32_t row = 0;
     w.group = 0, w.first = 0, w.end = 0, w.seq = 0, w.cnt = 0;
     if (mine) {
@@ -248,20 +271,18 @@ __device__ __forceinline__ void GatherProducerMx(const LogitsParams& p, int32_t 
       w.seq = u.seq;
       row = u.row_begin;
       w.cnt = p.gather_entries[row];
-      if (n0 + kSlots + lane < total) {
-        for (int i = 0; i < kSlots; ++i) step();
-      }
+      if (n0 + kSlots + my < total) advance(kSlots);
     }
     w.in = 0;
 #pragma unroll
     for (int k = 0; k < kIters; ++k) {
-      const int c = lane + k * kWarpSize;  // chunk c of the round: tile c / 8, box c % 8
-      const int j = min(c / kMxTileBoxes, kSlots - 1);
+      const int c = lane + k * kWarpSize;  // chunk c: tile c / 8 of the warp's, box c % 8
+      const int j = min(c / kMxTileBoxes, kMine - 1);
       const int32_t first = ShflIdx(w.first, j), end = ShflIdx(w.end, j);
       const int32_t r = ShflIdx(row, j);
       w.s[k] = first + (c % kMxTileBoxes) * kMxBoxEntries;
       // slot < end <= the row's pool size: the block index is in the row.
-      const bool in = c < kChunks && n0 + j < total && w.s[k] < end;
+      const bool in = c < kChunks && n0 + pw + j * kProducers < total && w.s[k] < end;
       w.blk[k] = 0;
       if (in) {
         w.in |= 1u << k;
@@ -275,7 +296,7 @@ __device__ __forceinline__ void GatherProducerMx(const LogitsParams& p, int32_t 
 #pragma unroll
     for (int k = 0; k < kIters; ++k) {
       const int c = lane + k * kWarpSize;
-      const int j = min(c / kMxTileBoxes, kSlots - 1);
+      const int j = min(c / kMxTileBoxes, kMine - 1);
       const int32_t cnt = ShflIdx(w.cnt, j), seq = ShflIdx(w.seq, j);
       o.page[k] = 0;
       o.e[k] = 0;
@@ -288,14 +309,14 @@ __device__ __forceinline__ void GatherProducerMx(const LogitsParams& p, int32_t 
       }
     }
   };
-  int32_t n0 = 0;  // the round being issued
+  int32_t n0 = 0;  // the round being issued (its first tile)
   auto issue = [&](const Located& o) {
-    const int32_t m = min(kSlots, total - n0);
 #pragma unroll
-    for (int slot = 0; slot < kSlots; ++slot) {
-      if (slot < m) {
+    for (int j = 0; j < kMine; ++j) {
+      const int slot = pw + j * kProducers;
+      if (n0 + slot < total) {
         constexpr int kPerIter = kWarpSize / kMxTileBoxes;  // tiles of one chunk iteration
-        const int k = slot / kPerIter;
+        const int k = j / kPerIter;
         // Tile n0 + slot - kSlots was the slot's last use: its release is
         // completion n0 / kSlots - 1 of `empty` (every lane waits: its
         // copies follow).
@@ -303,10 +324,10 @@ __device__ __forceinline__ void GatherProducerMx(const LogitsParams& p, int32_t 
         // Lane L copies quarter L % 4 of chunk L / 4 of the tile (128 value
         // bytes, and 16 of its 32 scale bytes for quarters 0 and 1): the
         // chunk's page and entry come from the lane that located it.
-        const int src = (slot % kPerIter) * kMxTileBoxes + lane / 4;
+        const int src = (j % kPerIter) * kMxTileBoxes + lane / 4;
         const bool go = ((ShflIdx(o.valid, src) >> k) & 1u) != 0;
         const int32_t pg = ShflIdx(o.page[k], src), e = ShflIdx(o.e[k], src);
-        const int4 ti = make_int4(ShflIdx(o.ti.x, slot), ShflIdx(o.ti.y, slot), ShflIdx(o.ti.z, slot), 0);
+        const int4 ti = make_int4(ShflIdx(o.ti.x, j), ShflIdx(o.ti.y, j), ShflIdx(o.ti.z, j), 0);
         if (go) {
           const int box = lane / 4, q = lane % 4;
           const uint8_t* base = p.pool + l.PageOffset(pg);
@@ -345,16 +366,32 @@ __device__ __forceinline__ void GatherProducerMx(const LogitsParams& p, int32_t 
     b = c;
   }
 #else
-  (void)p, (void)u_first, (void)u_last, (void)total, (void)slots, (void)tinfo, (void)full, (void)empty;
+  (void)p, (void)pw, (void)u_first, (void)u_last, (void)total, (void)slots, (void)tinfo, (void)full, (void)empty;
 #endif  // INDEXER_GPU_WGMMA
 }
 
+// Producer warps: one for the dense walk (its copies are whole tiles, one
+// or two bulk copies each); kGatherProducers for the gather walk, whose
+// tiles are eight chunks copied by cp.async. One gather producer warp
+// (~110 instructions a tile, SHFL and icache latency, 12 slots unrolled)
+// was the V4.1 consumer's limit: H200 ncu, B=64 x 128k pool 2048 x 8,
+// 7.7 us a round of 12 tiles, the consumers 47 % of samples on `full`.
+// Four warps sit on the four SM sub-partitions and cost no registers (the
+// block's 13 warps already took ceil(13 / 4) = 4 per sub-partition).
+constexpr int kGatherProducers = 4;
+
+template <bool kGather>
+constexpr int MxProducers() {
+  return kGather ? kGatherProducers : 1;
+}
+
 template <int kHeads, int kRows, int kMath, int kStages, bool kGather>
-__global__ void __launch_bounds__((MxConfig<kHeads, kRows, kMath, kStages>::kThreads))
-    INDEXER_MAXNREG((MxConfig<kHeads, kRows, kMath, kStages>::kMaxRegs)) DenseLogitsWgmmaMxfp4Kernel(const INDEXER_GRID_CONSTANT LogitsParams p) {
+__global__ void __launch_bounds__((MxConfig<kHeads, kRows, kMath, kStages, MxProducers<kGather>()>::kThreads))
+    INDEXER_MAXNREG((MxConfig<kHeads, kRows, kMath, kStages, MxProducers<kGather>()>::kMaxRegs))
+        DenseLogitsWgmmaMxfp4Kernel(const INDEXER_GRID_CONSTANT LogitsParams p) {
   // kGather: the consumer's gather walk (groups of one row).
 #if INDEXER_GPU_WGMMA
-  using C = MxConfig<kHeads, kRows, kMath, kStages>;
+  using C = MxConfig<kHeads, kRows, kMath, kStages, MxProducers<kGather>()>;
   constexpr int kN = C::kN, kSlots = C::kSlots;
   static_assert(kMxWgSize == 128, "wgmma runs on warpgroups of 128 threads");
   extern __shared__ uint8_t smem_raw[];
@@ -372,7 +409,6 @@ __global__ void __launch_bounds__((MxConfig<kHeads, kRows, kMath, kStages>::kThr
   const int32_t u_last = p.unit_begin + static_cast<int32_t>(units * (blockIdx.x + 1) / gridDim.x);
   if (u_first == u_last) return;
   const int tid = threadIdx.x, warp = WarpId(), lane = LaneId();
-  auto tiles_of = [](const LogitsUnit& u) { return (u.e_end - u.e_begin + kMxTile - 1) / kMxTile; };
   if (tid == 0) {
     for (int s = 0; s < kSlots; ++s) {
       // The producer's expect_tx; the gather walk's: one cp.async arrival
@@ -392,11 +428,11 @@ __global__ void __launch_bounds__((MxConfig<kHeads, kRows, kMath, kStages>::kThr
   // compute-sanitizer racecheck reported the consumers' slot reads racing
   // the slot's next bulk copy once slots were reused many times, and a
   // single issuer is clean.
-  if (warp == kMath * (kMxWgSize / kWarpSize)) {
+  if (warp >= kMath * (kMxWgSize / kWarpSize)) {
     if constexpr (kGather) {
-      int32_t total = 0;
-      for (int32_t ui = u_first; ui < u_last; ++ui) total += tiles_of(p.step.units[ui]);
-      GatherProducerMx<kSlots>(p, u_first, u_last, total, slots, tinfo, full, empty);
+      const int32_t total = ShareTiles(p, u_first, u_last);
+      GatherProducerMx<kSlots, kGatherProducers>(p, warp - kMath * (kMxWgSize / kWarpSize), u_first, u_last,
+                                                 total, slots, tinfo, full, empty);
       return;
     }
     const PageLayout& l = p.layout;
@@ -451,8 +487,7 @@ __global__ void __launch_bounds__((MxConfig<kHeads, kRows, kMath, kStages>::kThr
     WalkWindows(walk, lead, rest);
     return;
   }
-  int32_t total = 0;
-  for (int32_t ui = u_first; ui < u_last; ++ui) total += tiles_of(p.step.units[ui]);
+  const int32_t total = ShareTiles(p, u_first, u_last);
 
   // ---- math warpgroup wg: tiles wg, wg + kMath, ... -------------------------
   const int wg = warp / (kMxWgSize / kWarpSize);
@@ -565,6 +600,10 @@ __global__ void __launch_bounds__((MxConfig<kHeads, kRows, kMath, kStages>::kThr
     MbarArrive(&empty[slot]);
     const int32_t pos0 = ti.y + e0, e_end = ti.z;
     // ---- the route (entries past the unit are never stored: ignored) -------
+    // (A barrier-free first check from the tile's 64 scale words alone,
+    // every warp reading all of them, measured slower: H200, dense B=128 x
+    // 128k 743 -> 835 us, B=64 x 32k 115 -> 126; the consumers are
+    // issue-bound and the check cost more than the vote it skipped.)
     const uint32_t emax0 = MaxByte(sc0), emax1 = MaxByte(sc1);
     const bool ok = (pos0 >= e_end || FastRow(v0, sc0, emax0, t)) &&
                     (pos0 + 8 >= e_end || FastRow(v1, sc1, emax1, t));
@@ -680,7 +719,7 @@ constexpr int kGatherStages = 4;
 template <int kHeads, int kRows, int kMath, bool kGather = false>
 absl::Status LaunchMx(const LogitsParams& p, Stream stream) {
   constexpr int kStages = kGather ? kGatherStages : kRows == 1 ? 3 : 4;
-  using C = MxConfig<kHeads, kRows, kMath, kStages>;
+  using C = MxConfig<kHeads, kRows, kMath, kStages, MxProducers<kGather>()>;
   auto* kernel = &DenseLogitsWgmmaMxfp4Kernel<kHeads, kRows, kMath, kStages, kGather>;
   // Once per process: the shared-memory limit and the blocks per SM (host
   // calls that would otherwise sit between the timing events).

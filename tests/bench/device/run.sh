@@ -379,7 +379,7 @@ stage_ncu() {
     k=${c%%@*}; shape=${c#*@}; i=$((i + 1))
     echo "== ncu $i: kernel /$k/ in '$shape'"
     # The stall reasons: cycles a warp spends in each per issued instruction.
-    timeout "$TO" ncu --clock-control none -k "regex:$k" --launch-skip 2 --launch-count 1 \
+    timeout "$TO" ncu --clock-control none --kernel-name-base "${NCU_NAME_BASE:-function}" -k "regex:$k" --launch-skip 2 --launch-count 1 \
       --section SpeedOfLight --section WarpStateStats --section Occupancy --section LaunchStats \
       --section ComputeWorkloadAnalysis --section SchedulerStats --section MemoryWorkloadAnalysis \
       --metrics 'regex:smsp__average_warps_issue_stalled_.*_per_issue_active\.ratio' \
@@ -387,7 +387,7 @@ stage_ncu() {
     echo "ncu rc $?"
     if [[ -n ${NCU_SOURCE:-} ]]; then
       # Per-instruction warp-state samples (SASS), for tests/bench/device/ncu_top.py.
-      timeout "$TO" ncu --clock-control none -k "regex:$k" --launch-skip 2 --launch-count 1 \
+      timeout "$TO" ncu --clock-control none --kernel-name-base "${NCU_NAME_BASE:-function}" -k "regex:$k" --launch-skip 2 --launch-count 1 \
         --section SourceCounters --section WarpStateStats --page source --print-source sass --csv \
         "${NCU_BENCH:-indexer_gpu_bench}" --only "$shape" --iters 3 --no-ceilings > "$OUT/ncu-$i-src.csv" 2>&1
       echo "ncu source rc $?"

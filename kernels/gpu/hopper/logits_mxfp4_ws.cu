@@ -178,14 +178,6 @@ __device__ __forceinline__ bool FastRow(const uint4& v, uint32_t sc, uint32_t em
 }
 #endif  // INDEXER_GPU_WGMMA
 
-#if INDEXER_GPU_WGMMA
-// An arrival on `bar` once every cp.async this thread issued before has
-// landed (.noinc: the barrier's expected count includes it).
-__device__ __forceinline__ void CpAsyncArriveNoinc(uint64_t* bar) {
-  asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" ::"r"(SmemAddr(bar)) : "memory");
-}
-#endif  // INDEXER_GPU_WGMMA
-
 // ---- the gather walk's producer (the whole warp) ---------------------------
 constexpr int kMxBoxEntries = 8;                                  // entries per chunk
 constexpr int kMxBoxValueBytes = kMxBoxEntries * kMxDim / 2;      // 512 B of values

@@ -97,6 +97,11 @@ __device__ __forceinline__ void MbarWait(uint64_t* bar, uint32_t parity) {
 __device__ __forceinline__ void MbarArrive(uint64_t* bar) {
   asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(SmemAddr(bar)) : "memory");
 }
+// An arrival on `bar` once every cp.async this thread issued before has
+// landed (.noinc: the barrier's expected count includes it).
+__device__ __forceinline__ void CpAsyncArriveNoinc(uint64_t* bar) {
+  asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" ::"r"(SmemAddr(bar)) : "memory");
+}
 // Barrier `id` (1..15; 0 is __syncthreads) over `threads` threads, a whole
 // number of warps: one warpgroup synchronizes without stalling the others.
 __device__ __forceinline__ void NamedBarrierSync(int id, int threads) {

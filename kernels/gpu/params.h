@@ -220,6 +220,9 @@ struct TopkParams {
   // (the logits kernel filled them, LogitsFillTopkHist): one launch, no
   // histogram pass.
   bool hist_ready = false;
+  // The multiprocessors PlanTopkSplit planned for (0: unknown): the
+  // cooperative stage B picks its register cap from the launch's blocks.
+  int32_t num_sms = 0;
 };
 
 // Entries a top-k block keeps in shared memory.

@@ -269,7 +269,14 @@ __device__ void CoopFinishRow(const TopkParams& p, int32_t row, CoopRow* st, Top
 // last slice of the row then runs stage C. Rows with n <= k are listed.
 // Slots are reserved once per block (one atomic per counter): warps count
 // with ballots, the block scans the counts, then the warps write in order.
-__global__ void __launch_bounds__(kTopkThreads) CoopEmitKernel(const TopkParams p) {
+// kMinBlocks: the register cap, 4 blocks per SM (32 registers, a few bytes
+// spilled in stage C) for launches of more than two blocks per SM; else 1
+// (64 registers). H200, same call: B=128 x 128k top-k 80.5 -> 63.6 us at 4
+// (71.2 at 3), B=128 x 32k 28.0 -> 24.5, B=64 x 128k 42.6 -> 35.5; but the
+// V4.1 B=8 consumer's 128 blocks 17.7 -> 19.6 at 4: a cap costs where the
+// blocks fit anyway.
+template <int kMinBlocks>
+__global__ void __launch_bounds__(kTopkThreads, kMinBlocks) CoopEmitKernel(const TopkParams p) {
   __shared__ TopkShared sh;
   __shared__ uint32_t warp_gt[kWarps], warp_eq[kWarps];
   __shared__ uint32_t last;
@@ -412,6 +419,7 @@ void PlanTopkSplit(int32_t num_rows, int32_t max_visible, int32_t topk,
   p->slices = 1;
   p->slice_len = max_visible;
   p->cand_stride = 0;
+  p->num_sms = num_sms;
   // Cooperative when a row is too long for one block's cache or the rows
   // alone leave multiprocessors idle, and the candidates fit.
   if (topk <= 0 || max_visible <= topk) return;
@@ -436,13 +444,11 @@ absl::Status LaunchTopk(const TopkParams& p, Stream stream) {
     return absl::OkStatus();
   }
   const dim3 grid(p.slices, p.num_rows);
-  if (p.hist_ready) {
-    GPU_LAUNCH_AFTER_PREVIOUS(CoopEmitKernel, grid, kTopkThreads, 0, stream, p);
-    return absl::OkStatus();
-  }
-  GPU_LAUNCH(CoopHistKernel, grid, kTopkThreads, 0, stream, p);
+  const bool packed = p.num_sms > 0 && static_cast<int64_t>(p.slices) * p.num_rows > 2 * int64_t{p.num_sms};
+  auto* emit = packed ? &CoopEmitKernel<4> : &CoopEmitKernel<1>;
+  if (!p.hist_ready) GPU_LAUNCH(CoopHistKernel, grid, kTopkThreads, 0, stream, p);
   // Stage B may start while stage A drains (it waits for A's results).
-  GPU_LAUNCH_AFTER_PREVIOUS(CoopEmitKernel, grid, kTopkThreads, 0, stream, p);
+  GPU_LAUNCH_AFTER_PREVIOUS(emit, grid, kTopkThreads, 0, stream, p);
   return absl::OkStatus();
 }
 

@@ -33,6 +33,10 @@
 #   kab       two kernel benches of one pack A/B in the same call (KAB_BASE:
 #             the other indexer_gpu_bench binary; KAB_ONLY: its --only
 #             shapes), alternated KAB_ROUNDS times (default 2)
+#   kcheck    a kernel change's checks: gpu_backend_test in KCHECK_SHARDS
+#             (default 4) gtest shards side by side, then memcheck and
+#             racecheck over the tests KCHECK_FILTER names (a gtest filter;
+#             default the gather, route, top-k, MXFP4 and small FP8 cases)
 #   ncu       Nsight Compute on one warmed launch per NCU_CASES entry
 #             ("kernel regex@bench shape;..."; NCU_BENCH: another bench
 #             binary): speed of light, warp states and stall reasons,
@@ -170,6 +174,31 @@ stage_sanitize() {
     run_sharded "$t-gpu0" INDEXER_TEST_DEVICE=gpu:0 -- "${ms[@]}" "$t"
   done
   tar czf "$OUT/sanitize-logs.tgz" -C /tmp $(cd /tmp && ls san-*.log) 2>/dev/null
+}
+
+stage_kcheck() {
+  # A kernel change's checks, what each session's device call ran by hand:
+  # gpu_backend_test (every GPU path against the cpu backend) as
+  # KCHECK_SHARDS gtest shards side by side, then compute-sanitizer
+  # memcheck and racecheck over KCHECK_FILTER's tests of it.
+  local n=${KCHECK_SHARDS:-4} i rc pids=() tool
+  local filter=${KCHECK_FILTER:-'Cases/*:Scales/*:Routes/*:Heads/*mxfp4*:Shapes/*fp8_E64_B3_*:Shapes/*mxfp4_E64_B24*'}
+  for ((i = 0; i < n; i++)); do
+    GTEST_TOTAL_SHARDS=$n GTEST_SHARD_INDEX=$i timeout "$TO" gpu_backend_test > "/tmp/kcheck-$i.log" 2>&1 &
+    pids+=($!)
+  done
+  for ((i = 0; i < n; i++)); do
+    wait "${pids[$i]}"; rc=$?
+    echo "gpu_backend_test shard $i/$n: rc $rc; $(grep -E '^\[  (PASSED|FAILED)  \]' "/tmp/kcheck-$i.log" | tr '\n' ' ')"
+    grep -E '^\[  FAILED  \] [[:alnum:]]' "/tmp/kcheck-$i.log"
+  done
+  for tool in memcheck racecheck; do
+    timeout "$TO" compute-sanitizer --tool "$tool" --error-exitcode 3 gpu_backend_test --gtest_filter="$filter" \
+      > "/tmp/kcheck-$tool.log" 2>&1
+    rc=$?
+    echo "$tool ($filter) rc $rc; $(grep -E '^\[  (PASSED|FAILED)  \]|ERROR SUMMARY|RACECHECK SUMMARY' "/tmp/kcheck-$tool.log" | tr '\n' ' ')"
+    [[ $rc == 0 ]] || tail -30 "/tmp/kcheck-$tool.log"
+  done
 }
 
 stage_bench() {
@@ -410,7 +439,7 @@ stages=("$@")
 ((${#stages[@]})) || stages=(suite sanitize bench service)
 for s in "${stages[@]}"; do
   declare -F "stage_${s//-/_}" > /dev/null ||
-    { echo "run.sh: unknown stage '$s' (expected suite, sanitize, bench, service, latency, env)"; exit 2; }
+    { echo "run.sh: unknown stage '$s' (expected one of: $(declare -F | sed -n 's/^declare -f stage_//p' | tr '\n' ' '))"; exit 2; }
 done
 [[ " ${stages[*]} " == *" env "* ]] || stages=(env "${stages[@]}")
 failed=0

@@ -412,8 +412,10 @@ __global__ void __launch_bounds__((MxConfig<kHeads, kRows, kMath, kStages, MxPro
   }
   __syncthreads();  // the last block-wide barrier: the roles part here
 
-  // ---- producer warp: the walk in windows, lane 0 issues every tile -------
-  // The whole warp looks up a window of kWarpSize tiles at once (TileWalk,
+  // ---- producer warps -----------------------------------------------------
+  // The gather walk: GatherProducerMx in each of its kGatherProducers warps.
+  // The dense walk, one warp, in windows, lane 0 issuing every tile:
+  // the whole warp looks up a window of kWarpSize tiles at once (TileWalk,
   // tile_window.h), the next window's lookups in flight while lane 0
   // issues this one's copies from registers. One thread issues every copy
   // (the warp waits with it): with one issuing lane per slot,

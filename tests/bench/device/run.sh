@@ -130,6 +130,30 @@ part_python() {
 }
 stage_suite() { part_gpu_tests; part_integration; part_python; }
 
+# run_sharded NAME [ENV=VALUE...] -- CMD...: CMD as the caller's $n gtest
+# shards at once (each shard's log in /tmp/san-NAME-i.log), a line per shard
+# with its rc, the log's tail when it failed.
+run_sharded() {
+  local name=$1; shift
+  local envs=(); while [[ $1 != -- ]]; do envs+=("$1"); shift; done; shift
+  local i rc pids=()
+  for ((i = 0; i < n; i++)); do
+    env "${envs[@]}" GTEST_TOTAL_SHARDS=$n GTEST_SHARD_INDEX=$i \
+      timeout "$TO" "$@" > "/tmp/san-$name-$i.log" 2>&1 &
+    pids+=($!)
+  done
+  for ((i = 0; i < n; i++)); do
+    wait "${pids[$i]}"; rc=$?
+    # A shard with no test of its own (fewer tests than shards) makes no
+    # CUDA call: compute-sanitizer exits 255 on that, not an error.
+    if [[ $rc == 255 ]] && grep -q "Running 0 tests" "/tmp/san-$name-$i.log"; then
+      echo "$name shard $i/$n: empty (no test in this shard)"; continue
+    fi
+    echo "$name shard $i/$n: rc $rc; $(grep -E '^\[  (PASSED|FAILED)  \]|ERROR SUMMARY' "/tmp/san-$name-$i.log" | tr '\n' ' ')"
+    [[ $rc == 0 ]] || tail -30 "/tmp/san-$name-$i.log"
+  done
+}
+
 stage_sanitize() {
   # Each binary's tests run as SAN_SHARDS gtest shards at once (the host
   # side of memcheck is the slow part; the machine has 16 cores and the GPU
@@ -137,27 +161,7 @@ stage_sanitize() {
   # and error summary printed here.
   link_helpers
   local ms=(compute-sanitizer --tool memcheck --leak-check no --error-exitcode 3)
-  local n=${SAN_SHARDS:-8} t i pids rc
-  run_sharded() {  # run_sharded NAME [ENV=VALUE...] -- CMD...
-    local name=$1; shift
-    local envs=(); while [[ $1 != -- ]]; do envs+=("$1"); shift; done; shift
-    pids=()
-    for ((i = 0; i < n; i++)); do
-      env "${envs[@]}" GTEST_TOTAL_SHARDS=$n GTEST_SHARD_INDEX=$i \
-        timeout "$TO" "$@" > "/tmp/san-$name-$i.log" 2>&1 &
-      pids+=($!)
-    done
-    for ((i = 0; i < n; i++)); do
-      wait "${pids[$i]}"; rc=$?
-      # A shard with no test of its own (fewer tests than shards) makes no
-      # CUDA call: compute-sanitizer exits 255 on that, not an error.
-      if [[ $rc == 255 ]] && grep -q "Running 0 tests" "/tmp/san-$name-$i.log"; then
-        echo "$name shard $i/$n: empty (no test in this shard)"; continue
-      fi
-      echo "$name shard $i/$n: rc $rc; $(grep -E '^\[  (PASSED|FAILED)  \]|ERROR SUMMARY' "/tmp/san-$name-$i.log" | tr '\n' ' ')"
-      [[ $rc == 0 ]] || tail -30 "/tmp/san-$name-$i.log"
-    done
-  }
+  local n=${SAN_SHARDS:-8} t
   # device_regions_test opens garbage IPC handles on purpose (the SPEC's bad
   # input): the failing API calls it makes are the test, and it checks each
   # one's status; memory errors are still reported.
@@ -181,17 +185,9 @@ stage_kcheck() {
   # gpu_backend_test (every GPU path against the cpu backend) as
   # KCHECK_SHARDS gtest shards side by side, then compute-sanitizer
   # memcheck and racecheck over KCHECK_FILTER's tests of it.
-  local n=${KCHECK_SHARDS:-4} i rc pids=() tool
+  local n=${KCHECK_SHARDS:-4} rc tool
   local filter=${KCHECK_FILTER:-'Cases/*:Scales/*:Routes/*:Heads/*mxfp4*:Shapes/*fp8_E64_B3_*:Shapes/*mxfp4_E64_B24*'}
-  for ((i = 0; i < n; i++)); do
-    GTEST_TOTAL_SHARDS=$n GTEST_SHARD_INDEX=$i timeout "$TO" gpu_backend_test > "/tmp/kcheck-$i.log" 2>&1 &
-    pids+=($!)
-  done
-  for ((i = 0; i < n; i++)); do
-    wait "${pids[$i]}"; rc=$?
-    echo "gpu_backend_test shard $i/$n: rc $rc; $(grep -E '^\[  (PASSED|FAILED)  \]' "/tmp/kcheck-$i.log" | tr '\n' ' ')"
-    grep -E '^\[  FAILED  \] [[:alnum:]]' "/tmp/kcheck-$i.log"
-  done
+  run_sharded gpu_backend_test X=1 -- gpu_backend_test
   for tool in memcheck racecheck; do
     timeout "$TO" compute-sanitizer --tool "$tool" --error-exitcode 3 gpu_backend_test --gtest_filter="$filter" \
       > "/tmp/kcheck-$tool.log" 2>&1

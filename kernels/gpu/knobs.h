@@ -19,6 +19,8 @@
 //                                    the MFMA kernels through the instruction
 //                                    model
 //   INDEXER_GPU_BLOCK_STREAM=0|1|2   block_stream's launch shape (default 2)
+//   INDEXER_GPU_TOPK_BLOCKS_PER_SM=1|3|4  the cooperative top-k's stage B
+//                                    register cap (else by the launch's size)
 //   INDEXER_GPU_LOGITS_MB=N          the logits workspace (default 1024 MiB)
 #pragma once
 
@@ -38,6 +40,7 @@ struct GpuKnobs {
   int32_t mxfp4_warpgroups = 0;  // 0: the default sizes
   int32_t mfma_model_arch = 0;   // 0, 942 or 950
   int32_t block_stream_shape = -1;  // -1: the kernel's default
+  int32_t topk_blocks_per_sm = 0;   // 0: TopkEmitCap's rule; else 1, 3 or 4
   int64_t logits_mb = 1024;
 };
 

@@ -220,9 +220,10 @@ struct TopkParams {
   // (the logits kernel filled them, LogitsFillTopkHist): one launch, no
   // histogram pass.
   bool hist_ready = false;
-  // The multiprocessors PlanTopkSplit planned for (0: unknown): the
-  // cooperative stage B picks its register cap from the launch's blocks.
-  int32_t num_sms = 0;
+  // Cooperative path only: stage B's register cap in blocks per SM, 1
+  // (uncapped, 64 registers), 3 (40) or 4 (32); PlanTopkSplit picks it from
+  // the launch's blocks per multiprocessor (TopkEmitCap).
+  int32_t emit_cap = 1;
 };
 
 // Entries a top-k block keeps in shared memory.
@@ -234,6 +235,10 @@ inline constexpr int32_t kTopkStateWords = 2048 + 8;
 // `num_sms` multiprocessors with room for `cand_capacity` candidates.
 void PlanTopkSplit(int32_t num_rows, int32_t max_visible, int32_t topk,
                    int32_t num_sms, int64_t cand_capacity, TopkParams* p);
+// Stage B's register cap for a launch of `blocks` on `num_sms`
+// multiprocessors: 1 up to 2 blocks per SM, 3 up to 3, else 4
+// (INDEXER_GPU_TOPK_BLOCKS_PER_SM overrides).
+int32_t TopkEmitCap(int64_t blocks, int32_t num_sms);
 absl::Status LaunchTopk(const TopkParams& p, Stream stream);
 
 // ---- candidate and block paths (paths_kernels.cu) ---------------------------

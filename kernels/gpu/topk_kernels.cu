@@ -20,6 +20,7 @@
 #include <algorithm>
 
 #include "kernels/format/numeric.h"
+#include "kernels/gpu/knobs.h"
 #include "kernels/gpu/params.h"
 #include "kernels/gpu/topk_key.h"
 
@@ -269,12 +270,13 @@ __device__ void CoopFinishRow(const TopkParams& p, int32_t row, CoopRow* st, Top
 // last slice of the row then runs stage C. Rows with n <= k are listed.
 // Slots are reserved once per block (one atomic per counter): warps count
 // with ballots, the block scans the counts, then the warps write in order.
-// kMinBlocks: the register cap, 4 blocks per SM (32 registers, a few bytes
-// spilled in stage C) for launches of more than two blocks per SM; else 1
-// (64 registers). H200, same call: B=128 x 128k top-k 80.5 -> 63.6 us at 4
-// (71.2 at 3), B=128 x 32k 28.0 -> 24.5, B=64 x 128k 42.6 -> 35.5; but the
-// V4.1 B=8 consumer's 128 blocks 17.7 -> 19.6 at 4: a cap costs where the
-// blocks fit anyway.
+// kMinBlocks: the register cap in blocks per SM (TopkEmitCap): 4 (32
+// registers, a few bytes spilled in stage C) for launches of more than three
+// blocks per SM, 3 (40) for more than two, else 1 (64). H200, same call:
+// B=128 x 128k top-k 80.5 -> 63.6 us at 4 (71.2 at 3), B=128 x 32k 28.0 ->
+// 24.5, B=64 x 128k 42.6 -> 35.5; the V4.1 B=64 consumer (2-3 blocks per
+// SM) 24.9 uncapped, 25.2 at 4, 23.2 at 3; but the V4.1 B=8 consumer's 128
+// blocks 17.7 -> 19.6 at 4: a cap costs where the blocks fit anyway.
 template <int kMinBlocks>
 __global__ void __launch_bounds__(kTopkThreads, kMinBlocks) CoopEmitKernel(const TopkParams p) {
   __shared__ TopkShared sh;
@@ -419,7 +421,7 @@ void PlanTopkSplit(int32_t num_rows, int32_t max_visible, int32_t topk,
   p->slices = 1;
   p->slice_len = max_visible;
   p->cand_stride = 0;
-  p->num_sms = num_sms;
+  p->emit_cap = 1;
   // Cooperative when a row is too long for one block's cache or the rows
   // alone leave multiprocessors idle, and the candidates fit.
   if (topk <= 0 || max_visible <= topk) return;
@@ -435,6 +437,13 @@ void PlanTopkSplit(int32_t num_rows, int32_t max_visible, int32_t topk,
   p->slice_len = static_cast<int32_t>(len);
   p->slices = static_cast<int32_t>((max_visible + len - 1) / len);
   p->cand_stride = stride;
+  p->emit_cap = TopkEmitCap(int64_t{p->slices} * num_rows, num_sms);
+}
+
+int32_t TopkEmitCap(int64_t blocks, int32_t num_sms) {
+  if (const int32_t k = Knobs().topk_blocks_per_sm; k > 0) return k;
+  if (num_sms <= 0 || blocks <= 2 * int64_t{num_sms}) return 1;
+  return blocks <= 3 * int64_t{num_sms} ? 3 : 4;
 }
 
 absl::Status LaunchTopk(const TopkParams& p, Stream stream) {
@@ -444,8 +453,7 @@ absl::Status LaunchTopk(const TopkParams& p, Stream stream) {
     return absl::OkStatus();
   }
   const dim3 grid(p.slices, p.num_rows);
-  const bool packed = p.num_sms > 0 && static_cast<int64_t>(p.slices) * p.num_rows > 2 * int64_t{p.num_sms};
-  auto* emit = packed ? &CoopEmitKernel<4> : &CoopEmitKernel<1>;
+  auto* emit = p.emit_cap == 4 ? &CoopEmitKernel<4> : p.emit_cap == 3 ? &CoopEmitKernel<3> : &CoopEmitKernel<1>;
   if (!p.hist_ready) GPU_LAUNCH(CoopHistKernel, grid, kTopkThreads, 0, stream, p);
   // Stage B may start while stage A drains (it waits for A's results).
   GPU_LAUNCH_AFTER_PREVIOUS(emit, grid, kTopkThreads, 0, stream, p);

@@ -25,6 +25,7 @@
 #include "kernels/gpu/gpu_backend.h"
 #include "kernels/gpu/gpu_backend_impl.h"
 #include "kernels/gpu/gpu_compat.h"
+#include "kernels/gpu/knobs.h"
 #include "kernels/gpu/params.h"
 #include "tests/gpu/gpu_test_pair.h"
 #include "tests/gpu/gpu_test_reference.h"
@@ -564,14 +565,23 @@ TEST_P(GpuTopkKernelTest, ExactSetOnStressedLogits) {
   ASSERT_EQ(gpu::CopyH2D(const_cast<int32_t*>(tp.row_visible), visible.data(), c.rows * 4, stream), gpu::kSuccess);
   ASSERT_EQ(gpu::MemsetAsync(tp.state, 0, int64_t{c.rows} * gpu::kTopkStateWords * 4, stream), gpu::kSuccess);
   std::vector<int32_t> got(int64_t{c.rows} * c.topk);
-  // Twice: the split route must leave its per-row state clean for reuse.
-  for (int round = 0; round < 2; ++round) {
+  // Twice: the split route must leave its per-row state clean for reuse; the
+  // split route then once for each other stage-B register cap, whatever the
+  // launch's size would pick.
+  const int32_t planned_cap = tp.emit_cap;
+  std::vector<int32_t> caps = {planned_cap, planned_cap};
+  if (route == 2) {
+    for (int32_t cap : {1, 3, 4}) if (cap != planned_cap) caps.push_back(cap);
+  }
+  for (int round = 0; round < static_cast<int>(caps.size()); ++round) {
+    tp.emit_cap = caps[round];
     ASSERT_EQ(gpu::MemsetAsync(tp.out, 0x7f, got.size() * 4, stream), gpu::kSuccess);
     ASSERT_TRUE(gpu::LaunchTopk(tp, stream).ok());
     ASSERT_EQ(gpu::CopyD2H(got.data(), tp.out, got.size() * 4, stream), gpu::kSuccess);
     ASSERT_EQ(gpu::StreamSynchronize(stream), gpu::kSuccess);
     for (int32_t r = 0; r < c.rows; ++r) {
       const std::string what = std::string(c.dist) + " round " + std::to_string(round) +
+                               " cap " + std::to_string(tp.emit_cap) +
                                " row " + std::to_string(r) + " n " + std::to_string(visible[r]);
       const float* x = logits.data() + r * stride;
       const int32_t* g = got.data() + int64_t{r} * c.topk;
@@ -623,6 +633,21 @@ INSTANTIATE_TEST_SUITE_P(
              "_k" + std::to_string(c.topk) +
              (c.expect_route == 0 ? "_shared" : c.expect_route == 1 ? "_global" : "_split");
     });
+
+// Stage B's register cap follows the launch's blocks per multiprocessor.
+TEST(GpuTopkPlanTest, EmitCapByBlocksPerSm) {
+  if (gpu::Knobs().topk_blocks_per_sm > 0) GTEST_SKIP() << "INDEXER_GPU_TOPK_BLOCKS_PER_SM is set";
+  EXPECT_EQ(gpu::TopkEmitCap(264, 132), 1);
+  EXPECT_EQ(gpu::TopkEmitCap(265, 132), 3);
+  EXPECT_EQ(gpu::TopkEmitCap(396, 132), 3);
+  EXPECT_EQ(gpu::TopkEmitCap(397, 132), 4);
+  EXPECT_EQ(gpu::TopkEmitCap(100000, 0), 1);  // no device count: uncapped
+  gpu::TopkParams tp{};
+  gpu::PlanTopkSplit(128, 131072, 2048, 132, int64_t{128} * 131072, &tp);  // 16 slices x 128 rows
+  EXPECT_EQ(tp.emit_cap, 4);
+  gpu::PlanTopkSplit(2, 40000, 2048, 132, int64_t{2} * 40000, &tp);
+  EXPECT_EQ(tp.emit_cap, 1);
+}
 
 TEST(GpuBackendTest, RejectsForeignPoolAndContext) {
   SKIP_WITHOUT_GPU();

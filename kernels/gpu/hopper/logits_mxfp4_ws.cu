@@ -184,16 +184,17 @@ constexpr int kMxBoxValueBytes = kMxBoxEntries * kMxDim / 2;      // 512 B of va
 constexpr int kMxBoxScaleBytes = kMxBoxEntries * kMxDim / 32;     // 32 B of scales
 constexpr int kMxTileBoxes = kMxTile / kMxBoxEntries;             // 8 chunks per tile
 
+// Tiles of one unit.
+__device__ __forceinline__ int32_t UnitTiles(const LogitsUnit& u) {
+  return (u.e_end - u.e_begin + kMxTile - 1) / kMxTile;
+}
 // Tiles of the block's units [u_first, u_last): every lane of the warp
 // calls it and gets the sum (a unit a lane, then a shuffle reduction; a
 // loop of one thread over the units, dependent loads, held each consumer
 // ~5 us at the start of the V4.1 gather walk: H200 ncu source view).
 __device__ __forceinline__ int32_t ShareTiles(const LogitsParams& p, int32_t u_first, int32_t u_last) {
   int32_t tiles = 0;
-  for (int32_t i = u_first + LaneId(); i < u_last; i += kWarpSize) {
-    const LogitsUnit& u = p.step.units[i];
-    tiles += (u.e_end - u.e_begin + kMxTile - 1) / kMxTile;
-  }
+  for (int32_t i = u_first + LaneId(); i < u_last; i += kWarpSize) tiles += UnitTiles(p.step.units[i]);
 #pragma unroll
   for (int d = kWarpSize / 2; d >= 1; d >>= 1) tiles += ShflXor(tiles, d);
   return tiles;
@@ -216,7 +217,6 @@ __device__ __forceinline__ void GatherProducerMx(const LogitsParams& p, int pw, 
   static_assert(kMine <= kWarpSize, "one walker lane per tile of the warp's round");
   const PageLayout& l = p.layout;
   const int lane = LaneId();
-  auto tiles_of = [](const LogitsUnit& u) { return (u.e_end - u.e_begin + kMxTile - 1) / kMxTile; };
   // Walker lane i < kMine: its cursor on tile pw + i * kProducers of each
   // round (round r: tiles [r * kSlots, (r + 1) * kSlots)).
   const int my = pw + lane * kProducers;
@@ -227,7 +227,7 @@ __device__ __forceinline__ void GatherProducerMx(const LogitsParams& p, int pw, 
   // The cursor k tiles on (REQUIRES: that tile is in the share).
   auto advance = [&](int32_t k) {
     ct += k;
-    for (int32_t t = tiles_of(u); ct >= t; t = tiles_of(u)) {
+    for (int32_t t = UnitTiles(u); ct >= t; t = UnitTiles(u)) {
       ct -= t;
       ++cu;
       u = nxt;

@@ -18,7 +18,8 @@
 //   INDEXER_GPU_MFMA_MODEL=gfx942|gfx950  CUDA: the default logits choice runs
 //                                    the MFMA kernels through the instruction
 //                                    model
-//   INDEXER_GPU_BLOCK_STREAM=0|1|2   block_stream's launch shape (default 2)
+//   INDEXER_GPU_BLOCK_STREAM=0..4   block_stream's launch shape (default 4,
+//                                    2 for Hi > 4)
 //   INDEXER_GPU_TOPK_BLOCKS_PER_SM=1|3|4  the cooperative top-k's stage B
 //                                    register cap (else by the launch's size)
 //   INDEXER_GPU_LOGITS_MB=N          the logits workspace (default 1024 MiB)

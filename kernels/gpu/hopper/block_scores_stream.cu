@@ -7,8 +7,8 @@
 // Why this shape. With Hi = 4 the multiply is small (8 m16n8k16 per 16
 // entries); the kernel is bound by K's bytes and by the instructions that
 // turn e2m1 into fp16. So: whole pages come by bulk copies (cp.async.bulk,
-// one instruction per page) into a ring of kSwStages pages per warp, two
-// pages in flight per warp while the third is scored; the e2m1 -> fp16
+// one instruction per page) into a ring of kSwStages pages per group of
+// warps (below), the next pages in flight while one is scored; the e2m1 -> fp16
 // widening is 11 integer instructions per 8 values (below); each page's
 // 512 e8m0 scales are turned into floats once per page, not once per lane.
 //
@@ -27,10 +27,13 @@
 // ones k-step 2 j + 1, with Q's B fragments in the same order.
 //
 // Work: the step's work map (BlockWorkMap) splits the flat (row, page) items
-// of the launch evenly over the CTAs; warp w of a CTA takes items first + w,
-// first + w + kSwWarps, ..., so that B = 1 long rows and B = 128 short rows
-// alike fill the device. Per item the warp scores the whole page and writes
-// the Hi block scores directly; forced (init / local) pages are not read.
+// of the launch evenly over the CTAs; group w of a CTA (page_warps warps)
+// takes items first + w, first + w + groups, ..., so that B = 1 long rows
+// and B = 128 short rows alike fill the device. Per item each warp of the
+// group scores its tiles of the page; one warp (a group of one) writes the
+// Hi block scores directly, a larger group puts its warps' maxima in shared
+// memory and its first warp writes their maximum after the group's named
+// barrier. Forced (init / local) pages are not read.
 #include "kernels/gpu/gpu_compat.h"  // first: the runtime defines __device__ & co.
 
 #include <algorithm>
@@ -49,17 +52,31 @@ namespace indexer {
 namespace gpu {
 namespace {
 
-// Launch shapes {warps per CTA, ring pages per warp, CTAs per SM}: all
-// within the 227 KiB of shared memory an SM offers at 128-entry pages.
-// The default is 2 (one CTA of 11 warps per SM, two ring pages per warp),
-// the fastest of the three on the H200 (same call, B=64 x 32k / B=128 x
-// 128k / B=1 x 32k logits: 80.8 / 464.8 / 14.5 us against 83.6 / 487.7 /
-// 16.5 at shape 0 and 83.7 / 524.3 / 15.2 at shape 1); the
-// INDEXER_GPU_BLOCK_STREAM knob (knobs.h) picks another for comparison.
+// Launch shapes {warps per CTA, ring pages per group, CTAs per SM, warps
+// per page}: all within the 227 KiB of shared memory an SM offers at
+// 128-entry pages. A group of page_warps warps scores one page together,
+// each warp a contiguous share of its 16-entry tiles; the group's first
+// warp fetches. The kernel is bound by the latency of each warp's chains
+// (ncu at shape 2: issue slots 46 % busy, DRAM 44 %), so more warps per SM
+// is what pays, and two warps per page keep the ring (the groups' pages
+// in flight) as deep as before. The default for Hi <= 4 is 4 (20 warps in
+// 10 groups of 2, 96 registers, no spills): on the H200, same call,
+// B=64 x 32k / B=128 x 128k / prefill 4k x 32k logits 75.4 / 418.1 /
+// 2984 us against 80.2 / 461.8 / 3298 at shape 2 (one warp per page, 11
+// warps), 76.2 / 435.4 / 3110 at shape 3; 22 or 24 warps spill and lose
+// (79.4 / 453.9 at 22), 18 warps lose (78.2 / 460.4), and a third ring
+// page at 20 or 24 warps no longer fits 128-entry pages. Hi 5-8 (two n8
+// tiles, not a shipped profile) keeps shape 2: shape 4 spills ~250 bytes
+// there. The INDEXER_GPU_BLOCK_STREAM knob (knobs.h) picks a shape for
+// comparison.
 struct SwShape {
   int warps, stages, ctas_per_sm;
+  int page_warps;  // warps scoring one page together (a group)
 };
-constexpr SwShape kSwShapes[] = {{4, 3, 2}, {5, 2, 2}, {11, 2, 1}};
+constexpr SwShape kSwShapes[] = {{4, 3, 2, 1}, {5, 2, 2, 1}, {11, 2, 1, 1}, {16, 3, 1, 2}, {20, 2, 1, 2}};
+constexpr int kSwDefaultShape = 4, kSwDefaultShapeTwoTiles = 2;
+static_assert(kSwShapes[kSwDefaultShape].ctas_per_sm == kSwShapes[kSwDefaultShapeTwoTiles].ctas_per_sm,
+              "the work map's CTA count does not depend on Hi");
 constexpr int kSwDim = 128;            // D
 constexpr int kSwMaxEntries = 128;     // E (one page's scales staged as float4)
 constexpr int kSwMaxHeads = 8;         // two n8 tiles
@@ -67,19 +84,24 @@ constexpr float kSwInitSentinel = 1e30f;   // as BlockScoresKernel
 constexpr float kSwLocalSentinel = 1e29f;
 static_assert(kSwDim == 4 * kMxBlock, "four MXFP4 blocks of 32 per entry");
 
-// Shared memory of one warp: its page ring, the scored page's scales as
-// floats, one mbarrier per ring slot.
-struct SwWarpSmem {
+constexpr int kSwMaxPageWarps = 2;
+
+// Shared memory of one group (the warps of one page): its page ring, the
+// scored page's scales as floats, the warps' block maxima (two buffers,
+// alternate items), one mbarrier per ring slot.
+struct SwGroupSmem {
   int64_t page_stride;  // page bytes rounded up to 128
   int64_t scales_at;    // float4 [E rounded up to 16]
+  int64_t comb_at;      // float [2][kSwMaxPageWarps][kSwMaxHeads]
   int64_t bars_at;      // uint64 [stages]
-  int64_t bytes;        // the warp's share, a multiple of 128
+  int64_t bytes;        // the group's share, a multiple of 128
 };
-__host__ __device__ inline SwWarpSmem SwSmemOf(int64_t page_bytes, int32_t page_entries, int stages) {
-  SwWarpSmem s;
+__host__ __device__ inline SwGroupSmem SwSmemOf(int64_t page_bytes, int32_t page_entries, int stages) {
+  SwGroupSmem s;
   s.page_stride = (page_bytes + 127) / 128 * 128;
   s.scales_at = stages * s.page_stride;
-  s.bars_at = s.scales_at + static_cast<int64_t>((page_entries + 15) / 16 * 16) * 16;
+  s.comb_at = s.scales_at + static_cast<int64_t>((page_entries + 15) / 16 * 16) * 16;
+  s.bars_at = s.comb_at + 2 * kSwMaxPageWarps * kSwMaxHeads * 4;
   s.bytes = (s.bars_at + 8 * stages + 127) / 128 * 128;
   return s;
 }
@@ -197,16 +219,23 @@ __global__ void __launch_bounds__(kSwShapes[kShape].warps * 32, kSwShapes[kShape
 #if INDEXER_GPU_WGMMA
   constexpr int kSwWarps = kSwShapes[kShape].warps, kSwThreads = kSwWarps * 32;
   constexpr int kSwStages = kSwShapes[kShape].stages;
+  constexpr int kPW = kSwShapes[kShape].page_warps, kGroups = kSwWarps / kPW;
   static_assert(kSwStages >= 2, "one page scored while the next arrives");
+  static_assert(kPW >= 1 && kPW <= kSwMaxPageWarps && kSwWarps % kPW == 0, "whole groups");
+  static_assert(kGroups <= 15, "a named barrier per group (ids 1..15)");
   extern __shared__ __align__(128) uint8_t sw_smem[];
   const PageLayout& l = p.layout;
   const int32_t per_page = l.page_entries;
   const uint32_t page_bytes = static_cast<uint32_t>(l.page_bytes());
-  const SwWarpSmem lay = SwSmemOf(page_bytes, per_page, kSwStages);
+  const SwGroupSmem lay = SwSmemOf(page_bytes, per_page, kSwStages);
   const int warp = WarpId(), lane = LaneId(), g = lane / 4, t = lane % 4;
-  uint8_t* const my = sw_smem + warp * lay.bytes;
+  const int group = warp / kPW, sub = warp % kPW;  // sub: the warp's part of the page
+  uint8_t* const my = sw_smem + group * lay.bytes;
   float4* const sc = reinterpret_cast<float4*>(my + lay.scales_at);
+  float* const comb = reinterpret_cast<float*>(my + lay.comb_at);
   uint64_t* const bars = reinterpret_cast<uint64_t*>(my + lay.bars_at);
+  // The warp's entries of a page: [lo, lo + span), whole 16-entry tiles.
+  const int32_t span = (per_page + 16 * kPW - 1) / (16 * kPW) * 16, lo = sub * span;
 
   // Causal pages per (head, row) for the top-k: a grid-strided pass.
   for (int32_t i = blockIdx.x * kSwThreads + threadIdx.x; i < p.num_rows; i += wm.ctas * kSwThreads) {
@@ -214,18 +243,22 @@ __global__ void __launch_bounds__(kSwShapes[kShape].warps * 32, kSwShapes[kShape
     for (int32_t h = 0; h < p.num_heads; ++h) p.causal[h * p.num_rows + i] = causal;
   }
 
-  if (lane == 0) {
+  if (sub == 0 && lane == 0) {
     for (int s = 0; s < kSwStages; ++s) MbarInit(&bars[s], 1);
     FenceMbarInit();
   }
-  __syncwarp();
+  if constexpr (kPW == 1) {
+    __syncwarp();
+  } else {
+    __syncthreads();  // the group's barriers, initialized by its first warp
+  }
 
   const int32_t* cta = wm.cta + 2 * blockIdx.x;
   const int32_t f_end = cta[2];
   // Producer cursor (the next item to fetch) and consumer cursor (the item
   // scored), both starting at the CTA's first row.
   SwCursor pc;
-  pc.f = cta[0] + warp;
+  pc.f = cta[0] + group;
   pc.r = cta[1];
   pc.start = wm.starts[pc.r];
   pc.next = wm.starts[pc.r + 1];
@@ -246,16 +279,16 @@ __global__ void __launch_bounds__(kSwShapes[kShape].warps * 32, kSwShapes[kShape
     return SwForced(b, c.causal, p.init_blocks, p.local_blocks) == 0.f ? c.block_row[b] : -1;
   };
   auto copy = [&](int32_t page, int slot) {
-    if (page >= 0 && lane == 0) {
-      // The slot's last readers (this warp's lanes, generic proxy) before
-      // the copy engine's write.
+    if (page >= 0 && sub == 0 && lane == 0) {
+      // The slot's last readers (the group's lanes, generic proxy: they
+      // passed the group's barrier) before the copy engine's write.
       FenceProxyAsyncShared();
       MbarArriveExpectTx(&bars[slot], page_bytes);
       BulkLoad(my + slot * lay.page_stride, p.pool + l.PageOffset(page), page_bytes, &bars[slot]);
     }
   };
   auto step_on = [&](SwCursor& c) {
-    c.f += kSwWarps;
+    c.f += kGroups;
     SwAdvance(wm.starts, p.step, per_page, f_end, c);
   };
 
@@ -284,7 +317,7 @@ __global__ void __launch_bounds__(kSwShapes[kShape].warps * 32, kSwShapes[kShape
     float* score0 = p.scores + static_cast<int64_t>(lr) * p.width + b;  // head 0
     const float forced = SwForced(b, cc.causal, p.init_blocks, p.local_blocks);
     if (forced != 0.f) {
-      if (lane < p.num_heads) score0[lane * head_stride] = forced;
+      if (sub == 0 && lane < p.num_heads) score0[lane * head_stride] = forced;
     } else {
       if (cc.r != q_row) {
         SwLoadQ<kNT>(p, lr, g, t, bq, f0, f1);
@@ -296,8 +329,9 @@ __global__ void __launch_bounds__(kSwShapes[kShape].warps * 32, kSwShapes[kShape
       phase ^= 1u << slot;
       const uint8_t* page = my + slot * lay.page_stride;
 
-      // ---- the page's scales as floats (0 past the visible entries) -------
-      for (int32_t e = lane; e < tiles16; e += 32) {
+      const int32_t hi = min(count, lo + span);  // this warp's visible entries end
+      // ---- the warp's scales as floats (0 past the visible entries) -------
+      for (int32_t e = lo + lane; e < min(tiles16, lo + span); e += 32) {
         float4 f = make_float4(0.f, 0.f, 0.f, 0.f);
         if (e < count) {
           uint32_t s;
@@ -321,7 +355,7 @@ __global__ void __launch_bounds__(kSwShapes[kShape].warps * 32, kSwShapes[kShape
       for (int nt = 0; nt < kNT; ++nt) mx[nt][0] = mx[nt][1] = -INFINITY;
       // Two tiles at a time: independent chains for the scheduler.
 #pragma unroll 2
-      for (int32_t e0 = 0; e0 < count; e0 += 16) {
+      for (int32_t e0 = lo; e0 < hi; e0 += 16) {
         const int32_t ea = e0 + g, eb = e0 + g + 8;
         uint32_t wa[4], wb[4];
         if (linear) {
@@ -377,7 +411,9 @@ __global__ void __launch_bounds__(kSwShapes[kShape].warps * 32, kSwShapes[kShape
         }
       }
       // Maxima over the 8 row lanes; lanes g = 0, t < 2 hold heads
-      // 4 nt + 2t, + 1. The scale is positive: applied to the maximum.
+      // 4 nt + 2t, + 1 (-inf for a warp past the visible entries). The scale
+      // is positive: applied to the maximum.
+      float* const mine = comb + ((k & 1) * kSwMaxPageWarps + sub) * kSwMaxHeads;
 #pragma unroll
       for (int nt = 0; nt < kNT; ++nt) {
 #pragma unroll
@@ -387,26 +423,50 @@ __global__ void __launch_bounds__(kSwShapes[kShape].warps * 32, kSwShapes[kShape
           v = fmaxf(v, ShflXor(v, 8));
           v = fmaxf(v, ShflXor(v, 16));
           const int h = 4 * nt + 2 * t + c;
-          if (g == 0 && t < 2 && h < p.num_heads) score0[h * head_stride] = v * p.scale;
+          if (g == 0 && t < 2 && h < p.num_heads) {
+            if constexpr (kPW == 1) {
+              score0[h * head_stride] = v * p.scale;
+            } else {
+              mine[h] = v;
+            }
+          }
         }
       }
+    }
+    if constexpr (kPW == 1) {
       // Every lane is done with the slot and the scales before either is
       // written again.
       __syncwarp();
+    } else {
+      // Every warp of the group is done with the slot (the next copy into
+      // it follows) and has put its maxima in this item's buffer (the other
+      // buffer is the next item's: a warp cannot reach it again before the
+      // first warp has passed this barrier's next round).
+      NamedBarrierSync(1 + group, kPW * 32);
+      if (forced == 0.f && sub == 0 && lane < p.num_heads) {
+        const float* both = comb + (k & 1) * kSwMaxPageWarps * kSwMaxHeads + lane;
+        float v = both[0];
+#pragma unroll
+        for (int w = 1; w < kPW; ++w) v = fmaxf(v, both[w * kSwMaxHeads]);
+        score0[lane * head_stride] = v * p.scale;
+      }
     }
     step_on(cc);
   }
 #endif  // INDEXER_GPU_WGMMA
 }
 
-int SwShapeIndex() {
+// The launch shape: the knob's, else the default for Hi heads.
+int SwShapeIndex(int32_t num_heads) {
   constexpr int kShapes = static_cast<int>(sizeof(kSwShapes) / sizeof(kSwShapes[0]));
   const int i = Knobs().block_stream_shape;
-  return i >= 0 && i < kShapes ? i : 2;
+  if (i >= 0 && i < kShapes) return i;
+  return num_heads <= 4 ? kSwDefaultShape : kSwDefaultShapeTwoTiles;
 }
 
 int64_t SwCtaSmem(const PageLayout& l, int shape) {
-  return kSwShapes[shape].warps * SwSmemOf(l.page_bytes(), l.page_entries, kSwShapes[shape].stages).bytes;
+  const SwShape& sh = kSwShapes[shape];
+  return sh.warps / sh.page_warps * SwSmemOf(l.page_bytes(), l.page_entries, sh.stages).bytes;
 }
 
 template <int kNT, bool kTiled, int kShape>
@@ -441,22 +501,27 @@ bool BlockScoresStreamSupported(const BlockScoreParams& p, int cc_major, int cc_
   // Whole 16-entry tiles inside the page.
   if (l.page_entries % 16 != 0) return false;
   if (l.tiled() && l.d_per_tile % 4 != 0) return false;
-  const SwShape& sh = kSwShapes[SwShapeIndex()];
+  const int shape = SwShapeIndex(p.num_heads);
   // Each CTA's share of the SM's 228 KiB, less the 1 KiB it reserves.
-  return SwCtaSmem(l, SwShapeIndex()) <= 228 * 1024 / sh.ctas_per_sm - 1024;
+  return SwCtaSmem(l, shape) <= 228 * 1024 / kSwShapes[shape].ctas_per_sm - 1024;
 }
 
 int32_t BlockScoresStreamCtas(int32_t num_sms) {
-  return std::max(num_sms, 1) * kSwShapes[SwShapeIndex()].ctas_per_sm;
+  // Either default shape (the static_assert above): the count before Hi is known.
+  return std::max(num_sms, 1) * kSwShapes[SwShapeIndex(1)].ctas_per_sm;
 }
 
 absl::Status LaunchBlockScoresStream(const BlockScoreParams& p, const BlockWorkMap& wm, Stream stream) {
   if (p.num_rows == 0 || p.width == 0 || wm.ctas == 0) return absl::OkStatus();
-  switch (SwShapeIndex()) {
+  switch (SwShapeIndex(p.num_heads)) {
     case 1:
       return LaunchShape<1>(p, wm, stream);
     case 2:
       return LaunchShape<2>(p, wm, stream);
+    case 3:
+      return LaunchShape<3>(p, wm, stream);
+    case 4:
+      return LaunchShape<4>(p, wm, stream);
     default:
       return LaunchShape<0>(p, wm, stream);
   }

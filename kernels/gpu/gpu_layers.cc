@@ -409,10 +409,10 @@ absl::Status GpuBackend::BlockImpl(const PageLayout& layout, PoolHandle pool_h,
     last_path_ = which;
     // Top-k: every head's rows in one launch into out_ ([Hi, nr, k]), one
     // warp per (head, row), up to kWarpTopkWidth blocks; longer rows (or
-    // outputs larger than out_) through the general top-k, one head at a
-    // time. The gate is measured (H200, h200_2026-12-01_kblock.md): the
-    // warp kernel at 1024 blocks (128k) took 50-55 us against the general
-    // top-k's 36-43; at 256 blocks 32-34 against 33-39.
+    // outputs larger than out_) through the general top-k. The gate is
+    // measured (H200, h200_2026-12-01_kblock.md): the warp kernel at 1024
+    // blocks (128k) took 50-55 us against the general top-k's 36-43 (then
+    // one launch a head); at 256 blocks 32-34 against 33-39.
     constexpr int32_t kWarpTopkWidth = 256;
     if (width <= std::min(BlockTopkMaxWidth(), kWarpTopkWidth) && heads * nr * k <= ws_.out_ints) {
       BlockTopkParams tp{};
@@ -431,14 +431,22 @@ absl::Status GpuBackend::BlockImpl(const PageLayout& layout, PoolHandle pool_h,
       }
       continue;
     }
-    // One head's rows at a time: out is [Hi, num_rows, k].
-    for (int64_t h = 0; h < heads; ++h) {
-      RETURN_IF_ERROR(TopkPieces(logits_ + h * nr * width, width, aux_ + h * nr, nr, width,
-                                 spec.topk_blocks, &timings->topk_us, [&](int64_t a, int64_t m) {
-                                   return Emit(out + (h * rows.num_rows + rb + a) * k, out_,
-                                                   m * k * 4);
-                                 }));
-    }
+    // The general top-k over all heads at once: the scores are [Hi, nr,
+    // width] and the causal counts [Hi, nr], so head h's row r is row
+    // h * nr + r of one [Hi * nr, width] launch (a launch a head cost its
+    // fixed time Hi times: MiniMax B=1 x 128k, 2048 blocks, 36.4 us for
+    // Hi 4). A piece's rows go to out ([Hi, num_rows, k]) split at heads.
+    RETURN_IF_ERROR(TopkPieces(logits_, width, aux_, heads * nr, width, spec.topk_blocks,
+                               &timings->topk_us, [&](int64_t a, int64_t m) {
+                                 for (int64_t i = a; i < a + m;) {
+                                   const int64_t h = i / nr, r = i % nr;
+                                   const int64_t n = std::min(a + m - i, nr - r);
+                                   RETURN_IF_ERROR(Emit(out + (h * rows.num_rows + rb + r) * k,
+                                                        out_ + (i - a) * k, n * k * 4));
+                                   i += n;
+                                 }
+                                 return absl::OkStatus();
+                               }));
   }
   RETURN_IF_ERROR(call.End());
   return absl::OkStatus();

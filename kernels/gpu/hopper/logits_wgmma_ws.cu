@@ -77,14 +77,20 @@ constexpr int kWgSize = 4 * kWarpSize;  // a warpgroup: four warps
 // warpgroups, ring slots and the blocks per SM the register cap is set for;
 // kHist: each warpgroup keeps a shared histogram of its row's top-k keys
 // (LogitsParams::topk_hist) and adds it to the row's global one whenever
-// its group changes.
+// its group changes; kWReg: each thread keeps its columns' weights in
+// registers from the group's staging on (kN / 4 of them) and loads a tile's
+// two scales before the wgmma wait, so the epilogue reads no shared memory
+// (where the registers allow: at three blocks per SM H 64's one-row
+// configurations without the histogram spilled, the histogram ones keep 4-8
+// bytes in local memory, H 32 and 16 none).
 template <int kHeads_, int kRowsWg_, int kTeam_, int kMath_, int kSlots_, int kMinBlocks_,
-          bool kHist_ = false>
+          bool kHist_ = false, bool kWReg_ = false>
 struct WsConfig {
   static constexpr int kHeads = kHeads_;
   static constexpr int kRowsWg = kRowsWg_, kTeam = kTeam_, kMath = kMath_;
   static constexpr int kSlots = kSlots_, kMinBlocks = kMinBlocks_;
   static constexpr bool kHist = kHist_;
+  static constexpr bool kWReg = kWReg_;
   static constexpr int kTeams = kMath / kTeam;
   static constexpr int kGroupRows = kRowsWg * kTeam;          // rows a group may have
   static constexpr int kN = kRowsWg * kHeads;                 // wgmma N
@@ -115,6 +121,7 @@ struct WsConfig {
   static_assert(kOffScale % 16 == 0, "bulk copies land 16-byte aligned");
   static_assert(kSmem * kMinBlocks <= 227 * 1024, "kMinBlocks blocks fit one SM's shared memory");
   static_assert(!kHist || kRowsWg == 1, "a histogram per warpgroup holds one row");
+  static_assert(!kWReg || kRowsWg == 1, "register weights for one row (kN / 4 registers)");
 };
 
 // ---- the gather walk's producer (the whole warp) ---------------------------
@@ -391,6 +398,8 @@ __global__ void __launch_bounds__(C::kThreads, C::kMinBlocks)
   int32_t my_rows = 0, row0 = 0;  // its rows of that group; the first (sub-chunk row)
   int32_t n_r[kRowsWg] = {};
   const int e0 = wwarp * 16 + gq;  // the thread's entries e0, e0 + 8 of a tile
+  // kWReg: the thread's (halved) weights, columns 8 j + 2 t, + 1.
+  float2 w_r[C::kWReg ? kN / 8 : 1];
 
   // ---- the old group's histogram to its row's global one, zeroed --------
   // REQUIRES: the warpgroup's barrier after its last epilogue of the group.
@@ -414,23 +423,40 @@ __global__ void __launch_bounds__(C::kThreads, C::kMinBlocks)
     const int32_t first = role * kRowsWg;  // the group's row this warpgroup starts at
     my_rows = min(max(num_rows - first, 0), kRowsWg);
     row0 = row_begin + first - p.row_base;
+    // Q by cp.async (no registers held), then the weights and the rows'
+    // lengths, all in flight at once: one round trip a stage, not one per
+    // 16-byte chunk (a stage sits between two tiles of the warpgroup's
+    // stream; at B=64 x 8k each warpgroup stages about twice in ten tiles).
+    const int32_t* visible = kGather ? p.gather_entries : p.step.row_visible;
     if (my_rows > 0) {
       const int64_t q0 = static_cast<int64_t>(row0) * kHeads;
+      static_assert(kN <= kWgSize, "a weight per thread");
 #pragma unroll 1
       for (int q = wt; q < kN * (kWsDim / 16); q += kWgSize) {
         const int h = q / (kWsDim / 16), c = q % (kWsDim / 16);
-        uint4 v = make_uint4(0, 0, 0, 0);
-        if (h < my_rows * kHeads) v = *reinterpret_cast<const uint4*>(p.q_values + (q0 + h) * kWsDim + c * 16);
-        *reinterpret_cast<uint4*>(q_s + h * kWsDim + ((c ^ (h % 8)) * 16)) = v;
+        const bool valid = h < my_rows * kHeads;
+        CpAsync16(q_s + h * kWsDim + ((c ^ (h % 8)) * 16),
+                  valid ? p.q_values + (q0 + h) * kWsDim + c * 16 : p.q_values, valid);
       }
+      CpAsyncCommit();
       // Halved: ReLU(x) * w is taken as (x + |x|) * (w / 2), two full-rate
       // ops; exact, since doubling and halving are.
-      for (int h = wt; h < kN; h += kWgSize) w_s[h] = h < my_rows * kHeads ? 0.5f * p.weights[q0 + h] : 0.f;
-    }
-    // The gather walk's rows end at their pool's entries (compact slots).
-    const int32_t* visible = kGather ? p.gather_entries : p.step.row_visible;
+      // kWReg: straight into the thread's registers (columns 8 j + 2 t, + 1).
+      // (One row a warpgroup: all kN = H columns are the row's heads.)
+      if constexpr (C::kWReg) {
+        const float* w = p.weights + q0 + 2 * t;
 #pragma unroll
-    for (int r = 0; r < kRowsWg; ++r) n_r[r] = r < my_rows ? visible[p.row_base + row0 + r] : 0;
+        for (int j = 0; j < kN / 8; ++j) w_r[j] = make_float2(0.5f * w[j * 8], 0.5f * w[j * 8 + 1]);
+      } else {
+        if (wt < kN) w_s[wt] = wt < my_rows * kHeads ? 0.5f * p.weights[q0 + wt] : 0.f;
+      }
+#pragma unroll
+      for (int r = 0; r < kRowsWg; ++r) n_r[r] = r < my_rows ? visible[p.row_base + row0 + r] : 0;
+      CpAsyncWait<0>();
+    } else {
+#pragma unroll
+      for (int r = 0; r < kRowsWg; ++r) n_r[r] = 0;
+    }
     FenceProxyAsyncShared();            // Q stores before the wgmma reads
     NamedBarrierSync(1 + wg, kWgSize);
   };
@@ -454,12 +480,18 @@ __global__ void __launch_bounds__(C::kThreads, C::kMinBlocks)
   // clean there and measured no slower (B=64 32k next_n 1: 93.1-93.5 us
   // vs 93.2-94.3; prefill 4k x 32k: 2772 vs 2837 us; next_n 2: 136.5 vs
   // 131.6).
-  auto epilogue = [&](const float (&acc)[kN / 2], int slot, int32_t pos0) {
-    const float ks0 = ks_s[slot * kWsTile + e0], ks1 = ks_s[slot * kWsTile + e0 + 8];
+  // kWReg: the scales come loaded (ks0, ks1), before the wgmma wait.
+  auto epilogue = [&](const float (&acc)[kN / 2], int slot, int32_t pos0, float ks0, float ks1) {
+    if constexpr (!C::kWReg) {
+      ks0 = ks_s[slot * kWsTile + e0];
+      ks1 = ks_s[slot * kWsTile + e0 + 8];
+    }
     MbarArrive(&empty[slot]);
 #pragma unroll
     for (int r = 0; r < kRowsWg; ++r) {
-      const float2 sums = ReluWeightedHeadSums<kHeads>(acc, w_s, r, t);
+      float2 sums;
+      if constexpr (C::kWReg) sums = ReluWeightedHeadSumsReg<kHeads>(acc, w_r);
+      else sums = ReluWeightedHeadSums<kHeads>(acc, w_s, r, t);
       if (r < my_rows) {
         // Every lane of the quad holds both sums: two lanes store.
         float* out = p.logits + static_cast<int64_t>(row0 + r) * p.stride;
@@ -495,8 +527,13 @@ __global__ void __launch_bounds__(C::kThreads, C::kMinBlocks)
       skip(slot);
     } else {
       mma(acc, slot);
+      float ks0 = 0.f, ks1 = 0.f;
+      if constexpr (C::kWReg) {  // their loads in flight during the wgmma
+        ks0 = ks_s[slot * kWsTile + e0];
+        ks1 = ks_s[slot * kWsTile + e0 + 8];
+      }
       WgmmaWaitAll();
-      epilogue(acc, slot, ti.y + e0);
+      epilogue(acc, slot, ti.y + e0, ks0, ks1);
     }
   }
   if (hist && staged >= 0) {
@@ -552,13 +589,21 @@ struct WsPick;
 // With the top-k's first histogram (LogitsParams::topk_hist): the H 64
 // decode configurations below plus 2 x 8 KiB of histograms, in fewer ring
 // slots so that three blocks still fit an SM's shared memory: two per team
-// for one row (68 KiB), five for the one team of two rows (75 KiB).
+// for one row (68 KiB), five for the one team of two rows (75 KiB). The
+// weights in registers (kWReg) and the one-round-trip stage, H200, same
+// call, median of 3: B=64 x 32k next_n 2 logits 119.4 us against 127.2,
+// B=64 x 8k 33.4 against 35.0, B=128 x 32k 158.1 against 160.0, prefill
+// 4k x 32k 2328 against 2396 (h200_2026-12-03_s15.md). Tried there too,
+// not kept: two blocks per SM with 8 slots, one block of 4 warpgroups with
+// 12 or 16 slots (B=64 x 32k 91-92 / 101-104 against 89-91), and two
+// accumulators with the next tile's wgmma issued before the epilogue
+// (ptxas serializes the wgmma: accumulators read on a divergent path).
 template <int kRows>
 struct WsHistPick;
 template <>
-struct WsHistPick<1> { using C = WsConfig<64, 1, 1, 2, 4, 3, true>; };
+struct WsHistPick<1> { using C = WsConfig<64, 1, 1, 2, 4, 3, true, true>; };
 template <>
-struct WsHistPick<2> { using C = WsConfig<64, 1, 2, 2, 5, 3, true>; };
+struct WsHistPick<2> { using C = WsConfig<64, 1, 2, 2, 5, 3, true, true>; };
 // H = 64. One row: N = 64, two warpgroups on separate tiles, three blocks
 // per SM (72 registers, 67 KiB).
 template <>
@@ -580,13 +625,13 @@ struct WsPick<64, 4> { using C = WsConfig<64, 2, 2, 2, 8, 2>; };
 // three blocks per SM) or less: separate tiles while N allows, a team of
 // two (one tile, two row halves) past it.
 template <>
-struct WsPick<32, 1> { using C = WsConfig<32, 1, 1, 2, 6, 3>; };  // N = 32
+struct WsPick<32, 1> { using C = WsConfig<32, 1, 1, 2, 6, 3, false, true>; };  // N = 32
 template <>
 struct WsPick<32, 2> { using C = WsConfig<32, 2, 1, 2, 6, 3>; };  // N = 64
 template <>
 struct WsPick<32, 4> { using C = WsConfig<32, 2, 2, 2, 6, 3>; };  // N = 64, teams of 2
 template <>
-struct WsPick<16, 1> { using C = WsConfig<16, 1, 1, 2, 6, 3>; };  // N = 16
+struct WsPick<16, 1> { using C = WsConfig<16, 1, 1, 2, 6, 3, false, true>; };  // N = 16
 template <>
 struct WsPick<16, 2> { using C = WsConfig<16, 2, 1, 2, 6, 3>; };  // N = 32
 template <>

@@ -470,6 +470,24 @@ __device__ __forceinline__ float2 ReluWeightedHeadSums(const float* acc, const f
   return make_float2(s0, s1);
 }
 
+// The same sums for one row with the thread's halved weights in registers:
+// w[j] = {w[8 j + 2 t], w[8 j + 2 t + 1]}.
+template <int kH>
+__device__ __forceinline__ float2 ReluWeightedHeadSumsReg(const float* acc, const float2* w) {
+  static_assert(kH % 8 == 0, "whole n8 column groups per row");
+  float s0 = 0.f, s1 = 0.f;
+#pragma unroll
+  for (int j = 0; j < kH / 8; ++j) {
+    s0 = fmaf(acc[4 * j] + fabsf(acc[4 * j]), w[j].x, fmaf(acc[4 * j + 1] + fabsf(acc[4 * j + 1]), w[j].y, s0));
+    s1 = fmaf(acc[4 * j + 2] + fabsf(acc[4 * j + 2]), w[j].x, fmaf(acc[4 * j + 3] + fabsf(acc[4 * j + 3]), w[j].y, s1));
+  }
+  s0 += ShflXor(s0, 1);
+  s0 += ShflXor(s0, 2);
+  s1 += ShflXor(s1, 1);
+  s1 += ShflXor(s1, 2);
+  return make_float2(s0, s1);
+}
+
 }  // namespace gpu
 }  // namespace indexer
 #endif  // INDEXER_GPU_WGMMA

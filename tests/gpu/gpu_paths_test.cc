@@ -310,7 +310,7 @@ TEST(GpuBlockTest, BlockTopkMatchesReference) {
       {128, 8, 16, 2, 1, {9000, 300}, {2, 1}},
       // more blocks than the block top-k takes (1250 > 1024): the general top-k
       {16, 4, 6, 2, 1, {20000}, {1}},
-      // the general top-k over every head at once (rows of 83-490 blocks,
+      // the general top-k over every head at once (rows of 83-469 blocks,
       // next_n 2): head h's rows follow head h - 1's in one launch
       {64, 4, 16, 1, 1, {30000, 20000, 5300}, {1, 2, 1}},
   };

@@ -448,18 +448,15 @@ __device__ __forceinline__ bool NamedBarrierOr(int id, int threads, bool pred) {
 // Indexer epilogue over a wgmma fp32 accumulator of kH heads per query row
 // (row r holds the n8 column groups r * kH / 8 .. + kH / 8 - 1; lane quad t
 // holds columns 2t, 2t+1 of each group): sum_h w[h] * ReLU(q_h . k) for the
-// thread's two entries as (x + |x|) * w / 2 (w_s holds the halved weights),
-// reduced over the quad. acc: [4 * (kH / 8) * rows] per thread; w_s:
-// [rows * kH].
-template <int kH>
-__device__ __forceinline__ float2 ReluWeightedHeadSums(const float* acc, const float* w_s,
-                                                       int r, int t) {
-  static_assert(kH % 8 == 0, "whole n8 column groups per row");
-  constexpr int kG = kH / 8;
+// thread's two entries as (x + |x|) * w / 2 (halved weights), reduced over
+// the quad. acc: one row's 4 * kG values; wj(j): the thread's weight pair
+// {w[8 j + 2 t], w[8 j + 2 t + 1]} of the row's column group j.
+template <int kG, class W>
+__device__ __forceinline__ float2 ReluWeightedQuadSums(const float* acc, W wj) {
   float s0 = 0.f, s1 = 0.f;
 #pragma unroll
-  for (int j = r * kG; j < r * kG + kG; ++j) {
-    const float2 w = *reinterpret_cast<const float2*>(w_s + j * 8 + 2 * t);
+  for (int j = 0; j < kG; ++j) {
+    const float2 w = wj(j);
     s0 = fmaf(acc[4 * j] + fabsf(acc[4 * j]), w.x, fmaf(acc[4 * j + 1] + fabsf(acc[4 * j + 1]), w.y, s0));
     s1 = fmaf(acc[4 * j + 2] + fabsf(acc[4 * j + 2]), w.x, fmaf(acc[4 * j + 3] + fabsf(acc[4 * j + 3]), w.y, s1));
   }
@@ -470,22 +467,24 @@ __device__ __forceinline__ float2 ReluWeightedHeadSums(const float* acc, const f
   return make_float2(s0, s1);
 }
 
-// The same sums for one row with the thread's halved weights in registers:
-// w[j] = {w[8 j + 2 t], w[8 j + 2 t + 1]}.
+// Row r's sums with the halved weights in shared memory. acc: [4 * (kH / 8)
+// * rows] per thread; w_s: [rows * kH].
+template <int kH>
+__device__ __forceinline__ float2 ReluWeightedHeadSums(const float* acc, const float* w_s,
+                                                       int r, int t) {
+  static_assert(kH % 8 == 0, "whole n8 column groups per row");
+  constexpr int kG = kH / 8;
+  return ReluWeightedQuadSums<kG>(acc + 4 * r * kG, [&](int j) {
+    return *reinterpret_cast<const float2*>(w_s + (r * kG + j) * 8 + 2 * t);
+  });
+}
+
+// One row's sums with the thread's halved weight pairs in registers (w[j]
+// for column group j).
 template <int kH>
 __device__ __forceinline__ float2 ReluWeightedHeadSumsReg(const float* acc, const float2* w) {
   static_assert(kH % 8 == 0, "whole n8 column groups per row");
-  float s0 = 0.f, s1 = 0.f;
-#pragma unroll
-  for (int j = 0; j < kH / 8; ++j) {
-    s0 = fmaf(acc[4 * j] + fabsf(acc[4 * j]), w[j].x, fmaf(acc[4 * j + 1] + fabsf(acc[4 * j + 1]), w[j].y, s0));
-    s1 = fmaf(acc[4 * j + 2] + fabsf(acc[4 * j + 2]), w[j].x, fmaf(acc[4 * j + 3] + fabsf(acc[4 * j + 3]), w[j].y, s1));
-  }
-  s0 += ShflXor(s0, 1);
-  s0 += ShflXor(s0, 2);
-  s1 += ShflXor(s1, 1);
-  s1 += ShflXor(s1, 2);
-  return make_float2(s0, s1);
+  return ReluWeightedQuadSums<kH / 8>(acc, [&](int j) { return w[j]; });
 }
 
 }  // namespace gpu

@@ -172,28 +172,37 @@ struct SliceShared {
   uint32_t last;
 };
 
-// The bin of the row's k-th key from its complete histogram (read from
-// L2): one thread writes it to *bin and the keys in bins above it to
-// *above. REQUIRES: called by all threads; the histogram sums to n > k.
-__device__ void PickRowBin(const CoopRow* st, uint32_t k, uint32_t* warp_sum, uint32_t* bin,
+// This thread's bins of the row's complete histogram (from L2), for
+// PickRowBin: loaded apart so that they can be in flight with other loads.
+struct RowBins {
+  uint32_t c[kBinsPerThread];
+};
+__device__ __forceinline__ RowBins LoadRowBins(const CoopRow* st) {
+  RowBins r;
+#pragma unroll
+  for (int j = 0; j < kBinsPerThread; ++j) r.c[j] = LoadCg(&st->hist[threadIdx.x * kBinsPerThread + j]);
+  return r;
+}
+
+// The bin of the row's k-th key from its complete histogram (each thread's
+// bins from LoadRowBins): one thread writes it to *bin and the keys in bins
+// above it to *above. REQUIRES: called by all threads; the histogram sums
+// to n > k.
+__device__ void PickRowBin(const RowBins& mine, uint32_t k, uint32_t* warp_sum, uint32_t* bin,
                            uint32_t* above_out) {
   uint32_t local = 0;
-  uint32_t mine[kBinsPerThread];
 #pragma unroll
-  for (int j = 0; j < kBinsPerThread; ++j) {
-    mine[j] = LoadCg(&st->hist[threadIdx.x * kBinsPerThread + j]);
-    local += mine[j];
-  }
+  for (int j = 0; j < kBinsPerThread; ++j) local += mine.c[j];
   const int lane = LaneId(), warp = WarpId();
   uint32_t above = CountAfter(local, lane, warp, warp_sum);
   if (above < k && k <= above + local) {
     for (int j = kBinsPerThread - 1; j >= 0; --j) {
-      if (above + mine[j] >= k) {
+      if (above + mine.c[j] >= k) {
         *bin = threadIdx.x * kBinsPerThread + j;
         *above_out = above;
         break;
       }
-      above += mine[j];
+      above += mine.c[j];
     }
   }
 }
@@ -217,14 +226,17 @@ __global__ void __launch_bounds__(kTopkThreads) CoopHistKernel(const TopkParams 
   for (int b = threadIdx.x; b < kBins; b += kTopkThreads) {
     if (sh.hist[b] != 0) atomicAdd(&st->hist[b], sh.hist[b]);
   }
-  __threadfence();
+  // As stage B's arrival: one thread's release fence after the CTA barrier.
   __syncthreads();
-  if (threadIdx.x == 0) sh.last = atomicAdd(&st->done, 1u) == gridDim.x - 1;
+  if (threadIdx.x == 0) {
+    __threadfence();
+    sh.last = atomicAdd(&st->done, 1u) == gridDim.x - 1;
+    if (sh.last) __threadfence();
+  }
   __syncthreads();
   if (!sh.last) return;
   // ---- the last slice: bin of the k-th key from the row's histogram -------
-  __threadfence();
-  PickRowBin(st, static_cast<uint32_t>(p.topk), sh.warp_sum, &st->bin, &st->above);
+  PickRowBin(LoadRowBins(st), static_cast<uint32_t>(p.topk), sh.warp_sum, &st->bin, &st->above);
 }
 
 // Stage C, run by the last slice of stage B to finish its row: the rest of
@@ -266,21 +278,108 @@ __device__ void CoopFinishRow(const TopkParams& p, int32_t row, CoopRow* st, Top
   }
 }
 
+// ---- a slice's keys by quads ------------------------------------------------
+// Thread t owns the quads (4 consecutive keys) t, t + kTopkThreads, ... of a
+// slice of <= kTopkCache keys: it loads them (16-byte loads where the row
+// is aligned, all in flight at once), keeps them in shared memory for its
+// own later passes (no barrier: no other thread reads them) and counts and
+// writes them itself. One thread's keys are consecutive, so a block's
+// counts are one suffix scan (CountAfter) of packed per-thread tallies.
+// (Stage B first loaded one key per lane per load and counted and wrote with
+// a ballot per 32 keys: H200 ncu at B=128 x 128k, 62 % of issue slots busy,
+// long_scoreboard on the scalar loads first at B=64 x 32k.)
+constexpr int kQuads = kTopkCache / 4 / kTopkThreads;  // quads per thread
+static_assert(kQuads * 4 * kTopkThreads == kTopkCache, "a slice is whole quads per thread");
+// gt in the low half, eq in the high half: per block both are <= kTopkCache.
+static_assert(kTopkCache < 65536, "tallies pack two 16-bit counts");
+
+// Keys [0, len) of x (len <= kTopkCache) into cache[0, len), each thread its
+// own quads, kInFlight of them loaded at a time (two where stage B's
+// 32-register cap would spill the rest).
+template <int kInFlight = kQuads>
+__device__ __forceinline__ void LoadQuads(const float* x, int32_t len, uint32_t* cache) {
+  static_assert(kQuads % kInFlight == 0, "whole batches of quads");
+  const bool vec = (reinterpret_cast<uintptr_t>(x) & 15u) == 0;
+#pragma unroll
+  for (int j0 = 0; j0 < kQuads; j0 += kInFlight) {
+    float4 v[kInFlight];
+#pragma unroll
+    for (int j = 0; j < kInFlight; ++j) {
+      const int32_t i = 4 * (static_cast<int32_t>(threadIdx.x) + (j0 + j) * kTopkThreads);
+      if (vec && i + 3 < len) {
+        v[j] = *reinterpret_cast<const float4*>(x + i);
+      } else {
+        v[j].x = i < len ? x[i] : 0.f;
+        v[j].y = i + 1 < len ? x[i + 1] : 0.f;
+        v[j].z = i + 2 < len ? x[i + 2] : 0.f;
+        v[j].w = i + 3 < len ? x[i + 3] : 0.f;
+      }
+    }
+#pragma unroll
+    for (int j = 0; j < kInFlight; ++j) {
+      const int32_t i = 4 * (static_cast<int32_t>(threadIdx.x) + (j0 + j) * kTopkThreads);
+      if (i < len) {
+        *reinterpret_cast<uint4*>(cache + i) =
+            make_uint4(OrderedKey(v[j].x), OrderedKey(v[j].y), OrderedKey(v[j].z), OrderedKey(v[j].w));
+      }
+    }
+  }
+}
+
+// Calls body(i, key) for this thread's keys i < len, in index order.
+template <class Body>
+__device__ __forceinline__ void ForQuadKeys(const uint32_t* cache, int32_t len, Body body) {
+#pragma unroll
+  for (int j = 0; j < kQuads; ++j) {
+    const int32_t i = 4 * (static_cast<int32_t>(threadIdx.x) + j * kTopkThreads);
+    if (i < len) {
+      const uint4 k = *reinterpret_cast<const uint4*>(cache + i);
+      body(i, k.x);
+      if (i + 1 < len) body(i + 1, k.y);
+      if (i + 2 < len) body(i + 2, k.z);
+      if (i + 3 < len) body(i + 3, k.w);
+    }
+  }
+}
+
+// This thread's keys above `bin` (low half) and in it (high half).
+__device__ __forceinline__ uint32_t QuadTally(const uint32_t* cache, int32_t len, uint32_t bin) {
+  uint32_t c = 0;
+  ForQuadKeys(cache, len, [&](int32_t, uint32_t key) {
+    const uint32_t b = TopBin(key);
+    c += (b > bin ? 1u : 0u) + (b == bin ? 0x10000u : 0u);
+  });
+  return c;
+}
+
+// Keys above `bin` to gt(slot, i) from slot gt_at on, keys in it to
+// eq(slot, i, key) from eq_at on.
+template <class Gt, class Eq>
+__device__ __forceinline__ void QuadEmit(const uint32_t* cache, int32_t len, uint32_t bin, uint32_t gt_at,
+                                         uint32_t eq_at, Gt gt, Eq eq) {
+  ForQuadKeys(cache, len, [&](int32_t i, uint32_t key) {
+    const uint32_t b = TopBin(key);
+    if (b > bin) gt(gt_at++, i);
+    else if (b == bin) eq(eq_at++, i, key);
+  });
+}
+
 // Stage B: keys above the bin go out, keys in it become candidates; the
 // last slice of the row then runs stage C. Rows with n <= k are listed.
-// Slots are reserved once per block (one atomic per counter): warps count
-// with ballots, the block scans the counts, then the warps write in order.
+// Slots are reserved once per block (one atomic per counter) from a suffix
+// scan of the threads' tallies; each thread then writes its own keys.
 // kMinBlocks: the register cap in blocks per SM (TopkEmitCap): 4 (32
-// registers, a few bytes spilled in stage C) for launches of more than three
-// blocks per SM, 3 (40) for more than two, else 1 (64). H200, same call:
-// B=128 x 128k top-k 80.5 -> 63.6 us at 4 (71.2 at 3), B=128 x 32k 28.0 ->
-// 24.5, B=64 x 128k 42.6 -> 35.5; the V4.1 B=64 consumer (2-3 blocks per
-// SM) 24.9 uncapped, 25.2 at 4, 23.2 at 3; but the V4.1 B=8 consumer's 128
-// blocks 17.7 -> 19.6 at 4: a cap costs where the blocks fit anyway.
+// registers) for launches of more than three blocks per SM, 3 (40) for
+// more than two, else 1 (64). H200, same call (the ballot form of stage
+// B): B=128 x 128k top-k 80.5 -> 63.6 us at 4 (71.2 at 3), B=128 x 32k
+// 28.0 -> 24.5, B=64 x 128k 42.6 -> 35.5; the V4.1 B=64 consumer (2-3
+// blocks per SM) 24.9 uncapped, 25.2 at 4, 23.2 at 3; but the V4.1 B=8
+// consumer's 128 blocks 17.7 -> 19.6 at 4: a cap costs where the blocks fit
+// anyway.
 template <int kMinBlocks>
 __global__ void __launch_bounds__(kTopkThreads, kMinBlocks) CoopEmitKernel(const TopkParams p) {
-  __shared__ TopkShared sh;
-  __shared__ uint32_t warp_gt[kWarps], warp_eq[kWarps];
+  __shared__ __align__(16) TopkShared sh;
+  __shared__ uint32_t base[2];
   __shared__ uint32_t last;
   GridDependencyWait();  // launched after stage A, possibly before it ended
   const int32_t row = blockIdx.y;
@@ -301,31 +400,16 @@ __global__ void __launch_bounds__(kTopkThreads, kMinBlocks) CoopEmitKernel(const
   int32_t* cp = p.cand_pos + static_cast<int64_t>(row) * p.cand_stride;
   const int lane = LaneId(), warp = WarpId();
   const uint32_t bin_a = p.hist_ready ? 0u : st->bin;  // stage A's pick
-  // Each warp owns a contiguous, warp-aligned range of the slice.
-  const int32_t chunk = ((len + kWarps - 1) / kWarps + kWarpSize - 1) / kWarpSize * kWarpSize;
-  const int32_t w0 = warp * chunk, w1 = min(len, w0 + chunk);
-  // ---- pass 1: keys to shared memory (kBatch loads in flight per lane),
-  // then counts per warp -----------------------------------------------------
-  for (int32_t o = w0; o < w1; o += kBatch * kWarpSize) {
-    uint32_t keys[kBatch];
-#pragma unroll
-    for (int b = 0; b < kBatch; ++b) {
-      const int32_t i = o + b * kWarpSize + lane;
-      keys[b] = i < w1 ? OrderedKey(x[i]) : 0u;
-    }
-#pragma unroll
-    for (int b = 0; b < kBatch; ++b) {
-      const int32_t i = o + b * kWarpSize + lane;
-      if (i < w1) sh.cache[i] = keys[b];
-    }
-  }
+  // No stage A: the logits kernel left the row's histogram complete, and
+  // every slice picks the bin itself (2048 words from L2 and a scan, less
+  // than a launch; the words in flight with the key loads).
+  RowBins bins;
+  if (p.hist_ready) bins = LoadRowBins(st);
+  LoadQuads<kMinBlocks == 4 ? 2 : kQuads>(x, len, sh.cache);
   uint32_t bin;
   if (p.hist_ready) {
-    // No stage A: the logits kernel left the row's histogram complete, and
-    // every slice picks the bin itself (2048 words from L2 and a scan, less
-    // than a launch; after the key loads above, so their latencies overlap).
-    // One slice records it for stage C, before its stage-B arrival below.
-    PickRowBin(st, static_cast<uint32_t>(p.topk), sh.sel.warp_sum, &sh.sel.bin, &sh.sel.above);
+    // One slice records the bin for stage C, before its stage-B arrival below.
+    PickRowBin(bins, static_cast<uint32_t>(p.topk), sh.sel.warp_sum, &sh.sel.bin, &sh.sel.above);
     __syncthreads();
     bin = sh.sel.bin;
     if (blockIdx.x == 0 && threadIdx.x == 0) {
@@ -334,61 +418,34 @@ __global__ void __launch_bounds__(kTopkThreads, kMinBlocks) CoopEmitKernel(const
     }
   } else {
     bin = bin_a;
-    WarpSync();
   }
-  uint32_t n_gt = 0, n_eq = 0;
-  for (int32_t o = w0; o < w1; o += kWarpSize) {
-    const int32_t i = o + lane;
-    const bool in = i < w1;
-    const uint32_t key = in ? sh.cache[i] : 0u;
-    n_gt += PopCount64(Ballot(in && TopBin(key) > bin));
-    n_eq += PopCount64(Ballot(in && TopBin(key) == bin));
+  const uint32_t mine = QuadTally(sh.cache, len, bin);
+  const uint32_t after = CountAfter(mine, lane, warp, sh.sel.warp_sum);
+  if (threadIdx.x == 0) {
+    const uint32_t tg = (after + mine) & 0xffffu, te = (after + mine) >> 16;
+    base[0] = tg ? atomicAdd(&st->n_out, tg) : 0u;
+    base[1] = te ? atomicAdd(&st->n_cand, te) : 0u;
   }
-  if (lane == 0) {
-    warp_gt[warp] = n_gt;
-    warp_eq[warp] = n_eq;
-  }
+  __syncthreads();
+  QuadEmit(
+      sh.cache, len, bin, base[0] + (after & 0xffffu), base[1] + (after >> 16),
+      [&](uint32_t slot, int32_t i) { out[slot] = begin + i; },
+      [&](uint32_t slot, int32_t i, uint32_t key) {
+        ck[slot] = key;
+        cp[slot] = begin + i;
+      });
+  // The block's writes, then one thread's release fence and arrival (as a
+  // grid barrier: the CTA barrier orders every thread's writes before it);
+  // the row's last slice acquires with its fence before the CTA barrier.
+  // (A fence in every thread held 7 % of stage B's samples, H200 ncu.)
   __syncthreads();
   if (threadIdx.x == 0) {
-    uint32_t tg = 0, te = 0;
-    for (int w = 0; w < kWarps; ++w) {
-      const uint32_t g = warp_gt[w], e = warp_eq[w];
-      warp_gt[w] = tg;
-      warp_eq[w] = te;
-      tg += g;
-      te += e;
-    }
-    const uint32_t bg = tg ? atomicAdd(&st->n_out, tg) : 0u;
-    const uint32_t be = te ? atomicAdd(&st->n_cand, te) : 0u;
-    for (int w = 0; w < kWarps; ++w) {
-      warp_gt[w] += bg;
-      warp_eq[w] += be;
-    }
+    __threadfence();
+    last = atomicAdd(&st->done_b, 1u) == gridDim.x - 1;
+    if (last) __threadfence();
   }
-  __syncthreads();
-  // ---- pass 2: write in warp order -----------------------------------------
-  uint32_t at_gt = warp_gt[warp], at_eq = warp_eq[warp];
-  for (int32_t o = w0; o < w1; o += kWarpSize) {
-    const int32_t i = o + lane;
-    const bool in = i < w1;
-    const uint32_t key = in ? sh.cache[i] : 0u;
-    const bool gt = in && TopBin(key) > bin, eq = in && TopBin(key) == bin;
-    const uint64_t m_gt = Ballot(gt), m_eq = Ballot(eq);
-    if (gt) out[at_gt + PopCount64(m_gt & LanesBelow())] = begin + i;
-    if (eq) {
-      const uint32_t s_eq = at_eq + PopCount64(m_eq & LanesBelow());
-      ck[s_eq] = key;
-      cp[s_eq] = begin + i;
-    }
-    at_gt += PopCount64(m_gt);
-    at_eq += PopCount64(m_eq);
-  }
-  __threadfence();
-  __syncthreads();
-  if (threadIdx.x == 0) last = atomicAdd(&st->done_b, 1u) == gridDim.x - 1;
   __syncthreads();
   if (!last) return;
-  __threadfence();
   CoopFinishRow(p, row, st, sh);
 }
 

@@ -17,14 +17,15 @@ inline constexpr int kTopkBins = 2048;
 inline constexpr int kTopBinShift = 21;
 
 // Larger key = larger logit; -0.0 folded onto +0.0. Finite keys are >= 1,
-// so key 0 pads candidate lists.
-__device__ __forceinline__ uint32_t OrderedKey(float f) {
+// so key 0 pads candidate lists. (Host too: tests build the histogram the
+// logits kernel would.)
+INDEXER_HD uint32_t OrderedKey(float f) {
   uint32_t u = FloatToBits(f);
   if (u == 0x80000000u) u = 0;
   return (u & 0x80000000u) ? ~u : (u | 0x80000000u);
 }
 
-__device__ __forceinline__ uint32_t TopBin(uint32_t key) { return key >> kTopBinShift; }
+INDEXER_HD uint32_t TopBin(uint32_t key) { return key >> kTopBinShift; }
 
 }  // namespace gpu
 }  // namespace indexer

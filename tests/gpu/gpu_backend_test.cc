@@ -27,6 +27,7 @@
 #include "kernels/gpu/gpu_compat.h"
 #include "kernels/gpu/knobs.h"
 #include "kernels/gpu/params.h"
+#include "kernels/gpu/topk_key.h"
 #include "tests/gpu/gpu_test_pair.h"
 #include "tests/gpu/gpu_test_reference.h"
 
@@ -573,15 +574,41 @@ TEST_P(GpuTopkKernelTest, ExactSetOnStressedLogits) {
   if (route == 2) {
     for (int32_t cap : {1, 3, 4}) if (cap != planned_cap) caps.push_back(cap);
   }
+  // Then the split route as it runs after a logits kernel that built the
+  // rows' first histogram (TopkParams::hist_ready), at each cap, from the
+  // host's histogram of the top key bits (rows of n <= k left out, as the
+  // kernel leaves them); it must leave the state zeroed.
+  const int first_hist = static_cast<int>(caps.size());
+  if (route == 2) {
+    for (int32_t cap : {1, 3, 4}) caps.push_back(cap);
+  }
+  std::vector<uint32_t> hist(int64_t{c.rows} * gpu::kTopkStateWords, 0);
+  for (int32_t r = 0; r < c.rows; ++r) {
+    if (visible[r] <= c.topk) continue;
+    for (int32_t e = 0; e < visible[r]; ++e) {
+      ++hist[int64_t{r} * gpu::kTopkStateWords + gpu::TopBin(gpu::OrderedKey(logits[r * stride + e]))];
+    }
+  }
   for (int round = 0; round < static_cast<int>(caps.size()); ++round) {
     tp.emit_cap = caps[round];
+    tp.hist_ready = round >= first_hist;
+    if (tp.hist_ready) {
+      ASSERT_EQ(gpu::CopyH2D(tp.state, hist.data(), hist.size() * 4, stream), gpu::kSuccess);
+    }
     ASSERT_EQ(gpu::MemsetAsync(tp.out, 0x7f, got.size() * 4, stream), gpu::kSuccess);
     ASSERT_TRUE(gpu::LaunchTopk(tp, stream).ok());
+    std::vector<uint32_t> state_after(hist.size(), 1);
+    ASSERT_EQ(gpu::CopyD2H(state_after.data(), tp.state, state_after.size() * 4, stream), gpu::kSuccess);
     ASSERT_EQ(gpu::CopyD2H(got.data(), tp.out, got.size() * 4, stream), gpu::kSuccess);
     ASSERT_EQ(gpu::StreamSynchronize(stream), gpu::kSuccess);
+    for (size_t i = 0; i < state_after.size(); ++i) {
+      ASSERT_EQ(state_after[i], 0u) << c.dist << " round " << round << (tp.hist_ready ? " hist" : "")
+                                    << ": row " << i / gpu::kTopkStateWords << " state word "
+                                    << i % gpu::kTopkStateWords << " left set";
+    }
     for (int32_t r = 0; r < c.rows; ++r) {
       const std::string what = std::string(c.dist) + " round " + std::to_string(round) +
-                               " cap " + std::to_string(tp.emit_cap) +
+                               " cap " + std::to_string(tp.emit_cap) + (tp.hist_ready ? " hist" : "") +
                                " row " + std::to_string(r) + " n " + std::to_string(visible[r]);
       const float* x = logits.data() + r * stride;
       const int32_t* g = got.data() + int64_t{r} * c.topk;

@@ -13,7 +13,8 @@ constexpr const char* kNames[] = {
     "INDEXER_GPU_WGMMA_WS",        "INDEXER_GPU_WGMMA_MXFP4",      "INDEXER_GPU_TOPK_FUSE",
     "INDEXER_GPU_WS_EVICT_FIRST",  "INDEXER_GPU_WS_UNIT",          "INDEXER_GPU_WS_BLOCKS_PER_SM",
     "INDEXER_GPU_MXFP4_WARPGROUPS", "INDEXER_GPU_MFMA_MODEL",      "INDEXER_GPU_LOGITS_MB",
-    "INDEXER_GPU_BLOCK_STREAM",    "INDEXER_GPU_TOPK_BLOCKS_PER_SM"};
+    "INDEXER_GPU_BLOCK_STREAM",    "INDEXER_GPU_TOPK_BLOCKS_PER_SM",
+    "INDEXER_GPU_TOPK_SLICE_BLOCKS"};
 
 // On unless set to a number that is 0.
 bool Switch(const char* name) {
@@ -48,6 +49,8 @@ GpuKnobs Read() {
   }
   const int64_t cap = Number("INDEXER_GPU_TOPK_BLOCKS_PER_SM");
   k.topk_blocks_per_sm = cap == 1 || cap == 3 || cap == 4 ? static_cast<int32_t>(cap) : 0;
+  const int64_t slice_blocks = Number("INDEXER_GPU_TOPK_SLICE_BLOCKS");
+  if (slice_blocks >= 1 && slice_blocks <= 8) k.topk_slice_blocks = static_cast<int32_t>(slice_blocks);
   const int64_t mb = Number("INDEXER_GPU_LOGITS_MB");
   if (mb > 0) k.logits_mb = mb;
   return k;

@@ -22,6 +22,8 @@
 //                                    2 for Hi > 4)
 //   INDEXER_GPU_TOPK_BLOCKS_PER_SM=1|3|4  the cooperative top-k's stage B
 //                                    register cap (else by the launch's size)
+//   INDEXER_GPU_TOPK_SLICE_BLOCKS=N  the cooperative top-k's slices: about N
+//                                    blocks per SM over the launch (default 2)
 //   INDEXER_GPU_LOGITS_MB=N          the logits workspace (default 1024 MiB)
 #pragma once
 
@@ -42,6 +44,7 @@ struct GpuKnobs {
   int32_t mfma_model_arch = 0;   // 0, 942 or 950
   int32_t block_stream_shape = -1;  // -1: the kernel's default
   int32_t topk_blocks_per_sm = 0;   // 0: TopkEmitCap's rule; else 1, 3 or 4
+  int32_t topk_slice_blocks = 2;    // PlanTopkSplit's blocks per SM (1..8)
   int64_t logits_mb = 1024;
 };
 

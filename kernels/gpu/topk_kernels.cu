@@ -487,8 +487,10 @@ void PlanTopkSplit(int32_t num_rows, int32_t max_visible, int32_t topk,
   if (!long_rows && !few_rows) return;
   const int64_t stride = (static_cast<int64_t>(max_visible) + 3) / 4 * 4;
   if (stride * num_rows > cand_capacity) return;
-  // About two blocks per multiprocessor over the launch, slices of 1k..8k.
-  const int64_t want = std::max<int64_t>(1, (2 * static_cast<int64_t>(num_sms) + num_rows - 1) / num_rows);
+  // About two blocks per multiprocessor over the launch (knob
+  // INDEXER_GPU_TOPK_SLICE_BLOCKS), slices of 1k..8k.
+  const int64_t per_sm = Knobs().topk_slice_blocks;
+  const int64_t want = std::max<int64_t>(1, (per_sm * num_sms + num_rows - 1) / num_rows);
   int64_t len = (max_visible + want - 1) / want;
   len = std::clamp<int64_t>((len + 255) / 256 * 256, 1024, kTopkCache);
   p->slice_len = static_cast<int32_t>(len);

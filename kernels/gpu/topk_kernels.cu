@@ -375,7 +375,8 @@ __device__ __forceinline__ void QuadEmit(const uint32_t* cache, int32_t len, uin
 // 28.0 -> 24.5, B=64 x 128k 42.6 -> 35.5; the V4.1 B=64 consumer (2-3
 // blocks per SM) 24.9 uncapped, 25.2 at 4, 23.2 at 3; but the V4.1 B=8
 // consumer's 128 blocks 17.7 -> 19.6 at 4: a cap costs where the blocks fit
-// anyway.
+// anyway. By quads, the cap still pays: B=128 x 128k 49.7-49.8 us at 4
+// (56 bytes spilled), 51.4 at 3 (INDEXER_GPU_TOPK_BLOCKS_PER_SM=3).
 template <int kMinBlocks>
 __global__ void __launch_bounds__(kTopkThreads, kMinBlocks) CoopEmitKernel(const TopkParams p) {
   __shared__ __align__(16) TopkShared sh;

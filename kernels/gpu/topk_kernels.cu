@@ -281,7 +281,7 @@ __device__ void CoopFinishRow(const TopkParams& p, int32_t row, CoopRow* st, Top
 // ---- a slice's keys by quads ------------------------------------------------
 // Thread t owns the quads (4 consecutive keys) t, t + kTopkThreads, ... of a
 // slice of <= kTopkCache keys: it loads them (16-byte loads where the row
-// is aligned, all in flight at once), keeps them in shared memory for its
+// is aligned, two or four in flight: LoadQuads), keeps them in shared memory for its
 // own later passes (no barrier: no other thread reads them) and counts and
 // writes them itself. One thread's keys are consecutive, so a block's
 // counts are one suffix scan (CountAfter) of packed per-thread tallies.

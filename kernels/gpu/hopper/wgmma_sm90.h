@@ -453,13 +453,19 @@ __device__ __forceinline__ bool NamedBarrierOr(int id, int threads, bool pred) {
 // {w[8 j + 2 t], w[8 j + 2 t + 1]} of the row's column group j.
 template <int kG, class W>
 __device__ __forceinline__ float2 ReluWeightedQuadSums(const float* acc, W wj) {
-  float s0 = 0.f, s1 = 0.f;
+  // Four FMA chains of kG (each entry's even and odd columns), not two of
+  // 2 * kG: the chains are the epilogue's latency.
+  float s0 = 0.f, s1 = 0.f, u0 = 0.f, u1 = 0.f;
 #pragma unroll
   for (int j = 0; j < kG; ++j) {
     const float2 w = wj(j);
-    s0 = fmaf(acc[4 * j] + fabsf(acc[4 * j]), w.x, fmaf(acc[4 * j + 1] + fabsf(acc[4 * j + 1]), w.y, s0));
-    s1 = fmaf(acc[4 * j + 2] + fabsf(acc[4 * j + 2]), w.x, fmaf(acc[4 * j + 3] + fabsf(acc[4 * j + 3]), w.y, s1));
+    s0 = fmaf(acc[4 * j] + fabsf(acc[4 * j]), w.x, s0);
+    u0 = fmaf(acc[4 * j + 1] + fabsf(acc[4 * j + 1]), w.y, u0);
+    s1 = fmaf(acc[4 * j + 2] + fabsf(acc[4 * j + 2]), w.x, s1);
+    u1 = fmaf(acc[4 * j + 3] + fabsf(acc[4 * j + 3]), w.y, u1);
   }
+  s0 += u0;
+  s1 += u1;
   s0 += ShflXor(s0, 1);
   s0 += ShflXor(s0, 2);
   s1 += ShflXor(s1, 1);

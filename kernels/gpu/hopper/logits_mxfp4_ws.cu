@@ -510,10 +510,49 @@ __global__ void __launch_bounds__((MxConfig<kHeads, kRows, kMath, kStages, MxPro
   int32_t n_r[kRows];
   bool q_raw = false;              // its Q is staged unscaled (per-block route)
 
-  for (int32_t n = wg; n < total; n += kMath) {
+  // ---- one tile's slot: K rows e0, e0 + 8 (block t's bytes, the scale
+  // words), the slot released, and the K side of the route -----------------
+  // (A barrier-free first check from the tile's 64 scale words alone,
+  // every warp reading all of them, measured slower: H200, dense B=128 x
+  // 128k 743 -> 835 us, B=64 x 32k 115 -> 126; the consumers are
+  // issue-bound and the check cost more than the vote it skipped.)
+  // Tile n + kMath's fetch runs while tile n's wgmmas are in flight (its
+  // slot wait, loads and vote, a barrier of the warpgroup, under the tensor
+  // core's latency); the vote is on K alone, the group's Q side (q_raw)
+  // joins it once the tile's group is staged.
+  const int e0 = wwarp * 16 + gq;
+  struct Fetched {
+    int4 ti;  // {group, first entry, unit end}: read before the release
+    uint4 v0, v1;
+    uint32_t sc0, sc1;
+    uint2 emax;
+    bool k_bad;  // some entry of the tile needs the per-block route
+  };
+  auto fetch = [&](int32_t n, Fetched& f) {
     const int slot = n % kSlots;
     MbarWait(&full[slot], static_cast<uint32_t>(n / kSlots) & 1u);
-    const int4 ti = tinfo[slot];  // {group, first entry, unit end}: read before the release
+    f.ti = tinfo[slot];
+    const uint8_t* kv = slots + slot * kMxSlotBytes;
+    f.v0 = *reinterpret_cast<const uint4*>(kv + e0 * (kMxDim / 2) + t * 16);
+    f.v1 = *reinterpret_cast<const uint4*>(kv + (e0 + 8) * (kMxDim / 2) + t * 16);
+    f.sc0 = *reinterpret_cast<const uint32_t*>(kv + kMxValueBytes + e0 * 4);
+    f.sc1 = *reinterpret_cast<const uint32_t*>(kv + kMxValueBytes + (e0 + 8) * 4);
+    // Every thread releases its own reads: one arrival per warp after
+    // __syncwarp let racecheck see the other lanes' reads race the slot's
+    // next bulk copy once slots were reused many times.
+    MbarArrive(&empty[slot]);
+    // The route (entries past the unit are never stored: ignored).
+    const int32_t pos0 = f.ti.y + e0, e_end = f.ti.z;
+    f.emax = MaxBytes2(f.sc0, f.sc1);
+    const bool ok = (pos0 >= e_end || FastRow(f.v0, f.sc0, f.emax.x, t)) &&
+                    (pos0 + 8 >= e_end || FastRow(f.v1, f.sc1, f.emax.y, t));
+    f.k_bad = NamedBarrierOr(1 + wg, kMxWgSize, !ok);
+  };
+  Fetched cur;
+  if (wg < total) fetch(wg, cur);
+  for (int32_t n = wg; n < total; n += kMath) {
+    const int4 ti = cur.ti;
+    const bool more = n + kMath < total;
     // ---- the group's Q (rows past the group are zero) and weights ---------
     if (ti.x != staged) {
       NamedBarrierSync(1 + wg, kMxWgSize);  // every warp is done with the old Q
@@ -594,28 +633,10 @@ __global__ void __launch_bounds__((MxConfig<kHeads, kRows, kMath, kStages, MxPro
       FenceProxyAsyncShared();  // Q stores before the wgmma reads
       NamedBarrierSync(1 + wg, kMxWgSize);
     }
-    // ---- K rows e0, e0 + 8: block t's bytes and the scale words; release --
-    const int e0 = wwarp * 16 + gq;
-    const uint8_t* kv = slots + slot * kMxSlotBytes;
-    const uint4 v0 = *reinterpret_cast<const uint4*>(kv + e0 * (kMxDim / 2) + t * 16);
-    const uint4 v1 = *reinterpret_cast<const uint4*>(kv + (e0 + 8) * (kMxDim / 2) + t * 16);
-    const uint32_t sc0 = *reinterpret_cast<const uint32_t*>(kv + kMxValueBytes + e0 * 4);
-    const uint32_t sc1 = *reinterpret_cast<const uint32_t*>(kv + kMxValueBytes + (e0 + 8) * 4);
-    // Every thread releases its own reads: one arrival per warp after
-    // __syncwarp let racecheck see the other lanes' reads race the slot's
-    // next bulk copy once slots were reused many times.
-    MbarArrive(&empty[slot]);
-    const int32_t pos0 = ti.y + e0, e_end = ti.z;
-    // ---- the route (entries past the unit are never stored: ignored) -------
-    // (A barrier-free first check from the tile's 64 scale words alone,
-    // every warp reading all of them, measured slower: H200, dense B=128 x
-    // 128k 743 -> 835 us, B=64 x 32k 115 -> 126; the consumers are
-    // issue-bound and the check cost more than the vote it skipped.)
-    const uint2 emax = MaxBytes2(sc0, sc1);
-    const uint32_t emax0 = emax.x, emax1 = emax.y;
-    const bool ok = (pos0 >= e_end || FastRow(v0, sc0, emax0, t)) &&
-                    (pos0 + 8 >= e_end || FastRow(v1, sc1, emax1, t));
-    const bool per_block = q_raw || NamedBarrierOr(1 + wg, kMxWgSize, !ok);
+    const uint4 v0 = cur.v0, v1 = cur.v1;
+    const uint32_t sc0 = cur.sc0, sc1 = cur.sc1, emax0 = cur.emax.x, emax1 = cur.emax.y;
+    const int32_t pos0 = ti.y + e0;
+    const bool per_block = q_raw || cur.k_bad;
     // Stores rows e0 (s0), e0 + 8 (s1) of query row r: every lane of the
     // quad holds both sums, two lanes store.
     auto store = [&](int r, float s0, float s1) {
@@ -644,9 +665,10 @@ __global__ void __launch_bounds__((MxConfig<kHeads, kRows, kMath, kStages, MxPro
         WgmmaE5m2RegA<kN>(acc, a[j], desc_q + 2 * j, j == 0);
       }
       WgmmaCommit();
-      WgmmaWaitAll();
       const float rs0 = format_internal::ExactPow2(static_cast<int32_t>(emax0) - 127);
       const float rs1 = format_internal::ExactPow2(static_cast<int32_t>(emax1) - 127);
+      if (more) fetch(n + kMath, cur);  // under the wgmmas (they read a and Q only)
+      WgmmaWaitAll();
 #pragma unroll
       for (int r = 0; r < kRows; ++r) {
         const float2 sums = ReluWeightedHeadSums<kHeads>(acc, w_s, r, t);
@@ -711,6 +733,7 @@ __global__ void __launch_bounds__((MxConfig<kHeads, kRows, kMath, kStages, MxPro
         s1 += ShflXor(s1, 2);
         store(r, s0, s1);
       }
+      if (more) fetch(n + kMath, cur);
     }
   }
 #endif  // INDEXER_GPU_WGMMA

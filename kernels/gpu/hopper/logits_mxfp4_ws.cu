@@ -766,11 +766,14 @@ absl::Status LaunchMx(const LogitsParams& p, Stream stream) {
   return absl::OkStatus();
 }
 
-// Math warpgroups of the one block per SM: three for N = 64 (110 registers)
+// Math warpgroups of the one block per SM: three for N = 64 (98 registers)
 // and N = 128 (128 registers). INDEXER_GPU_MXFP4_WARPGROUPS picks the other
-// measured size (4 for N = 64: 96 registers, a few spilled; 2 for N = 128:
-// 142 registers; experiments, unset in production). H200, B = 64, 32k:
-// N = 64 164.4 us at 3, 168.2 at 4; N = 128 183.0 us at 3, 211.7 at 2.
+// measured size (4 for N = 64: 96 registers, no spills; 2 for N = 128: 135
+// registers; experiments, unset in production). H200, session 17 (before
+// the fetch under the wgmma): N = 64 at 4 B=64 x 32k 107-109 us against
+// 113-114 at 3 in that call, B=128 x 128k 717-719 against 721-724, the
+// V4.1 dense H 32 128k 334-335 against 328-331; N = 128 (next_n 2) 173
+// at 2 against 141-144 at 3.
 int MxWarpgroups(int rows) {
   const int env = Knobs().mxfp4_warpgroups;
   if (rows == 1) return env == 4 ? 4 : 3;

@@ -633,6 +633,8 @@ __global__ void __launch_bounds__((MxConfig<kHeads, kRows, kMath, kStages, MxPro
       FenceProxyAsyncShared();  // Q stores before the wgmma reads
       NamedBarrierSync(1 + wg, kMxWgSize);
     }
+    // Copies: the next tile's fetch overwrites cur while this tile's
+    // epilogue (fast route) or chains (per-block route) still need them.
     const uint4 v0 = cur.v0, v1 = cur.v1;
     const uint32_t sc0 = cur.sc0, sc1 = cur.sc1, emax0 = cur.emax.x, emax1 = cur.emax.y;
     const int32_t pos0 = ti.y + e0;

@@ -237,6 +237,17 @@ absl::StatusOr<PoolHandle> GpuBackend::AllocatePool(const PageLayout& layout,
     const uint32_t box8[3] = {static_cast<uint32_t>(layout.value_bytes()), 8, 1};
     pool.has_rows8 = pool.has_tmap && EncodeTensorMapU8Sw128(&pool.rows8, v, dims, strides, box8).ok();
   }
+  if (BlockPoolWantsTensorMap(layout, props_.major)) {
+    // The pool as [pages, E, VB value bytes]; a box is one page's values.
+    const uint64_t dims[3] = {static_cast<uint64_t>(layout.value_bytes()),
+                              static_cast<uint64_t>(layout.page_entries),
+                              static_cast<uint64_t>(num_pages)};
+    const uint64_t strides[2] = {static_cast<uint64_t>(layout.value_bytes()),
+                                 static_cast<uint64_t>(page_bytes)};
+    const uint32_t box[3] = {static_cast<uint32_t>(layout.value_bytes()),
+                             static_cast<uint32_t>(layout.page_entries), 1};
+    pool.has_block_tmap = EncodeTensorMapU8Sw128(&pool.block_tmap, v, dims, strides, box, 64).ok();
+  }
   int32_t index;
   {
     absl::MutexLock pools_lock(&pools_mu_);

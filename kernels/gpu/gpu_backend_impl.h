@@ -170,6 +170,10 @@ class GpuBackend : public Backend {
     // gather_logits.h); false where has_tmap is.
     bool has_rows8 = false;
     TensorMap rows8{};
+    // Block layers' pages (linear MXFP4) on sm_90: one page's values a box,
+    // 64-byte swizzle (BlockScoreParams::tmap).
+    bool has_block_tmap = false;
+    TensorMap block_tmap{};
   };
   class Step;
   // A download through the pinned staging, copied out after the sync.

@@ -327,17 +327,23 @@ inline absl::Status ErrorStatus(Error e, const char* what, const char* file,
 
 // A 3-D uint8 tensor map over `base` for the bulk tensor copy engine:
 // dims[0] contiguous, strides[i] the byte stride of dim i + 1, boxes of
-// `box` elements landing in shared memory in the 128-byte swizzle.
+// `box` elements landing in shared memory in the 128-byte swizzle (16-byte
+// chunk bits 4..6 of the shared address XOR bits 7..9) or, with
+// `swizzle_bytes` 64, the 64-byte one (bits 4..5 XOR bits 7..8).
 // UNIMPLEMENTED where the runtime has no such engine (HIP).
 inline absl::Status EncodeTensorMapU8Sw128(TensorMap* out, const void* base,
                                            const uint64_t (&dims)[3],
                                            const uint64_t (&strides)[2],
-                                           const uint32_t (&box)[3]) {
+                                           const uint32_t (&box)[3], int swizzle_bytes = 128) {
 #if defined(INDEXER_GPU_HIP)
-  (void)out, (void)base, (void)dims, (void)strides, (void)box;
+  (void)out, (void)base, (void)dims, (void)strides, (void)box, (void)swizzle_bytes;
   return absl::UnimplementedError("tensor maps: no bulk tensor copies on hip");
 #else
   static_assert(sizeof(TensorMap) == sizeof(CUtensorMap), "opaque size");
+  if (swizzle_bytes != 128 && swizzle_bytes != 64) {
+    return absl::InvalidArgumentError(absl::StrCat("tensor map: swizzle of ", swizzle_bytes,
+                                                   " bytes; expected 64 or 128"));
+  }
   void* fn = nullptr;
   cudaDriverEntryPointQueryResult found;
   const Error e = cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &fn, 12000,
@@ -349,7 +355,8 @@ inline absl::Status EncodeTensorMapU8Sw128(TensorMap* out, const void* base,
   const CUresult r = reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(fn)(
       reinterpret_cast<CUtensorMap*>(out), CU_TENSOR_MAP_DATA_TYPE_UINT8, 3,
       const_cast<void*>(base), dims, strides, box, elem,
-      CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+      CU_TENSOR_MAP_INTERLEAVE_NONE,
+      swizzle_bytes == 64 ? CU_TENSOR_MAP_SWIZZLE_64B : CU_TENSOR_MAP_SWIZZLE_128B,
       CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
   if (r != CUDA_SUCCESS) {
     return absl::InternalError(absl::StrCat("cuTensorMapEncodeTiled failed: ", static_cast<int>(r)));

@@ -396,6 +396,8 @@ absl::Status GpuBackend::BlockImpl(const PageLayout& layout, PoolHandle pool_h,
     bp.scores = logits_;
     bp.width = width;
     bp.causal = aux_;
+    bp.use_tma = p.has_block_tmap;
+    bp.tmap = p.block_tmap;
     BlockWorkMap wm{};
     if (map != nullptr) wm = {map->starts, map->cta + map->cta_offsets[ci], map->ctas};
     // The kernel choice: logits_dispatch.cc (set_max_logits_path 0 keeps

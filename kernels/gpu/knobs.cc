@@ -13,7 +13,7 @@ constexpr const char* kNames[] = {
     "INDEXER_GPU_WGMMA_WS",        "INDEXER_GPU_WGMMA_MXFP4",      "INDEXER_GPU_TOPK_FUSE",
     "INDEXER_GPU_WS_EVICT_FIRST",  "INDEXER_GPU_WS_UNIT",          "INDEXER_GPU_WS_BLOCKS_PER_SM",
     "INDEXER_GPU_MXFP4_WARPGROUPS", "INDEXER_GPU_MFMA_MODEL",      "INDEXER_GPU_LOGITS_MB",
-    "INDEXER_GPU_BLOCK_STREAM",    "INDEXER_GPU_TOPK_BLOCKS_PER_SM",
+    "INDEXER_GPU_BLOCK_STREAM",    "INDEXER_GPU_BLOCK_TMA",        "INDEXER_GPU_TOPK_BLOCKS_PER_SM",
     "INDEXER_GPU_TOPK_SLICE_BLOCKS"};
 
 // On unless set to a number that is 0.
@@ -47,6 +47,7 @@ GpuKnobs Read() {
     const int64_t shape = std::atoll(v);
     if (shape >= 0 && shape <= 16) k.block_stream_shape = static_cast<int32_t>(shape);
   }
+  k.block_tma = Switch("INDEXER_GPU_BLOCK_TMA");
   const int64_t cap = Number("INDEXER_GPU_TOPK_BLOCKS_PER_SM");
   k.topk_blocks_per_sm = cap == 1 || cap == 3 || cap == 4 ? static_cast<int32_t>(cap) : 0;
   const int64_t slice_blocks = Number("INDEXER_GPU_TOPK_SLICE_BLOCKS");

@@ -8,8 +8,8 @@
 //                                    gather walk too: wgmma_gather)
 //   INDEXER_GPU_WGMMA_MXFP4=0        MXFP4: mma.sync instead of wgmma
 //   INDEXER_GPU_TOPK_FUSE=0          wgmma_ws builds no top-k histogram
-//   INDEXER_GPU_WS_EVICT_FIRST=0     wgmma_ws reads K without the L2
-//                                    evict-first hint
+//   INDEXER_GPU_WS_EVICT_FIRST=0     wgmma_ws and block_stream read K
+//                                    without the L2 evict-first hint
 //   INDEXER_GPU_WS_UNIT=N            wgmma_ws work units of N entries (a
 //                                    multiple of 64; else the planner's rule)
 //   INDEXER_GPU_WS_BLOCKS_PER_SM=N   caps wgmma_ws's blocks per SM
@@ -20,6 +20,8 @@
 //                                    model
 //   INDEXER_GPU_BLOCK_STREAM=0..4   block_stream's launch shape (default 4,
 //                                    2 for Hi > 4)
+//   INDEXER_GPU_BLOCK_TMA=0          block_stream copies whole pages (no
+//                                    tensor map, no swizzle) on linear pages
 //   INDEXER_GPU_TOPK_BLOCKS_PER_SM=1|3|4  the cooperative top-k's stage B
 //                                    register cap (else by the launch's size)
 //   INDEXER_GPU_TOPK_SLICE_BLOCKS=N  the cooperative top-k's slices: about N
@@ -43,6 +45,7 @@ struct GpuKnobs {
   int32_t mxfp4_warpgroups = 0;  // 0: the default sizes
   int32_t mfma_model_arch = 0;   // 0, 942 or 950
   int32_t block_stream_shape = -1;  // -1: the kernel's default
+  bool block_tma = true;
   int32_t topk_blocks_per_sm = 0;   // 0: TopkEmitCap's rule; else 1, 3 or 4
   int32_t topk_slice_blocks = 2;    // PlanTopkSplit's blocks per SM (1..8)
   int64_t logits_mb = 1024;

@@ -98,6 +98,15 @@ bool HopperTensorMap(const PageLayout& layout, int cc_major) {
 }
 
 template <bool kHopper>
+bool HopperBlockTensorMap(const PageLayout& layout, int cc_major) {
+  if constexpr (kHopper) {
+    return cc_major == 9 && BlockScoresStreamTmaLayout(layout);
+  }
+  (void)layout, (void)cc_major;
+  return false;
+}
+
+template <bool kHopper>
 bool HopperFillsTopkHist(const LogitsParams& p, const char* which) {
   if constexpr (kHopper) {
     return which != nullptr && std::string_view(which) == "wgmma_ws" && WgmmaWsFillsTopkHist(p);
@@ -210,6 +219,10 @@ absl::Status LaunchGatherLogits(const LogitsParams& p, const TensorMap* rows8, i
 
 bool PoolWantsTensorMap(const PageLayout& layout, int cc_major) {
   return HopperTensorMap<kHopperPaths>(layout, cc_major);
+}
+
+bool BlockPoolWantsTensorMap(const PageLayout& layout, int cc_major) {
+  return HopperBlockTensorMap<kHopperPaths>(layout, cc_major);
 }
 
 }  // namespace gpu

@@ -126,8 +126,8 @@ struct LogitsParams {
   // rows), rows with n_r <= topk_min_visible left out. Null: no histogram.
   uint32_t* topk_hist = nullptr;
   int32_t topk_min_visible = 0;
-  // Set by the ws launcher: K copies with the L2 evict-first policy (on
-  // unless env INDEXER_GPU_WS_EVICT_FIRST=0).
+  // Set by the ws and MXFP4 launchers: K copies with the L2 evict-first
+  // policy (on unless env INDEXER_GPU_WS_EVICT_FIRST=0).
   bool k_evict_first = false;
 };
 
@@ -164,6 +164,10 @@ absl::Status LaunchDenseLogitsPortable(const LogitsParams& p, Stream stream);
 // True when a pool of `layout` on a device of compute major `cc_major` gets a
 // tensor map (LogitsParams::tmap) for the sm_90 bulk-copy paths.
 bool PoolWantsTensorMap(const PageLayout& layout, int cc_major);
+// True when a pool of `layout` gets the block path's tensor map
+// (BlockScoreParams::tmap): [pages, E, VB] in boxes of one page's values,
+// 64-byte swizzle.
+bool BlockPoolWantsTensorMap(const PageLayout& layout, int cc_major);
 
 // ---- the sm_90 paths of hopper/ --------------------------------------------
 // Defined in CUDA builds only (kernels/gpu/hopper/ is not in a HIP build):
@@ -320,6 +324,14 @@ struct BlockScoreParams {
   float* scores;
   int32_t width;             // >= max causal pages over the rows
   int32_t* causal;           // [Hi, num_rows] out
+  // The pool's page-values map (BlockPoolWantsTensorMap): block_stream
+  // copies a page's values by the bulk tensor copy engine in the 64-byte
+  // swizzle, so that its value loads hit 32 banks.
+  bool use_tma = false;
+  TensorMap tmap{};
+  // Set by the streaming kernel's launcher: page copies with the L2
+  // evict-first policy (on unless env INDEXER_GPU_WS_EVICT_FIRST=0).
+  bool evict_first = false;
 };
 absl::Status LaunchBlockScores(const BlockScoreParams& p, Stream stream);
 
@@ -374,6 +386,9 @@ absl::Status LaunchBlockScoresMma(const BlockScoreParams& p, int32_t num_sms, St
 // whole pages by bulk copies into per-warp rings. Pages of a multiple of 16
 // bytes and of at most 128 entries.
 bool BlockScoresStreamSupported(const BlockScoreParams& p, int cc_major, int cc_minor);
+// Layouts whose pools block_stream reads through a tensor map (linear MXFP4
+// pages it takes).
+bool BlockScoresStreamTmaLayout(const PageLayout& layout);
 // CTAs of the streaming kernel on a device of `num_sms` multiprocessors.
 int32_t BlockScoresStreamCtas(int32_t num_sms);
 absl::Status LaunchBlockScoresStream(const BlockScoreParams& p, const BlockWorkMap& wm, Stream stream);

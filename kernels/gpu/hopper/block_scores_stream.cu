@@ -11,6 +11,18 @@
 // warps (below), the next pages in flight while one is scored; the e2m1 -> fp16
 // widening is 11 integer instructions per 8 values (below); each page's
 // 512 e8m0 scales are turned into floats once per page, not once per lane.
+// Pages are read once per step: the copies carry the L2 evict-first hint
+// (knob INDEXER_GPU_WS_EVICT_FIRST=0 drops it), so that streaming K
+// displaces its own lines rather than what other kernels left in L2.
+//
+// Bank conflicts (kTma). A lane reads 4 bytes of each 16-byte block chunk j
+// of its entries g and g + 8; entries are 64 bytes apart, so entries g and
+// g + 2 share banks and a plain page copy makes every value load a 4-way
+// conflict. Pools of linear pages have a tensor map (BlockPoolWantsTensorMap)
+// whose box is one page's values in the 64-byte swizzle: chunk j of entry e
+// lands at chunk j ^ ((e >> 1) & 3) of its row (the ring slots 1024-byte
+// aligned), so the 8 entries of a load take 8 different chunk columns and
+// the warp's 32 words 32 banks. The page's scales follow by a bulk copy.
 //
 // Arithmetic (as block_scores_mma.cu): Q is fp32; per (head, block j) it is
 // scaled by 2^(14 - E_j) (E_j the exponent of the block's largest |q|) and
@@ -88,21 +100,32 @@ constexpr int kSwMaxPageWarps = 2;
 
 // Shared memory of one group (the warps of one page): its page ring, the
 // scored page's scales as floats, the warps' block maxima (two buffers,
-// alternate items), one mbarrier per ring slot.
+// alternate items), one mbarrier per ring slot. With the tensor map (tma)
+// the ring is two: the slots' values (E x 64 bytes each, a multiple of
+// 1024: the swizzle's pattern comes from the address bits) and then their
+// raw scales (E x 4 bytes each); the group's share is a multiple of 1024
+// from a 1024-byte aligned base. Without it a slot holds the whole page.
 struct SwGroupSmem {
-  int64_t page_stride;  // page bytes rounded up to 128
+  int64_t page_stride;  // tma: the values' slot stride; else page bytes rounded up to 128
+  int64_t raw_at;       // tma: the raw scales' ring (slot stride raw_stride); else 0
+  int64_t raw_stride;
   int64_t scales_at;    // float4 [E rounded up to 16]
   int64_t comb_at;      // float [2][kSwMaxPageWarps][kSwMaxHeads]
   int64_t bars_at;      // uint64 [stages]
-  int64_t bytes;        // the group's share, a multiple of 128
+  int64_t bytes;        // the group's share, a multiple of 128 (tma: of 1024)
 };
-__host__ __device__ inline SwGroupSmem SwSmemOf(int64_t page_bytes, int32_t page_entries, int stages) {
+__host__ __device__ inline SwGroupSmem SwSmemOf(int64_t page_bytes, int32_t page_entries, int stages,
+                                                bool tma) {
   SwGroupSmem s;
-  s.page_stride = (page_bytes + 127) / 128 * 128;
-  s.scales_at = stages * s.page_stride;
+  const int64_t values = static_cast<int64_t>(page_entries) * (kSwDim / 2);
+  s.page_stride = tma ? values : (page_bytes + 127) / 128 * 128;
+  s.raw_at = tma ? stages * s.page_stride : 0;
+  s.raw_stride = tma ? page_bytes - values : 0;
+  s.scales_at = tma ? s.raw_at + stages * s.raw_stride : stages * s.page_stride;
   s.comb_at = s.scales_at + static_cast<int64_t>((page_entries + 15) / 16 * 16) * 16;
   s.bars_at = s.comb_at + 2 * kSwMaxPageWarps * kSwMaxHeads * 4;
-  s.bytes = (s.bars_at + 8 * stages + 127) / 128 * 128;
+  const int64_t align = tma ? 1024 : 128;
+  s.bytes = (s.bars_at + 8 * stages + align - 1) / align * align;
   return s;
 }
 
@@ -198,6 +221,13 @@ __device__ __forceinline__ void SwLoadQ(const BlockScoreParams& p, int32_t lr, i
   }
 }
 
+// Two 4-byte shared-memory loads at a shared-window address and 512 bytes
+// on (rows e and e + 8 of a swizzled slot; the reads XOR their chunk into
+// the address). Volatile: never moved above the slot's mbarrier wait.
+__device__ __forceinline__ void SwLdsPair(uint32_t addr, uint32_t& a, uint32_t& b) {
+  asm volatile("ld.shared.u32 %0, [%2];\n\tld.shared.u32 %1, [%2+512];\n" : "=r"(a), "=r"(b) : "r"(addr));
+}
+
 // Eight e2m1 nibbles of w (element i in nibble i) as the fp16 high bytes of
 // value * 2^-14: even elements in `even` (byte i = element 2i), odd ones in
 // `odd`. A byte s000mmm0 is the high byte of the half with sign s and bits
@@ -213,24 +243,31 @@ __device__ __forceinline__ uint32_t SwHalves(uint32_t bytes, uint32_t sel) {
 }
 #endif  // INDEXER_GPU_WGMMA
 
-template <int kNT, bool kTiled, int kShape>
+template <int kNT, bool kTiled, bool kTma, int kShape>
 __global__ void __launch_bounds__(kSwShapes[kShape].warps * 32, kSwShapes[kShape].ctas_per_sm)
-    BlockScoresStreamKernel(const BlockScoreParams p, const BlockWorkMap wm) {
+    BlockScoresStreamKernel(const INDEXER_GRID_CONSTANT BlockScoreParams p, const BlockWorkMap wm) {
 #if INDEXER_GPU_WGMMA
+  static_assert(!(kTiled && kTma), "the tensor map is for linear pages");
   constexpr int kSwWarps = kSwShapes[kShape].warps, kSwThreads = kSwWarps * 32;
   constexpr int kSwStages = kSwShapes[kShape].stages;
   constexpr int kPW = kSwShapes[kShape].page_warps, kGroups = kSwWarps / kPW;
   static_assert(kSwStages >= 2, "one page scored while the next arrives");
   static_assert(kPW >= 1 && kPW <= kSwMaxPageWarps && kSwWarps % kPW == 0, "whole groups");
   static_assert(kGroups <= 15, "a named barrier per group (ids 1..15)");
-  extern __shared__ __align__(128) uint8_t sw_smem[];
+  extern __shared__ __align__(128) uint8_t sw_smem_raw[];
+  // tma: the launch adds 1024 bytes of slack for this alignment.
+  uint8_t* const sw_smem = kTma ? AlignSmem1024(sw_smem_raw) : sw_smem_raw;
   const PageLayout& l = p.layout;
   const int32_t per_page = l.page_entries;
   const uint32_t page_bytes = static_cast<uint32_t>(l.page_bytes());
-  const SwGroupSmem lay = SwSmemOf(page_bytes, per_page, kSwStages);
+  const SwGroupSmem lay = SwSmemOf(page_bytes, per_page, kSwStages, kTma);
   const int warp = WarpId(), lane = LaneId(), g = lane / 4, t = lane % 4;
   const int group = warp / kPW, sub = warp % kPW;  // sub: the warp's part of the page
   uint8_t* const my = sw_smem + group * lay.bytes;
+  // tma: chunk j of row e lands at e * 64 + ((j ^ ((e >> 1) & 3)) << 4) of
+  // the slot. For this lane's rows e0 + g and e0 + g + 8 (e0 a multiple of
+  // 16) that is e0 * 64 + (lane_sw ^ (j << 4)) and 512 bytes on.
+  const uint32_t lane_sw = static_cast<uint32_t>((g * (kSwDim / 2) + 4 * t) ^ (((g >> 1) & 3) << 4));
   float4* const sc = reinterpret_cast<float4*>(my + lay.scales_at);
   float* const comb = reinterpret_cast<float*>(my + lay.comb_at);
   uint64_t* const bars = reinterpret_cast<uint64_t*>(my + lay.bars_at);
@@ -284,7 +321,22 @@ __global__ void __launch_bounds__(kSwShapes[kShape].warps * 32, kSwShapes[kShape
       // passed the group's barrier) before the copy engine's write.
       FenceProxyAsyncShared();
       MbarArriveExpectTx(&bars[slot], page_bytes);
-      BulkLoad(my + slot * lay.page_stride, p.pool + l.PageOffset(page), page_bytes, &bars[slot]);
+      const uint8_t* src = p.pool + l.PageOffset(page);
+      if constexpr (kTma) {
+        const uint32_t raw_bytes = static_cast<uint32_t>(lay.raw_stride);
+        uint8_t* const raw_dst = my + lay.raw_at + slot * lay.raw_stride;
+        if (p.evict_first) {
+          TmaLoad3dHint(my + slot * lay.page_stride, &p.tmap, 0, 0, page, &bars[slot], kL2EvictFirst);
+          BulkLoadHint(raw_dst, src + l.scale_region(), raw_bytes, &bars[slot], kL2EvictFirst);
+        } else {
+          TmaLoad3d(my + slot * lay.page_stride, &p.tmap, 0, 0, page, &bars[slot]);
+          BulkLoad(raw_dst, src + l.scale_region(), raw_bytes, &bars[slot]);
+        }
+      } else if (p.evict_first) {
+        BulkLoadHint(my + slot * lay.page_stride, src, page_bytes, &bars[slot], kL2EvictFirst);
+      } else {
+        BulkLoad(my + slot * lay.page_stride, src, page_bytes, &bars[slot]);
+      }
     }
   };
   auto step_on = [&](SwCursor& c) {
@@ -328,6 +380,10 @@ __global__ void __launch_bounds__(kSwShapes[kShape].warps * 32, kSwShapes[kShape
       MbarWait(&bars[slot], (phase >> slot) & 1u);
       phase ^= 1u << slot;
       const uint8_t* page = my + slot * lay.page_stride;
+      const uint32_t page_s = kTma ? SmemAddr(page) : 0u;  // its shared-window address
+      // The slot's scales: tma, the raw ring's slot (entry e at 4 e); else
+      // the page's scale region.
+      const uint8_t* raw = kTma ? my + lay.raw_at + slot * lay.raw_stride : page + l.scale_region();
 
       const int32_t hi = min(count, lo + span);  // this warp's visible entries end
       // ---- the warp's scales as floats (0 past the visible entries) -------
@@ -336,7 +392,7 @@ __global__ void __launch_bounds__(kSwShapes[kShape].warps * 32, kSwShapes[kShape
         if (e < count) {
           uint32_t s;
           if (linear) {
-            s = *reinterpret_cast<const uint32_t*>(page + l.ScaleOffset(e, 0));
+            s = *reinterpret_cast<const uint32_t*>(raw + 4 * e);
           } else {
             s = 0;
 #pragma unroll
@@ -358,7 +414,13 @@ __global__ void __launch_bounds__(kSwShapes[kShape].warps * 32, kSwShapes[kShape
       for (int32_t e0 = lo; e0 < hi; e0 += 16) {
         const int32_t ea = e0 + g, eb = e0 + g + 8;
         uint32_t wa[4], wb[4];
-        if (linear) {
+        if constexpr (kTma) {
+          // The slot is 1024-byte aligned and e0 * 64 a multiple of 1024:
+          // XOR-ing j into the address XORs it into the lane's chunk bits.
+          const uint32_t sa = page_s + static_cast<uint32_t>(e0 * (kSwDim / 2)) + lane_sw;
+#pragma unroll
+          for (int j = 0; j < 4; ++j) SwLdsPair(sa ^ (j << 4), wa[j], wb[j]);
+        } else if (linear) {
           const uint8_t* va = page + l.ValueOffset(ea, 4 * t);
           const uint8_t* vb = page + l.ValueOffset(eb, 4 * t);
 #pragma unroll
@@ -464,30 +526,56 @@ int SwShapeIndex(int32_t num_heads) {
   return num_heads <= 4 ? kSwDefaultShape : kSwDefaultShapeTwoTiles;
 }
 
-int64_t SwCtaSmem(const PageLayout& l, int shape) {
+// A CTA's dynamic shared memory (tma: with 1024 bytes of alignment slack).
+int64_t SwCtaSmem(const PageLayout& l, int shape, bool tma) {
   const SwShape& sh = kSwShapes[shape];
-  return sh.warps / sh.page_warps * SwSmemOf(l.page_bytes(), l.page_entries, sh.stages).bytes;
+  return sh.warps / sh.page_warps * SwSmemOf(l.page_bytes(), l.page_entries, sh.stages, tma).bytes +
+         (tma ? 1024 : 0);
 }
 
-template <int kNT, bool kTiled, int kShape>
+// Whether `shape` fits one SM's shared memory: each CTA's share of the
+// 228 KiB, less the 1 KiB it reserves.
+bool SwFits(const PageLayout& l, int shape, bool tma) {
+  return SwCtaSmem(l, shape, tma) <= 228 * 1024 / kSwShapes[shape].ctas_per_sm - 1024;
+}
+
+// The tensor-map variant: the pool has the map, the knob allows it, and the
+// shape fits with the map's alignment (shape 3's three 128-entry stages do
+// not: it keeps the page copies).
+bool SwUseTma(const BlockScoreParams& p, int shape) {
+  return p.use_tma && Knobs().block_tma && BlockScoresStreamTmaLayout(p.layout) && SwFits(p.layout, shape, true);
+}
+
+template <int kNT, bool kTiled, bool kTma, int kShape>
 absl::Status LaunchStream(const BlockScoreParams& p, const BlockWorkMap& wm, Stream stream) {
-  const int64_t smem = SwCtaSmem(p.layout, kShape);
-  auto* kernel = &BlockScoresStreamKernel<kNT, kTiled, kShape>;
+  const int64_t smem = SwCtaSmem(p.layout, kShape, kTma);
+  auto* kernel = &BlockScoresStreamKernel<kNT, kTiled, kTma, kShape>;
   GPU_RETURN_IF_ERROR(SetMaxDynamicSmem(kernel, static_cast<int>(smem)));
   GPU_LAUNCH(kernel, wm.ctas, kSwShapes[kShape].warps * 32, smem, stream, p, wm);
   return absl::OkStatus();
 }
 
+template <int kNT, int kShape>
+absl::Status LaunchLayout(const BlockScoreParams& p, const BlockWorkMap& wm, Stream stream) {
+  if (p.layout.tiled()) return LaunchStream<kNT, true, false, kShape>(p, wm, stream);
+  if (SwUseTma(p, kShape)) return LaunchStream<kNT, false, true, kShape>(p, wm, stream);
+  return LaunchStream<kNT, false, false, kShape>(p, wm, stream);
+}
+
 template <int kShape>
 absl::Status LaunchShape(const BlockScoreParams& p, const BlockWorkMap& wm, Stream stream) {
-  const bool tiled = p.layout.tiled();
-  if (p.num_heads <= 4) {
-    return tiled ? LaunchStream<1, true, kShape>(p, wm, stream) : LaunchStream<1, false, kShape>(p, wm, stream);
-  }
-  return tiled ? LaunchStream<2, true, kShape>(p, wm, stream) : LaunchStream<2, false, kShape>(p, wm, stream);
+  return p.num_heads <= 4 ? LaunchLayout<1, kShape>(p, wm, stream) : LaunchLayout<2, kShape>(p, wm, stream);
 }
 
 }  // namespace
+
+bool BlockScoresStreamTmaLayout(const PageLayout& l) {
+  // One page's values a box ({VB, E, 1}: box sides of at most 256, rows of
+  // 64 bytes for the 64-byte swizzle), E x 64 a multiple of 1024 (E % 16),
+  // the scales' bulk copy 16-byte aligned.
+  return l.format == KvFormat::kMxfp4 && l.head_dim == kSwDim && !l.tiled() && l.page_entries % 16 == 0 &&
+         l.page_entries <= kSwMaxEntries && l.page_bytes() % 16 == 0;
+}
 
 bool BlockScoresStreamSupported(const BlockScoreParams& p, int cc_major, int cc_minor) {
   (void)cc_minor;
@@ -501,9 +589,8 @@ bool BlockScoresStreamSupported(const BlockScoreParams& p, int cc_major, int cc_
   // Whole 16-entry tiles inside the page.
   if (l.page_entries % 16 != 0) return false;
   if (l.tiled() && l.d_per_tile % 4 != 0) return false;
-  const int shape = SwShapeIndex(p.num_heads);
-  // Each CTA's share of the SM's 228 KiB, less the 1 KiB it reserves.
-  return SwCtaSmem(l, shape) <= 228 * 1024 / kSwShapes[shape].ctas_per_sm - 1024;
+  // The page copies' variant (the tensor map's falls back to it).
+  return SwFits(l, SwShapeIndex(p.num_heads), false);
 }
 
 int32_t BlockScoresStreamCtas(int32_t num_sms) {
@@ -511,8 +598,10 @@ int32_t BlockScoresStreamCtas(int32_t num_sms) {
   return std::max(num_sms, 1) * kSwShapes[SwShapeIndex(1)].ctas_per_sm;
 }
 
-absl::Status LaunchBlockScoresStream(const BlockScoreParams& p, const BlockWorkMap& wm, Stream stream) {
-  if (p.num_rows == 0 || p.width == 0 || wm.ctas == 0) return absl::OkStatus();
+absl::Status LaunchBlockScoresStream(const BlockScoreParams& p_in, const BlockWorkMap& wm, Stream stream) {
+  if (p_in.num_rows == 0 || p_in.width == 0 || wm.ctas == 0) return absl::OkStatus();
+  BlockScoreParams p = p_in;
+  p.evict_first = Knobs().ws_evict_first;
   switch (SwShapeIndex(p.num_heads)) {
     case 1:
       return LaunchShape<1>(p, wm, stream);

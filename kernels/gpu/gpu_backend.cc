@@ -224,29 +224,26 @@ absl::StatusOr<PoolHandle> GpuBackend::AllocatePool(const PageLayout& layout,
         " bytes on ", Describe(), " (", ErrorString(err), ")"));
   }
   Pool pool{static_cast<uint8_t*>(v), num_pages, page_bytes, false, {}};
+  // Tensor maps see the pool as [pages, E, VB value bytes] (each page's
+  // values, its scales left out).
+  const uint64_t dims[3] = {static_cast<uint64_t>(layout.value_bytes()),
+                            static_cast<uint64_t>(layout.page_entries),
+                            static_cast<uint64_t>(num_pages)};
+  const uint64_t strides[2] = {static_cast<uint64_t>(layout.value_bytes()),
+                               static_cast<uint64_t>(page_bytes)};
   if (PoolWantsTensorMap(layout, props_.major)) {
-    // The pool as [pages, E, 128 value bytes]; a box is one 64-entry tile.
-    const uint64_t dims[3] = {static_cast<uint64_t>(layout.value_bytes()),
-                              static_cast<uint64_t>(layout.page_entries),
-                              static_cast<uint64_t>(num_pages)};
-    const uint64_t strides[2] = {static_cast<uint64_t>(layout.value_bytes()),
-                                 static_cast<uint64_t>(page_bytes)};
+    // FP8: a box is one 64-entry tile (128-byte rows, 128-byte swizzle).
     const uint32_t box[3] = {static_cast<uint32_t>(layout.value_bytes()), 64, 1};
-    pool.has_tmap = EncodeTensorMapU8Sw128(&pool.tmap, v, dims, strides, box).ok();
+    pool.has_tmap = EncodeTensorMapU8(&pool.tmap, v, dims, strides, box, 128).ok();
     // The consumer's gather walk copies 8-entry chunks of pool blocks.
     const uint32_t box8[3] = {static_cast<uint32_t>(layout.value_bytes()), 8, 1};
-    pool.has_rows8 = pool.has_tmap && EncodeTensorMapU8Sw128(&pool.rows8, v, dims, strides, box8).ok();
+    pool.has_rows8 = pool.has_tmap && EncodeTensorMapU8(&pool.rows8, v, dims, strides, box8, 128).ok();
   }
   if (BlockPoolWantsTensorMap(layout, props_.major)) {
-    // The pool as [pages, E, VB value bytes]; a box is one page's values.
-    const uint64_t dims[3] = {static_cast<uint64_t>(layout.value_bytes()),
-                              static_cast<uint64_t>(layout.page_entries),
-                              static_cast<uint64_t>(num_pages)};
-    const uint64_t strides[2] = {static_cast<uint64_t>(layout.value_bytes()),
-                                 static_cast<uint64_t>(page_bytes)};
+    // Block layers (MXFP4): a box is one page's values, 64-byte swizzle.
     const uint32_t box[3] = {static_cast<uint32_t>(layout.value_bytes()),
                              static_cast<uint32_t>(layout.page_entries), 1};
-    pool.has_block_tmap = EncodeTensorMapU8Sw128(&pool.block_tmap, v, dims, strides, box, 64).ok();
+    pool.has_block_tmap = EncodeTensorMapU8(&pool.block_tmap, v, dims, strides, box, 64).ok();
   }
   int32_t index;
   {

@@ -327,14 +327,13 @@ inline absl::Status ErrorStatus(Error e, const char* what, const char* file,
 
 // A 3-D uint8 tensor map over `base` for the bulk tensor copy engine:
 // dims[0] contiguous, strides[i] the byte stride of dim i + 1, boxes of
-// `box` elements landing in shared memory in the 128-byte swizzle (16-byte
-// chunk bits 4..6 of the shared address XOR bits 7..9) or, with
-// `swizzle_bytes` 64, the 64-byte one (bits 4..5 XOR bits 7..8).
-// UNIMPLEMENTED where the runtime has no such engine (HIP).
-inline absl::Status EncodeTensorMapU8Sw128(TensorMap* out, const void* base,
-                                           const uint64_t (&dims)[3],
-                                           const uint64_t (&strides)[2],
-                                           const uint32_t (&box)[3], int swizzle_bytes = 128) {
+// `box` elements landing in shared memory in the swizzle of `swizzle_bytes`:
+// 128 (16-byte chunk bits 4..6 of the shared address XOR bits 7..9) or 64
+// (bits 4..5 XOR bits 7..8). UNIMPLEMENTED where the runtime has no such
+// engine (HIP).
+inline absl::Status EncodeTensorMapU8(TensorMap* out, const void* base, const uint64_t (&dims)[3],
+                                      const uint64_t (&strides)[2], const uint32_t (&box)[3],
+                                      int swizzle_bytes) {
 #if defined(INDEXER_GPU_HIP)
   (void)out, (void)base, (void)dims, (void)strides, (void)box, (void)swizzle_bytes;
   return absl::UnimplementedError("tensor maps: no bulk tensor copies on hip");

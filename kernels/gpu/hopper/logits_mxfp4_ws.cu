@@ -497,7 +497,9 @@ __global__ void __launch_bounds__((MxConfig<kHeads, kRows, kMath, kStages, MxPro
   const int32_t total = ShareTiles(p, u_first, u_last);
 
   // ---- math warpgroup wg: tiles wg, wg + kMath, ... -------------------------
-  const int wg = warp / (kMxWgSize / kWarpSize);
+  // wg by a shuffle from lane 0: warp-uniform to the compiler (slot and
+  // descriptor arithmetic in uniform registers; logits_wgmma_ws.cu).
+  const int wg = ShflIdx(warp / (kMxWgSize / kWarpSize), 0);
   const int wt = tid % kMxWgSize, wwarp = warp % (kMxWgSize / kWarpSize);
   const int gq = lane / 4, t = lane % 4;
   uint8_t* q_s = smem + wg * C::kQBytes;                                   // [kN, 128] e5m2, swizzled
@@ -664,7 +666,7 @@ __global__ void __launch_bounds__((MxConfig<kHeads, kRows, kMath, kStages, MxPro
 #pragma unroll
       for (int j = 0; j < 4; ++j) {
         // +32 bytes per slice: +2 in the descriptor's 16-byte address units.
-        WgmmaE5m2RegA<kN>(acc, a[j], desc_q + 2 * j, j == 0);
+        WgmmaE5m2RegA<kN>(acc, a[j], DescPlus(desc_q, 2 * j), j == 0);
       }
       WgmmaCommit();
       const float rs0 = format_internal::ExactPow2(static_cast<int32_t>(emax0) - 127);
@@ -688,7 +690,7 @@ __global__ void __launch_bounds__((MxConfig<kHeads, kRows, kMath, kStages, MxPro
 #pragma unroll 1
         for (int hf = 0; hf < kHeads / kPb; ++hf) {
           const int h0 = r * kHeads + hf * kPb;  // first head (column) of the slice
-          const uint64_t desc_h = desc_q + ((h0 * kMxDim) >> 4);
+          const uint64_t desc_h = DescPlus(desc_q, (h0 * kMxDim) >> 4);
           float tot[kPb / 2];
 #pragma unroll
           for (int i = 0; i < kPb / 2; ++i) tot[i] = 0.f;
@@ -706,7 +708,7 @@ __global__ void __launch_bounds__((MxConfig<kHeads, kRows, kMath, kStages, MxPro
             float part[kPb / 2];
             WgmmaFence();
 #pragma unroll
-            for (int j = 0; j < 4; ++j) WgmmaE5m2RegA<kPb>(part, ab[j], desc_h + 2 * j, j == 0);
+            for (int j = 0; j < 4; ++j) WgmmaE5m2RegA<kPb>(part, ab[j], DescPlus(desc_h, 2 * j), j == 0);
             WgmmaCommit();
             WgmmaWaitAll();
             // P_b exact in part; scaled by powers of two, then summed in fp32.

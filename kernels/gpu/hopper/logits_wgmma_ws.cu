@@ -49,6 +49,7 @@
 #include "kernels/gpu/gpu_compat.h"  // first: the runtime defines __device__ & co.
 
 #include <algorithm>
+#include <cstddef>
 #include <cstdlib>
 
 #include "absl/strings/str_cat.h"
@@ -95,6 +96,10 @@ struct WsConfig {
   static constexpr int kGroupRows = kRowsWg * kTeam;          // rows a group may have
   static constexpr int kN = kRowsWg * kHeads;                 // wgmma N
   static constexpr int kThreads = kMath * kWgSize + kWarpSize;  // + producer warp
+  // Shared weights in WeightSlot order, two column groups per 16-byte load,
+  // where the registers allow: at N = 128 (96 registers for two blocks per
+  // SM) the wider loads, all hoisted, spilled 32 bytes in the tile loop.
+  static constexpr bool kW4 = kN <= 64;
   static constexpr int kQBytes = kN * kWsDim;                 // one warpgroup's Q rows
   // Shared memory from a 1024-byte aligned base: K slots | Q per warpgroup
   // (both in the 128-byte swizzle, 1024-byte aligned) | scales per slot |
@@ -123,6 +128,19 @@ struct WsConfig {
   static_assert(!kHist || kRowsWg == 1, "a histogram per warpgroup holds one row");
   static_assert(!kWReg || kRowsWg == 1, "register weights for one row (kN / 4 registers)");
 };
+
+// Where head h of a warpgroup's column kh = r * kHeads + h sits in its
+// shared weights: lane quad t's pairs of column groups j and j + 1 (j even)
+// side by side, {w[8j + 2t], w[8j + 2t + 1], w[8j + 8 + 2t], w[8j + 9 + 2t]},
+// so the epilogue reads two groups' weights in one 16-byte load (the
+// natural order took one 8-byte load per group: 16 per tile and warp at
+// two rows).
+template <int kHeads>
+__host__ __device__ constexpr int WeightSlot(int kh) {
+  static_assert(kHeads % 16 == 0, "pairs of whole column groups");
+  const int r = kh / kHeads, h = kh % kHeads, j = h / 8;
+  return r * kHeads + (j / 2) * 16 + ((h % 8) / 2) * 4 + (j % 2) * 2 + h % 2;
+}
 
 // ---- the gather walk's producer (the whole warp) ---------------------------
 constexpr int kBoxEntries = 8;                     // entries per chunk (box)
@@ -286,12 +304,20 @@ __global__ void __launch_bounds__(C::kThreads, C::kMinBlocks)
   uint8_t* smem = AlignSmem1024(smem_raw);
   uint8_t* k_s = smem;                                            // [kSlots][64, 128]
   float* ks_s = reinterpret_cast<float*>(smem + C::kOffScale);   // [kSlots][64]
-  __shared__ __align__(8) uint64_t full[kSlots];   // producer -> team
-  __shared__ __align__(8) uint64_t empty[kSlots];  // team -> producer
-  // Per slot, written by the producer before the arrive that starts its
-  // copies: the tile's {group, first entry, the group's first row, its
-  // rows}; group -1 ends the team's walk. The consumers walk no units.
-  __shared__ int4 tinfo[kSlots];
+  // The ring's barriers and tile facts, one shared object: the math
+  // warpgroups address it from one register (ring_a below).
+  struct Ring {
+    uint64_t full[kSlots];   // producer -> team
+    uint64_t empty[kSlots];  // team -> producer
+    // Per slot, written by the producer before the arrive that starts its
+    // copies: the tile's {group, first entry, the group's first row, its
+    // rows}; group -1 ends the team's walk. The consumers walk no units.
+    int4 tinfo[kSlots];
+  };
+  __shared__ __align__(16) Ring ring;
+  uint64_t* full = ring.full;
+  uint64_t* empty = ring.empty;
+  int4* tinfo = ring.tinfo;
 
   // ---- this block's share of the units ----------------------------------
   const int64_t units = p.unit_end - p.unit_begin;
@@ -386,16 +412,30 @@ __global__ void __launch_bounds__(C::kThreads, C::kMinBlocks)
   }
 
   // ---- math warpgroup wg: team wg / kTeam takes tiles team, team + kTeams, ..
-  const int wg = warp / kWarpsWg;
+  // wg by a shuffle from lane 0: warp-uniform to the compiler, so the tile
+  // loop's slot, barrier and descriptor arithmetic stays in uniform
+  // registers (from threadIdx directly, every wgmma's descriptors were
+  // rebuilt in vector registers with 64-bit adds and moved to uniform ones:
+  // ~60 of the loop's ~300 instructions per tile and warp, H200 ncu of the
+  // prefill, h200_2026-12-04_s19.md).
+  const int wg = ShflIdx(warp / kWarpsWg, 0);
   const int team = wg / C::kTeam, role = wg % C::kTeam;
   const int wt = tid % kWgSize, wwarp = warp % kWarpsWg;
   const int gq = lane / 4, t = lane % 4;
   uint8_t* q_s = smem + C::kOffQ + wg * C::kQBytes;                   // [kN, 128] swizzled
-  float* w_s = reinterpret_cast<float*>(smem + C::kOffW) + wg * kN;  // [kN], halved
+  float* w_s = reinterpret_cast<float*>(smem + C::kOffW) + wg * kN;  // [kN], halved (kW4: WeightSlot order)
   const uint64_t desc_q = Sw128KMajorDesc(q_s);
+  const uint64_t desc_k0 = Sw128KMajorDesc(k_s);  // slot 0's tile
+  // The ring's shared address, opaque to the compiler: held in a register
+  // (it otherwise rebuilt the address from the block's cluster id at every
+  // use, ~12 instructions per tile and warp).
+  uint32_t ring_a = SmemAddr(&ring);
+  asm volatile("" : "+r"(ring_a));
+  const uint32_t full_a = ring_a + offsetof(Ring, full), empty_a = ring_a + offsetof(Ring, empty);
   uint32_t* hist_s = reinterpret_cast<uint32_t*>(smem + C::kOffHist) + wg * C::kHistWords;  // [2048]
   int32_t staged = -1;            // group whose Q this warpgroup holds
   int32_t my_rows = 0, row0 = 0;  // its rows of that group; the first (sub-chunk row)
+  float* out0 = p.logits;         // row0's logits
   int32_t n_r[kRowsWg] = {};
   const int e0 = wwarp * 16 + gq;  // the thread's entries e0, e0 + 8 of a tile
   // kWReg: the thread's (halved) weights, columns 8 j + 2 t, + 1.
@@ -423,6 +463,7 @@ __global__ void __launch_bounds__(C::kThreads, C::kMinBlocks)
     const int32_t first = role * kRowsWg;  // the group's row this warpgroup starts at
     my_rows = min(max(num_rows - first, 0), kRowsWg);
     row0 = row_begin + first - p.row_base;
+    out0 = p.logits + static_cast<int64_t>(row0) * p.stride;
     // Q by cp.async (no registers held), then the weights and the rows'
     // lengths, all in flight at once: one round trip a stage, not one per
     // 16-byte chunk (a stage sits between two tiles of the warpgroup's
@@ -448,7 +489,9 @@ __global__ void __launch_bounds__(C::kThreads, C::kMinBlocks)
 #pragma unroll
         for (int j = 0; j < kN / 8; ++j) w_r[j] = make_float2(0.5f * w[j * 8], 0.5f * w[j * 8 + 1]);
       } else {
-        if (wt < kN) w_s[wt] = wt < my_rows * kHeads ? 0.5f * p.weights[q0 + wt] : 0.f;
+        if (wt < kN) {
+          w_s[C::kW4 ? WeightSlot<kHeads>(wt) : wt] = wt < my_rows * kHeads ? 0.5f * p.weights[q0 + wt] : 0.f;
+        }
       }
 #pragma unroll
       for (int r = 0; r < kRowsWg; ++r) n_r[r] = r < my_rows ? visible[p.row_base + row0 + r] : 0;
@@ -462,13 +505,13 @@ __global__ void __launch_bounds__(C::kThreads, C::kMinBlocks)
   };
   // ---- C = K . Q^T over four k32 slices (issued; the caller waits) --------
   auto mma = [&](float (&acc)[kN / 2], int slot) {
-    const uint64_t desc_k = Sw128KMajorDesc(k_s + slot * kWsTileBytes);
+    const uint64_t desc_k = DescPlus(desc_k0, slot * (kWsTileBytes >> 4));
     WgmmaFence();
 #pragma unroll
     for (int k = 0; k < kWsDim / 32; ++k) {
       // +32 bytes per slice: +2 in the descriptor's 16-byte address units.
       if (k == 0) WgmmaE4m3First<kN>(acc, desc_k, desc_q);
-      else WgmmaE4m3<kN>(acc, desc_k + 2 * k, desc_q + 2 * k, 1);
+      else WgmmaE4m3<kN>(acc, DescPlus(desc_k, 2 * k), DescPlus(desc_q, 2 * k), 1);
     }
     WgmmaCommit();
   };
@@ -486,15 +529,24 @@ __global__ void __launch_bounds__(C::kThreads, C::kMinBlocks)
       ks0 = ks_s[slot * kWsTile + e0];
       ks1 = ks_s[slot * kWsTile + e0 + 8];
     }
-    MbarArrive(&empty[slot]);
+    MbarArrive(empty_a + 8 * slot);
 #pragma unroll
     for (int r = 0; r < kRowsWg; ++r) {
       float2 sums;
-      if constexpr (C::kWReg) sums = ReluWeightedHeadSumsReg<kHeads>(acc, w_r);
-      else sums = ReluWeightedHeadSums<kHeads>(acc, w_s, r, t);
+      if constexpr (C::kWReg) {
+        sums = ReluWeightedHeadSumsReg<kHeads>(acc, w_r);
+      } else if constexpr (C::kW4) {
+        sums = ReluWeightedQuadSums<kHeads / 8>(acc + 4 * r * (kHeads / 8), [&](int j) {
+          // Column groups j and j + 1 (j even) in one 16-byte load.
+          const float4 w4 = *reinterpret_cast<const float4*>(w_s + r * kHeads + (j / 2) * 16 + 4 * t);
+          return j % 2 == 0 ? make_float2(w4.x, w4.y) : make_float2(w4.z, w4.w);
+        });
+      } else {
+        sums = ReluWeightedHeadSums<kHeads>(acc, w_s, r, t);
+      }
       if (r < my_rows) {
         // Every lane of the quad holds both sums: two lanes store.
-        float* out = p.logits + static_cast<int64_t>(row0 + r) * p.stride;
+        float* out = out0 + r * p.stride;
         const float v = t == 0 ? sums.x * ks0 : sums.y * ks1;
         const int32_t pos = t == 0 ? pos0 : pos0 + 8;
         if (t < 2 && pos < n_r[r]) {
@@ -506,7 +558,7 @@ __global__ void __launch_bounds__(C::kThreads, C::kMinBlocks)
   };
   // Even a warpgroup with no rows in the group waits for the tile: its
   // release must count toward this use of the slot, not the previous one.
-  auto skip = [&](int slot) { MbarArrive(&empty[slot]); };
+  auto skip = [&](int slot) { MbarArrive(empty_a + 8 * slot); };
 
   // ---- one tile at a time: wait, multiply, epilogue ------------------------
   // The team's first tile: when it lies in the share's first unit its group
@@ -517,10 +569,17 @@ __global__ void __launch_bounds__(C::kThreads, C::kMinBlocks)
     if ((u.e_end - u.e_begin + kWsTile - 1) / kWsTile > team) stage(u.group, u.row_begin, u.num_rows);
   }
   float acc[kN / 2];  // written by each tile's first k-slice
-  for (int32_t n = team;; n += kTeams) {
-    const int slot = n % kSlots;
-    MbarWait(&full[slot], static_cast<uint32_t>(n / kSlots) & 1u);
-    const int4 ti = tinfo[slot];  // read before the slot's release
+  // Tile n = team, team + kTeams, ... in slot n % kSlots, its `full` phase
+  // (n / kSlots) & 1, both carried (kTeams divides kSlots: a wrap is one phase).
+  int slot = team;
+  uint32_t phase = 0;
+  for (;; slot += kTeams) {
+    if (slot >= kSlots) {
+      slot -= kSlots;
+      phase ^= 1u;
+    }
+    MbarWait(full_a + 8 * slot, phase);
+    const int4 ti = LdsInt4(ring_a + offsetof(Ring, tinfo) + 16 * slot);  // read before the slot's release
     if (ti.x < 0) break;          // the share's end
     if (ti.x != staged) stage(ti.x, ti.z, ti.w);
     if (my_rows == 0) {

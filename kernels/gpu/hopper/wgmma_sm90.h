@@ -28,6 +28,18 @@ __device__ __forceinline__ uint64_t Sw128KMajorDesc(const void* smem) {
   return desc;
 }
 
+// `desc` with `add` (16-byte units) added to its start-address field alone:
+// a 32-bit add on the low word, where a 64-bit add costs a carry chain
+// and register moves before every wgmma. REQUIRES: the field does not
+// overflow (shared addresses stay below 256 KiB).
+__device__ __forceinline__ uint64_t DescPlus(uint64_t desc, uint32_t add) {
+  uint64_t r;
+  asm("{\n.reg .b32 lo, hi;\nmov.b64 {lo, hi}, %1;\nadd.u32 lo, lo, %2;\nmov.b64 %0, {lo, hi};\n}\n"
+      : "=l"(r)
+      : "l"(desc), "r"(add));
+  return r;
+}
+
 __device__ __forceinline__ void WgmmaFence() {
   asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
 }
@@ -87,16 +99,27 @@ __device__ __forceinline__ void MbarArriveExpectTx(uint64_t* bar, uint32_t bytes
   asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(SmemAddr(bar)), "r"(bytes)
                : "memory");
 }
-__device__ __forceinline__ void MbarWait(uint64_t* bar, uint32_t parity) {
+// The barrier at shared address `bar` (SmemAddr): loops that index an array
+// of barriers take its address once, not a generic-to-shared conversion
+// per use.
+__device__ __forceinline__ void MbarWait(uint32_t bar, uint32_t parity) {
   asm volatile(
       "{\n.reg .pred done;\nWAIT_%=:\n"
       "mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n"
-      "@!done bra WAIT_%=;\n}\n" ::"r"(SmemAddr(bar)), "r"(parity) : "memory");
+      "@!done bra WAIT_%=;\n}\n" ::"r"(bar), "r"(parity) : "memory");
+}
+__device__ __forceinline__ void MbarWait(uint64_t* bar, uint32_t parity) { MbarWait(SmemAddr(bar), parity); }
+// 16 bytes from shared address `a` (SmemAddr; 16-byte aligned).
+__device__ __forceinline__ int4 LdsInt4(uint32_t a) {
+  int4 v;
+  asm volatile("ld.shared.v4.s32 {%0, %1, %2, %3}, [%4];\n" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "r"(a));
+  return v;
 }
 // One arrival on `bar` (no transaction bytes): a consumer releasing a stage.
-__device__ __forceinline__ void MbarArrive(uint64_t* bar) {
-  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(SmemAddr(bar)) : "memory");
+__device__ __forceinline__ void MbarArrive(uint32_t bar) {
+  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(bar) : "memory");
 }
+__device__ __forceinline__ void MbarArrive(uint64_t* bar) { MbarArrive(SmemAddr(bar)); }
 // An arrival on `bar` once every cp.async this thread issued before has
 // landed (.noinc: the barrier's expected count includes it).
 __device__ __forceinline__ void CpAsyncArriveNoinc(uint64_t* bar) {

@@ -126,8 +126,8 @@ struct LogitsParams {
   // rows), rows with n_r <= topk_min_visible left out. Null: no histogram.
   uint32_t* topk_hist = nullptr;
   int32_t topk_min_visible = 0;
-  // Set by the ws launcher: K copies with the L2 evict-first policy (on
-  // unless env INDEXER_GPU_WS_EVICT_FIRST=0).
+  // Set by the ws launcher: K copies with the L2 evict-first policy (where
+  // the step reads K once, unless env INDEXER_GPU_WS_EVICT_FIRST=0).
   bool k_evict_first = false;
 };
 

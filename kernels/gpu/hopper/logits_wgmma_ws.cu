@@ -613,13 +613,17 @@ absl::Status LaunchWs(const LogitsParams& p_in, Stream stream, const TensorMap& 
   auto* kernel = &DenseLogitsWgmmaWsKernel<C, kGather>;
   LogitsParams p = p_in;
   if (kGather || !C::kHist || !TopkFuseEnabled()) p.topk_hist = nullptr;
-  // K is read once: its copies carry the L2 evict-first policy, so the
-  // logits the top-k reads next (and what other layers keep in L2) stay.
-  // Same call, H200 (h200_2026-12-01_kfp8.md): logits -6.4 us at B=64 8k,
-  // -2.2 at B=8 32k, -0.8 at B=64 32k, noise elsewhere; top-k -1.4 to
-  // -2.6 us at B=64/128 x 32k and B=64 x 128k. Env
-  // INDEXER_GPU_WS_EVICT_FIRST=0 turns it off (A/B runs).
-  p.k_evict_first = Knobs().ws_evict_first;
+  // Where K is read once (every sequence's rows fit one group: decode), its
+  // copies carry the L2 evict-first policy, so the logits the top-k reads
+  // next (and what other layers keep in L2) stay. Same call, H200
+  // (h200_2026-12-01_kfp8.md): logits -6.4 us at B=64 8k, -2.2 at B=8 32k,
+  // -0.8 at B=64 32k, noise elsewhere; top-k -1.4 to -2.6 us at B=64/128 x
+  // 32k and B=64 x 128k. A prefill chunk's groups each read the sequence's
+  // whole K: there the hint evicted the lines the next group reads (4k x
+  // 32k: 2163 us with it, 2125-2131 without; h200_2026-12-04_s19.md). Env
+  // INDEXER_GPU_WS_EVICT_FIRST=0 turns it off everywhere (A/B runs).
+  p.k_evict_first = Knobs().ws_evict_first &&
+                    int64_t{p.step.num_rows} <= int64_t{p.step.num_seqs} * p.max_group_rows;
   // Once per process and configuration: the shared-memory limit and the
   // blocks per SM (host calls that would otherwise sit between the timing
   // events).

@@ -497,8 +497,8 @@ __global__ void __launch_bounds__((MxConfig<kHeads, kRows, kMath, kStages, MxPro
   const int32_t total = ShareTiles(p, u_first, u_last);
 
   // ---- math warpgroup wg: tiles wg, wg + kMath, ... -------------------------
-  // wg by a shuffle from lane 0: warp-uniform to the compiler (slot and
-  // descriptor arithmetic in uniform registers; logits_wgmma_ws.cu).
+  // wg by a shuffle from lane 0: warp-uniform to the compiler (descriptor
+  // arithmetic in uniform registers; logits_wgmma_ws.cu).
   const int wg = ShflIdx(warp / (kMxWgSize / kWarpSize), 0);
   const int wt = tid % kMxWgSize, wwarp = warp % (kMxWgSize / kWarpSize);
   const int gq = lane / 4, t = lane % 4;

@@ -412,12 +412,12 @@ __global__ void __launch_bounds__(C::kThreads, C::kMinBlocks)
   }
 
   // ---- math warpgroup wg: team wg / kTeam takes tiles team, team + kTeams, ..
-  // wg by a shuffle from lane 0: warp-uniform to the compiler, so the tile
-  // loop's slot, barrier and descriptor arithmetic stays in uniform
-  // registers (from threadIdx directly, every wgmma's descriptors were
-  // rebuilt in vector registers with 64-bit adds and moved to uniform ones:
-  // ~60 of the loop's ~300 instructions per tile and warp, H200 ncu of the
-  // prefill, h200_2026-12-04_s19.md).
+  // wg by a shuffle from lane 0: warp-uniform to the compiler, so the
+  // wgmmas' descriptor arithmetic stays in uniform registers (from threadIdx
+  // directly, every wgmma's descriptors were rebuilt in vector registers
+  // with 64-bit adds and moved to uniform ones: ~60 of the loop's ~300
+  // instructions per tile and warp, H200 ncu of the prefill,
+  // h200_2026-12-04_s19.md).
   const int wg = ShflIdx(warp / kWarpsWg, 0);
   const int team = wg / C::kTeam, role = wg % C::kTeam;
   const int wt = tid % kWgSize, wwarp = warp % kWarpsWg;

@@ -32,7 +32,11 @@
 #             regions at both shapes under MPS, alternated twice
 #   kab       two kernel benches of one pack A/B in the same call (KAB_BASE:
 #             the other indexer_gpu_bench binary; KAB_ONLY: its --only
-#             shapes), alternated KAB_ROUNDS times (default 2)
+#             shapes), alternated KAB_ROUNDS times (default 2), then the
+#             side-by-side tables (bench_table.py)
+#   gaps      the decode shapes (GAPS_ONLY) as measured, with the flush's
+#             dirty L2 lines cleaned first (--clean-flush) and without the
+#             evict-first hint, alternated GAPS_ROUNDS times; the tables
 #   kcheck    a kernel change's checks: gpu_backend_test in KCHECK_SHARDS
 #             (default 4) gtest shards side by side, then memcheck and
 #             racecheck over the tests KCHECK_FILTER names (a gtest filter;
@@ -392,6 +396,39 @@ stage_kab() {
       [[ ${PIPESTATUS[0]} == 0 ]] || rc=1
     done
   done
+  bench_tables "$OUT"/kab-*-base.md "$OUT"/kab-*-new.md
+  return $rc
+}
+# The median-by-label tables of a stage's bench files (bench_table.py).
+bench_tables() {
+  local m
+  for m in logits topk layer; do
+    echo "== $m"
+    python3 "$ROOT/tests/bench/device/bench_table.py" --metric "$m" "$@" 2>&1 || echo "bench_table rc 1"
+  done
+}
+stage_gaps() {
+  # Where the decode layers' time over their floors goes: each shape as
+  # the bench measures it (default: the flush's 1 GiB leaves the L2 full of
+  # dirty lines, as a serving engine's earlier kernels would), with the
+  # flush's dirty lines cleaned before the timed kernels (--clean-flush),
+  # and without the L2 evict-first hint on K (INDEXER_GPU_WS_EVICT_FIRST=0),
+  # alternated GAPS_ROUNDS times (default 2); tables of the three.
+  local only=${GAPS_ONLY:-decode fp8 B=64 next_n=1 n=8k,decode fp8 B=8 next_n=1 n=32k,decode fp8 B=64 next_n=1 n=32k,decode fp8 B=128 next_n=1 n=32k,decode fp8 B=64 next_n=1 n=128k,decode fp8 B=128 next_n=1 n=128k,minimax block mxfp4 Hi=4 top=16 B=64 n=32k}
+  local r rc=0 bin=$DEV/bin/indexer_gpu_bench ceil=()
+  for r in $(seq "${GAPS_ROUNDS:-2}"); do
+    # Ceilings once (the first run), for the GB/s column's percentages.
+    ((r > 1)) && ceil=(--no-ceilings)
+    echo "== round $r: default"
+    timeout "$TO" "$bin" "${ceil[@]}" --only "$only" --markdown "$OUT/gaps-$r-default.md" > /dev/null 2>&1 || rc=1
+    echo "== round $r: clean"
+    timeout "$TO" "$bin" --no-ceilings --clean-flush --only "$only" --markdown "$OUT/gaps-$r-clean.md" > /dev/null 2>&1 || rc=1
+    echo "== round $r: noevict"
+    INDEXER_GPU_WS_EVICT_FIRST=0 timeout "$TO" "$bin" --no-ceilings --only "$only" \
+      --markdown "$OUT/gaps-$r-noevict.md" > /dev/null 2>&1 || rc=1
+  done
+  bench_tables "$OUT"/gaps-*-default.md "$OUT"/gaps-*-clean.md "$OUT"/gaps-*-noevict.md
+  echo "gaps rc $rc"
   return $rc
 }
 stage_ncu() {

@@ -678,6 +678,7 @@ absl::Status GpuBackend::DenseWalk(
     lp.weights = qw;
     lp.logits = logits_;
     lp.stride = sc.stride;
+    lp.l2_bytes = props_.l2CacheSize;
     if (fuse_topk > 0 && gather == nullptr && TopkWantsHist(nr, sc.max_visible, fuse_topk)) {
       lp.topk_hist = topk_state_;
       lp.topk_min_visible = fuse_topk;

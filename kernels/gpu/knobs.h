@@ -8,8 +8,9 @@
 //                                    gather walk too: wgmma_gather)
 //   INDEXER_GPU_WGMMA_MXFP4=0        MXFP4: mma.sync instead of wgmma
 //   INDEXER_GPU_TOPK_FUSE=0          wgmma_ws builds no top-k histogram
-//   INDEXER_GPU_WS_EVICT_FIRST=0     wgmma_ws (decode steps: it never
-//                                    hints K a step re-reads) and
+//   INDEXER_GPU_WS_EVICT_FIRST=0     wgmma_ws (decode steps whose logits
+//                                    fit the L2: it never hints K a step
+//                                    re-reads, nor past the L2) and
 //                                    block_stream read K without the L2
 //                                    evict-first hint
 //   INDEXER_GPU_WS_UNIT=N            wgmma_ws work units of N entries (a

@@ -126,8 +126,13 @@ struct LogitsParams {
   // rows), rows with n_r <= topk_min_visible left out. Null: no histogram.
   uint32_t* topk_hist = nullptr;
   int32_t topk_min_visible = 0;
+  // The device's L2 bytes (0: unknown). The ws launcher hints evict-first
+  // only where the step's logits fit it (the lines the hint keeps for the
+  // top-k's read).
+  int64_t l2_bytes = 0;
   // Set by the ws launcher: K copies with the L2 evict-first policy (where
-  // the step reads K once, unless env INDEXER_GPU_WS_EVICT_FIRST=0).
+  // the step reads K once and its logits fit the L2, unless env
+  // INDEXER_GPU_WS_EVICT_FIRST=0).
   bool k_evict_first = false;
 };
 

@@ -620,10 +620,19 @@ absl::Status LaunchWs(const LogitsParams& p_in, Stream stream, const TensorMap& 
   // -0.8 at B=64 32k, noise elsewhere; top-k -1.4 to -2.6 us at B=64/128 x
   // 32k and B=64 x 128k. A prefill chunk's groups each read the sequence's
   // whole K: there the hint evicted the lines the next group reads (4k x
-  // 32k: 2163 us with it, 2125-2131 without; h200_2026-12-04_s19.md). Env
-  // INDEXER_GPU_WS_EVICT_FIRST=0 turns it off everywhere (A/B runs).
+  // 32k: 2163 us with it, 2125-2131 without; h200_2026-12-04_s19.md). Nor
+  // where the step's logits are more than the L2 holds: the lines the hint
+  // would keep for the top-k cannot all stay, and at B=128 x 128k (64 MiB
+  // of logits, more than the H200's L2) the hint cost 5-6 us of logits in
+  // two calls and gave back 0.6 us of top-k (570.3-572.6 us with it,
+  // 565.2-566.6 without; h200_2026-12-04_s19.md, s19-6 and s19-7). (The
+  // step's rows bound the sub-chunk's; a decode step splits only past the
+  // logits budget, far above any L2.) Env INDEXER_GPU_WS_EVICT_FIRST=0
+  // turns it off everywhere (A/B runs).
+  const int64_t logits_bytes = int64_t{p.step.num_rows} * p.stride * 4;
   p.k_evict_first = Knobs().ws_evict_first &&
-                    int64_t{p.step.num_rows} <= int64_t{p.step.num_seqs} * p.max_group_rows;
+                    int64_t{p.step.num_rows} <= int64_t{p.step.num_seqs} * p.max_group_rows &&
+                    (p.l2_bytes <= 0 || logits_bytes <= p.l2_bytes);
   // Once per process and configuration: the shared-memory limit and the
   // blocks per SM (host calls that would otherwise sit between the timing
   // events).

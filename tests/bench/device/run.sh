@@ -419,13 +419,17 @@ stage_gaps() {
   for r in $(seq "${GAPS_ROUNDS:-2}"); do
     # Ceilings once (the first run), for the GB/s column's percentages.
     ((r > 1)) && ceil=(--no-ceilings)
+    # Each run's own output (the ceilings, any error) in gaps-R-SIDE.txt.
     echo "== round $r: default"
-    timeout "$TO" "$bin" "${ceil[@]}" --only "$only" --markdown "$OUT/gaps-$r-default.md" > /dev/null 2>&1 || rc=1
+    timeout "$TO" "$bin" "${ceil[@]}" --only "$only" --markdown "$OUT/gaps-$r-default.md" \
+      > "$OUT/gaps-$r-default.txt" 2>&1 || { rc=1; tail -3 "$OUT/gaps-$r-default.txt"; }
     echo "== round $r: clean"
-    timeout "$TO" "$bin" --no-ceilings --clean-flush --only "$only" --markdown "$OUT/gaps-$r-clean.md" > /dev/null 2>&1 || rc=1
+    timeout "$TO" "$bin" --no-ceilings --clean-flush --only "$only" --markdown "$OUT/gaps-$r-clean.md" \
+      > "$OUT/gaps-$r-clean.txt" 2>&1 || { rc=1; tail -3 "$OUT/gaps-$r-clean.txt"; }
     echo "== round $r: noevict"
     INDEXER_GPU_WS_EVICT_FIRST=0 timeout "$TO" "$bin" --no-ceilings --only "$only" \
-      --markdown "$OUT/gaps-$r-noevict.md" > /dev/null 2>&1 || rc=1
+      --markdown "$OUT/gaps-$r-noevict.md" > "$OUT/gaps-$r-noevict.txt" 2>&1 ||
+      { rc=1; tail -3 "$OUT/gaps-$r-noevict.txt"; }
   done
   bench_tables "$OUT"/gaps-*-default.md "$OUT"/gaps-*-clean.md "$OUT"/gaps-*-noevict.md
   echo "gaps rc $rc"

@@ -29,6 +29,10 @@
 //                                    register cap (else by the launch's size)
 //   INDEXER_GPU_TOPK_SLICE_BLOCKS=N  the cooperative top-k's slices: about N
 //                                    blocks per SM over the launch (default 2)
+//   INDEXER_GPU_TOPK_COOP_MIN=N      rows of at least N entries go cooperative
+//                                    when the rows alone leave SMs idle
+//                                    (default twice a block's key cache:
+//                                    16384)
 //   INDEXER_GPU_LOGITS_MB=N          the logits workspace (default 1024 MiB)
 #pragma once
 
@@ -51,6 +55,7 @@ struct GpuKnobs {
   bool block_tma = true;
   int32_t topk_blocks_per_sm = 0;   // 0: TopkEmitCap's rule; else 1, 3 or 4
   int32_t topk_slice_blocks = 2;    // PlanTopkSplit's blocks per SM (1..8)
+  int32_t topk_coop_min = 0;        // PlanTopkSplit's few-rows length; 0: 2 x kTopkCache
   int64_t logits_mb = 1024;
 };
 

@@ -12,12 +12,15 @@
 //
 // Usage: indexer_gpu_bench [--quick] [--clean-flush] [--sync-flush]
 //        [--only NAME[,NAME...]] [--markdown FILE] [--iters N] [--host]
-//        [--no-ceilings]
+//        [--no-ceilings] [--stream-floor]
 // --sync-flush waits for the flush before each timed call (the method of the
 // 2026-11-29 tables: host launch gaps between the backend's events count).
 // --clean-flush reads the first half of the flush buffer after zeroing it, so the timed
 // kernels find clean lines in the L2 (the default leaves up to an L2 of dirty
 // lines to write back during them).
+// --stream-floor runs, per decode shape, a pure streaming kernel over the
+// shape's K and logits bytes instead of the backend (RunStreamFloor): the
+// floor a logits kernel could reach under the same flush.
 // --host times what the server's RunLayer spends inside the backend: host
 // wall time of WriteEntries (one new FP32 K entry per row) then DenseTopk,
 // median of --iters, beside their kernel times; by default only for
@@ -99,6 +102,66 @@ __global__ void ReadFlushKernel(const uint4* p, int64_t n, uint32_t* sink) {
     acc ^= v.x ^ v.y ^ v.z ^ v.w;
   }
   if (acc == 0x9e3779b9u) *sink = acc;  // keeps the loads; never true on zeros
+}
+
+// --stream-floor: a pure streaming kernel in place of a shape's logits
+// kernel, reading its K bytes once (16-byte loads, four in flight per
+// thread, L1 not allocated; `kHint`: the L2 evict-first policy the logits
+// kernels put on K) and writing its logits bytes as it goes (each thread
+// spreads its share of the stores over its loads). What is left between
+// this and the logits kernel is the kernel's own, not the flush's or the
+// memory's. On HIP builds the hint is not applied (plain loads).
+template <bool kHint>
+__device__ __forceinline__ uint4 StreamLoad(const uint4* p, uint64_t policy) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  uint4 v;
+  if constexpr (kHint) {
+    asm volatile("ld.global.nc.L1::no_allocate.L2::cache_hint.v4.u32 {%0, %1, %2, %3}, [%4], %5;\n"
+                 : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(p), "l"(policy));
+  } else {
+    asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];\n"
+                 : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(p));
+  }
+  return v;
+#else
+  (void)policy;
+  return *p;
+#endif
+}
+
+template <bool kHint>
+__global__ void __launch_bounds__(512) StreamKernel(const uint4* src, int64_t n16, uint4* dst, int64_t m16) {
+  uint64_t policy = 0;
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  if constexpr (kHint) asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;\n" : "=l"(policy));
+#endif
+  constexpr int kUnroll = 4;
+  const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
+  const int64_t t = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  // This thread's loads (rounds of kUnroll) and stores, the stores spread
+  // evenly over the rounds.
+  const int64_t rounds = (n16 + kUnroll * stride - 1) / (kUnroll * stride);
+  const int64_t stores = (m16 + stride - 1) / stride;
+  uint32_t acc = static_cast<uint32_t>(t);
+  int64_t w = 0;
+  for (int64_t r = 0; r < rounds; ++r) {
+    uint4 v[kUnroll];
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) {
+      const int64_t i = (r * kUnroll + u) * stride + t;
+      v[u] = i < n16 ? StreamLoad<kHint>(src + i, policy) : make_uint4(0, 0, 0, 0);
+    }
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) acc ^= v[u].x ^ v[u].y ^ v[u].z ^ v[u].w;
+    for (const int64_t w_end = (r + 1) * stores / rounds; w < w_end; ++w) {
+      const int64_t j = w * stride + t;
+      if (j < m16) dst[j] = make_uint4(acc, static_cast<uint32_t>(j), 0, 0);
+    }
+  }
+  for (; w < stores; ++w) {
+    const int64_t j = w * stride + t;
+    if (j < m16) dst[j] = make_uint4(acc, static_cast<uint32_t>(j), 0, 0);
+  }
 }
 
 struct Ceilings {
@@ -347,6 +410,111 @@ Result RunShape(const BenchShape& bs, const Ceilings& ceil, int iters,
   return r;
 }
 
+// --stream-floor: per decode shape (dense or block; prefill re-reads K and
+// is left out), StreamKernel over the shape's K bytes, with and without
+// writing its logits bytes, with and without the evict-first hint, after
+// the bench's flush as measured (dirty) and cleaned (--clean-flush's read
+// back); median of `iters` each. Markdown rows like the bench's, in
+// microseconds and GB/s of K read.
+void RunStreamFloor(const std::vector<BenchShape>& shapes, double copy_gbs, int iters, void* flush,
+                    size_t flush_bytes, int num_sms, const std::string& markdown) {
+  struct Bytes {
+    const BenchShape* shape;
+    int64_t k, logits;
+  };
+  std::vector<Bytes> list;
+  int64_t max_k = 0, max_l = 0;
+  for (const BenchShape& bs : shapes) {
+    const bool block = bs.kind == BenchKind::kBlock;
+    if ((bs.kind != BenchKind::kDense && !block) || bs.q_len > 2) continue;
+    const PageLayout layout = *PageLayout::Make(bs.format, 128, bs.page);
+    const int64_t rows = int64_t{bs.batch} * bs.q_len;
+    // Decode: one row group per sequence reads its K once.
+    const int64_t k = int64_t{bs.batch} * bs.entries * layout.entry_bytes();
+    const int64_t l = block ? rows * bs.heads * ((bs.entries + bs.page - 1) / bs.page) * 4
+                            : rows * int64_t{bs.entries} * 4;
+    list.push_back({&bs, (k + 15) / 16 * 16, (l + 15) / 16 * 16});
+    max_k = std::max(max_k, list.back().k);
+    max_l = std::max(max_l, list.back().logits);
+  }
+  if (list.empty()) {
+    std::printf("--stream-floor: no decode shape selected\n");
+    return;
+  }
+  void *src = nullptr, *dst = nullptr;
+  CHECK_GPU(gpu::Malloc(&src, static_cast<size_t>(max_k)));
+  CHECK_GPU(gpu::Malloc(&dst, static_cast<size_t>(max_l)));
+  CHECK_GPU(gpu::MemsetAsync(src, 1, static_cast<size_t>(max_k), nullptr));
+  gpu::Event e0, e1;
+  CHECK_GPU(gpu::EventCreate(&e0));
+  CHECK_GPU(gpu::EventCreate(&e1));
+  const int blocks = 4 * num_sms;
+  auto time_one = [&](const Bytes& b, bool clean, bool hint, bool write) {
+    std::vector<double> t;
+    for (int i = 0; i < iters + 2; ++i) {
+      CHECK_GPU(gpu::MemsetAsync(flush, 0, flush_bytes, nullptr));
+      if (clean) {
+        const size_t half = flush_bytes / 2;
+        ReadFlushKernel<<<1024, 256>>>(static_cast<const uint4*>(flush), static_cast<int64_t>(half / 16),
+                                       static_cast<uint32_t*>(flush) + half / 4);
+      }
+      CHECK_GPU(gpu::EventRecord(e0, nullptr));
+      const auto* s = static_cast<const uint4*>(src);
+      auto* d = static_cast<uint4*>(dst);
+      const int64_t m16 = write ? b.logits / 16 : 0;
+      if (hint) StreamKernel<true><<<blocks, 512>>>(s, b.k / 16, d, m16);
+      else StreamKernel<false><<<blocks, 512>>>(s, b.k / 16, d, m16);
+      CHECK_GPU(gpu::GetLastError());
+      CHECK_GPU(gpu::EventRecord(e1, nullptr));
+      CHECK_GPU(gpu::StreamSynchronize(nullptr));
+      float ms = 0;
+      CHECK_GPU(gpu::EventElapsedMs(&ms, e0, e1));
+      if (i >= 2) t.push_back(1e3 * ms);
+    }
+    return Median(t);
+  };
+  std::string md;
+  char line[512];
+  std::snprintf(line, sizeof line,
+                "Stream floor: a pure streaming kernel (%d blocks x 512 threads, 16-byte loads) reads each "
+                "shape's K bytes once and writes its logits bytes, after the bench's flush (1 GiB zeroed: "
+                "dirty) or with the flush's lines cleaned first (clean); hint = the L2 evict-first policy on "
+                "the loads. Median of %d, us (GB/s of K read; copy %.0f GB/s).\n\n",
+                blocks, iters, copy_gbs);
+  md += line;
+  md += "| shape | K MB | logits MB | dirty hint | dirty | clean hint | clean | dirty hint, no logits | "
+        "clean hint, no logits |\n|---|---:|---:|---:|---:|---:|---:|---:|---:|\n";
+  for (const Bytes& b : list) {
+    const double us[6] = {time_one(b, false, true, true),  time_one(b, false, false, true),
+                          time_one(b, true, true, true),   time_one(b, true, false, true),
+                          time_one(b, false, true, false), time_one(b, true, true, false)};
+    std::string row = "| " + b.shape->name + " | " + std::to_string(b.k >> 20) + " | " +
+                      std::to_string(b.logits >> 20);
+    for (double u : us) {
+      std::snprintf(line, sizeof line, " | %.1f (%.0f)", u, b.k / (u * 1e-6) / 1e9);
+      row += line;
+    }
+    row += " |\n";
+    std::printf("%s", row.c_str());
+    std::fflush(stdout);
+    md += row;
+  }
+  std::printf("\n%s", md.c_str());
+  if (!markdown.empty()) {
+    FILE* f = std::fopen(markdown.c_str(), "w");
+    if (f != nullptr) {
+      std::fputs(md.c_str(), f);
+      std::fclose(f);
+    } else {
+      std::fprintf(stderr, "cannot write %s\n", markdown.c_str());
+    }
+  }
+  CHECK_GPU(gpu::EventDestroy(e0));
+  CHECK_GPU(gpu::EventDestroy(e1));
+  CHECK_GPU(gpu::Free(src));
+  CHECK_GPU(gpu::Free(dst));
+}
+
 // --host: the copies one B=64 decode layer needs, alone: `in_bytes` of Q
 // and weights up, `out_bytes` of top-k down, through pinned staging (host
 // memcpy + async copy + sync) and straight from pageable memory.
@@ -409,6 +577,7 @@ int main(int argc, char** argv) {
   bool host = false;         // host wall time of WriteEntries + DenseTopk
   bool sync_flush = false;   // wait for the flush before each timed call
   bool no_ceilings = false;  // skip measuring the ceilings (sweeps of many runs)
+  bool stream_floor = false; // the pure streaming kernel per shape instead of the backend
   std::string only;  // run only shapes whose name contains one of these (comma-separated)
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
@@ -420,8 +589,9 @@ int main(int argc, char** argv) {
     else if (a == "--only" && i + 1 < argc) only = argv[++i];
     else if (a == "--host") host = true;
     else if (a == "--no-ceilings") no_ceilings = true;
+    else if (a == "--stream-floor") stream_floor = true;
     else {
-      std::fprintf(stderr, "usage: %s [--quick] [--clean-flush] [--sync-flush] [--only NAME[,NAME...]] [--iters N] [--markdown FILE] [--host] [--no-ceilings]\n", argv[0]);
+      std::fprintf(stderr, "usage: %s [--quick] [--clean-flush] [--sync-flush] [--only NAME[,NAME...]] [--iters N] [--markdown FILE] [--host] [--no-ceilings] [--stream-floor]\n", argv[0]);
       return 2;
     }
   }
@@ -524,19 +694,25 @@ int main(int argc, char** argv) {
                       BenchKind::kBlock, 128});
   }
 
-  std::vector<Result> results;
+  // --only: comma-separated substrings; the shapes matching any of them.
+  std::vector<BenchShape> selected;
   for (const BenchShape& bs : shapes) {
     if (host && only.empty() && bs.name != "decode fp8 B=64 next_n=1 n=32k") continue;
-    if (!only.empty()) {
-      // Comma-separated substrings: run the shapes matching any of them.
-      bool hit = false;
-      for (size_t a = 0; a <= only.size();) {
-        const size_t b = std::min(only.find(',', a), only.size());
-        if (b > a && bs.name.find(only.substr(a, b - a)) != std::string::npos) hit = true;
-        a = b + 1;
-      }
-      if (!hit) continue;
+    bool hit = only.empty();
+    for (size_t a = 0; a <= only.size();) {
+      const size_t b = std::min(only.find(',', a), only.size());
+      if (b > a && bs.name.find(only.substr(a, b - a)) != std::string::npos) hit = true;
+      a = b + 1;
     }
+    if (hit) selected.push_back(bs);
+  }
+  if (stream_floor) {
+    RunStreamFloor(selected, ceil.copy_gbs, iters, flush, flush_bytes, prop.multiProcessorCount, markdown);
+    CHECK_GPU(gpu::Free(flush));
+    return 0;
+  }
+  std::vector<Result> results;
+  for (const BenchShape& bs : selected) {
     results.push_back(RunShape(bs, ceil, iters, flush, flush_bytes, clean_flush, host, sync_flush));
     const Result& r = results.back();
     if (host) {

@@ -36,7 +36,9 @@
 #             side-by-side tables (bench_table.py)
 #   gaps      the decode shapes (GAPS_ONLY) as measured, with the flush's
 #             dirty L2 lines cleaned first (--clean-flush) and without the
-#             evict-first hint, alternated GAPS_ROUNDS times; the tables
+#             evict-first hint, alternated GAPS_ROUNDS times; the tables;
+#             then the bench's --stream-floor on the same shapes (a pure
+#             streaming kernel's time under both flushes: gaps-floor.md)
 #   kcheck    a kernel change's checks: gpu_backend_test in KCHECK_SHARDS
 #             (default 4) gtest shards side by side, then memcheck and
 #             racecheck over the tests KCHECK_FILTER names (a gtest filter;
@@ -432,6 +434,12 @@ stage_gaps() {
       { rc=1; tail -3 "$OUT/gaps-$r-noevict.txt"; }
   done
   bench_tables "$OUT"/gaps-*-default.md "$OUT"/gaps-*-clean.md "$OUT"/gaps-*-noevict.md
+  # The floor under the same flushes: a pure streaming kernel over each
+  # shape's K and logits bytes (gaps-floor.md).
+  echo "== stream floor"
+  timeout "$TO" "$bin" --no-ceilings --stream-floor --only "$only" --markdown "$OUT/gaps-floor.md" \
+    > "$OUT/gaps-floor.txt" 2>&1 || { rc=1; tail -3 "$OUT/gaps-floor.txt"; }
+  cat "$OUT/gaps-floor.md" 2>/dev/null
   echo "gaps rc $rc"
   return $rc
 }

@@ -14,7 +14,8 @@ constexpr const char* kNames[] = {
     "INDEXER_GPU_WS_EVICT_FIRST",  "INDEXER_GPU_WS_UNIT",          "INDEXER_GPU_WS_BLOCKS_PER_SM",
     "INDEXER_GPU_MXFP4_WARPGROUPS", "INDEXER_GPU_MFMA_MODEL",      "INDEXER_GPU_LOGITS_MB",
     "INDEXER_GPU_BLOCK_STREAM",    "INDEXER_GPU_BLOCK_TMA",        "INDEXER_GPU_TOPK_BLOCKS_PER_SM",
-    "INDEXER_GPU_TOPK_SLICE_BLOCKS", "INDEXER_GPU_TOPK_COOP_MIN"};
+    "INDEXER_GPU_TOPK_SLICE_BLOCKS", "INDEXER_GPU_TOPK_COOP_MIN",
+    "INDEXER_GPU_LOGITS_PDL"};
 
 // On unless set to a number that is 0.
 bool Switch(const char* name) {
@@ -54,6 +55,7 @@ GpuKnobs Read() {
   if (slice_blocks >= 1 && slice_blocks <= 8) k.topk_slice_blocks = static_cast<int32_t>(slice_blocks);
   const int64_t coop_min = Number("INDEXER_GPU_TOPK_COOP_MIN");
   if (coop_min >= 1024 && coop_min <= (1 << 24)) k.topk_coop_min = static_cast<int32_t>(coop_min);
+  k.logits_pdl = Number("INDEXER_GPU_LOGITS_PDL") != 0;
   const int64_t mb = Number("INDEXER_GPU_LOGITS_MB");
   if (mb > 0) k.logits_mb = mb;
   return k;

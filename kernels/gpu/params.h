@@ -134,6 +134,11 @@ struct LogitsParams {
   // the step reads K once and its logits fit the L2, unless env
   // INDEXER_GPU_WS_EVICT_FIRST=0).
   bool k_evict_first = false;
+  // Set by the ws launcher (env INDEXER_GPU_LOGITS_PDL=1): every block lets
+  // the stream's next kernel (the top-k, launched after-previous) be placed
+  // once the block has set up, rather than at the grid's end; the top-k
+  // waits for the logits before it reads them (GridDependencyWait).
+  bool launch_dependents = false;
 };
 
 // The fastest path the device, format, layout and H allow: "wgmma_ws" or

@@ -210,6 +210,7 @@ __device__ void PickRowBin(const RowBins& mine, uint32_t k, uint32_t* warp_sum, 
 // Stage A: slice blockIdx.x of row blockIdx.y.
 __global__ void __launch_bounds__(kTopkThreads) CoopHistKernel(const TopkParams p) {
   __shared__ SliceShared sh;
+  GridDependencyWait();    // launched after the logits, possibly before they ended
   AllowDependentLaunch();  // stage B's blocks may be placed now; they wait for this grid
   const int32_t row = blockIdx.y;
   const int32_t n = p.row_visible[row];
@@ -454,6 +455,7 @@ __global__ void __launch_bounds__(kTopkThreads, kMinBlocks) CoopEmitKernel(const
 // when the candidate buffers are too small for the cooperative path).
 __global__ void __launch_bounds__(kTopkThreads) TopkRowKernel(const TopkParams p) {
   __shared__ TopkShared sh;
+  GridDependencyWait();  // launched after the logits, possibly before they ended
   const int32_t row = blockIdx.x;
   const int32_t n = p.row_visible[row];
   int32_t* out = p.out + static_cast<int64_t>(row) * p.topk;
@@ -509,13 +511,17 @@ int32_t TopkEmitCap(int64_t blocks, int32_t num_sms) {
 
 absl::Status LaunchTopk(const TopkParams& p, Stream stream) {
   if (p.num_rows == 0 || p.topk == 0) return absl::OkStatus();
+  // Every top-k kernel waits for the kernel before it (GridDependencyWait)
+  // before it reads: launched after-previous, a logits kernel that lets its
+  // dependents start (LogitsParams::launch_dependents) overlaps their
+  // placement with its tail.
   if (p.cand_stride == 0) {
-    GPU_LAUNCH(TopkRowKernel, p.num_rows, kTopkThreads, 0, stream, p);
+    GPU_LAUNCH_AFTER_PREVIOUS(TopkRowKernel, p.num_rows, kTopkThreads, 0, stream, p);
     return absl::OkStatus();
   }
   const dim3 grid(p.slices, p.num_rows);
   auto* emit = p.emit_cap == 4 ? &CoopEmitKernel<4> : p.emit_cap == 3 ? &CoopEmitKernel<3> : &CoopEmitKernel<1>;
-  if (!p.hist_ready) GPU_LAUNCH(CoopHistKernel, grid, kTopkThreads, 0, stream, p);
+  if (!p.hist_ready) GPU_LAUNCH_AFTER_PREVIOUS(CoopHistKernel, grid, kTopkThreads, 0, stream, p);
   // Stage B may start while stage A drains (it waits for A's results).
   GPU_LAUNCH_AFTER_PREVIOUS(emit, grid, kTopkThreads, 0, stream, p);
   return absl::OkStatus();

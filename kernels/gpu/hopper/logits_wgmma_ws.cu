@@ -338,6 +338,7 @@ __global__ void __launch_bounds__(C::kThreads, C::kMinBlocks)
     for (int b = tid; b < C::kMath * C::kHistWords; b += C::kThreads) h[b] = 0;
   }
   __syncthreads();  // the last block-wide barrier: the roles part here
+  if (p.launch_dependents) AllowDependentLaunch();
 
   // ---- producer: tile n -> slot n % kSlots ---------------------------------
   if (warp == C::kMath * kWarpsWg) {
@@ -633,6 +634,7 @@ absl::Status LaunchWs(const LogitsParams& p_in, Stream stream, const TensorMap& 
   p.k_evict_first = Knobs().ws_evict_first &&
                     int64_t{p.step.num_rows} <= int64_t{p.step.num_seqs} * p.max_group_rows &&
                     (p.l2_bytes <= 0 || logits_bytes <= p.l2_bytes);
+  p.launch_dependents = Knobs().logits_pdl;
   // Once per process and configuration: the shared-memory limit and the
   // blocks per SM (host calls that would otherwise sit between the timing
   // events).

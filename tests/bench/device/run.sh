@@ -39,6 +39,9 @@
 #             evict-first hint, alternated GAPS_ROUNDS times; the tables;
 #             then the bench's --stream-floor on the same shapes (a pure
 #             streaming kernel's time under both flushes: gaps-floor.md)
+#   knob      a knob A/B in one pack (KNOB: "NAME=value ..." settings of
+#             kernels/gpu/knobs.h; KNOB_ONLY: the shapes, default KAB_ONLY's),
+#             alternated KNOB_ROUNDS times (default 2), then the tables
 #   kcheck    a kernel change's checks: gpu_backend_test in KCHECK_SHARDS
 #             (default 4) gtest shards side by side, then memcheck and
 #             racecheck over the tests KCHECK_FILTER names (a gtest filter;
@@ -399,6 +402,27 @@ stage_kab() {
     done
   done
   bench_tables "$OUT"/kab-*-base.md "$OUT"/kab-*-new.md
+  return $rc
+}
+stage_knob() {
+  # A knob A/B in one pack: the bench with the environment settings $KNOB
+  # ("NAME=value ..."; knobs.h lists them) against none, on KNOB_ONLY's
+  # shapes (default KAB_ONLY's), alternated KNOB_ROUNDS times (default 2);
+  # knob-R-{off,on}.md, then the side-by-side tables.
+  [[ -n ${KNOB:-} ]] || { echo "knob: KNOB names no setting"; return 1; }
+  local only=${KNOB_ONLY:-${KAB_ONLY:-decode fp8 B=64 next_n=1 n=32k}} r rc=0 side
+  local bin=$DEV/bin/indexer_gpu_bench
+  echo "knob: $KNOB"
+  for r in $(seq "${KNOB_ROUNDS:-2}"); do
+    for side in off on; do
+      echo "== round $r: $side"
+      local envs=()
+      [[ $side == on ]] && read -ra envs <<< "$KNOB"
+      env "${envs[@]}" timeout "$TO" "$bin" --no-ceilings --only "$only" --markdown "$OUT/knob-$r-$side.md" \
+        > "$OUT/knob-$r-$side.txt" 2>&1 || { rc=1; tail -3 "$OUT/knob-$r-$side.txt"; }
+    done
+  done
+  bench_tables "$OUT"/knob-*-off.md "$OUT"/knob-*-on.md
   return $rc
 }
 # The median-by-label tables of a stage's bench files (bench_table.py).

@@ -130,7 +130,7 @@ __device__ __forceinline__ uint4 StreamLoad(const uint4* p, uint64_t policy) {
 }
 
 template <bool kHint>
-__global__ void __launch_bounds__(512) StreamKernel(const uint4* src, int64_t n16, uint4* dst, int64_t m16) {
+__global__ void __launch_bounds__(512, 4) StreamKernel(const uint4* src, int64_t n16, uint4* dst, int64_t m16) {
   uint64_t policy = 0;
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
   if constexpr (kHint) asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;\n" : "=l"(policy));

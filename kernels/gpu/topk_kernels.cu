@@ -577,12 +577,12 @@ int32_t TopkEmitCap(int64_t blocks, int32_t num_sms) {
   return blocks <= 3 * int64_t{num_sms} ? 3 : 4;
 }
 
-absl::Status LaunchTopk(const TopkParams& p_in, Stream stream) {
-  if (p_in.num_rows == 0 || p_in.topk == 0) return absl::OkStatus();
+absl::Status LaunchTopk(const TopkParams& p, Stream stream) {
+  if (p.num_rows == 0 || p.topk == 0) return absl::OkStatus();
   // INDEXER_GPU_TOPK_WARP_EMIT=1: the selections' warp-reserved slots
   // (BlockSelect's kWarpEmit).
-  if (Knobs().topk_warp_emit) return LaunchTopkKernels<true>(p_in, stream);
-  return LaunchTopkKernels<false>(p_in, stream);
+  if (Knobs().topk_warp_emit) return LaunchTopkKernels<true>(p, stream);
+  return LaunchTopkKernels<false>(p, stream);
 }
 
 }  // namespace gpu

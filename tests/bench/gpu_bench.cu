@@ -104,6 +104,31 @@ __global__ void ReadFlushKernel(const uint4* p, int64_t n, uint32_t* sink) {
   if (acc == 0x9e3779b9u) *sink = acc;  // keeps the loads; never true on zeros
 }
 
+// The bench's L2 flush on stream `s`: `bytes` of `flush` zeroed, and with
+// `clean` the first half read back (long evicted): the zeroing's dirty lines
+// (its last ones) then leave the L2 here, not during the timed kernels.
+void FlushL2(void* flush, size_t bytes, bool clean, gpu::Stream s) {
+  CHECK_GPU(gpu::MemsetAsync(flush, 0, bytes, s));
+  if (!clean) return;
+  const size_t half = bytes / 2;
+  ReadFlushKernel<<<1024, 256, 0, s>>>(static_cast<const uint4*>(flush), static_cast<int64_t>(half / 16),
+                                       static_cast<uint32_t*>(flush) + half / 4);
+  CHECK_GPU(gpu::GetLastError());
+}
+
+// `md` to `path` (none when empty); false when it cannot be written.
+bool WriteMarkdown(const std::string& path, const std::string& md) {
+  if (path.empty()) return true;
+  FILE* f = std::fopen(path.c_str(), "w");
+  if (f == nullptr) {
+    std::fprintf(stderr, "cannot write %s\n", path.c_str());
+    return false;
+  }
+  std::fputs(md.c_str(), f);
+  std::fclose(f);
+  return true;
+}
+
 // --stream-floor: a pure streaming kernel in place of a shape's logits
 // kernel, reading its K bytes once (16-byte loads, four in flight per
 // thread, L1 not allocated; `kHint`: the L2 evict-first policy the logits
@@ -351,15 +376,7 @@ Result RunShape(const BenchShape& bs, const Ceilings& ceil, int iters,
     const bool call_pass = i >= iters + 2;
     // On the backend's stream: its events then follow the flush.
     const gpu::Stream fs = be->stream_for_bench();
-    CHECK_GPU(gpu::MemsetAsync(flush, 0, flush_bytes, fs));
-    if (clean_flush) {
-      // The first half read back (long evicted): the zeroing's dirty lines
-      // (its last ones) leave the L2 here, not during the timed kernels.
-      const size_t half = flush_bytes / 2;
-      ReadFlushKernel<<<1024, 256, 0, fs>>>(static_cast<const uint4*>(flush), static_cast<int64_t>(half / 16),
-                                     static_cast<uint32_t*>(flush) + half / 4);
-      CHECK_GPU(gpu::GetLastError());
-    }
+    FlushL2(flush, flush_bytes, clean_flush, fs);
     if (wait_flush || call_pass) CHECK_GPU(gpu::StreamSynchronize(fs));
     const auto t0 = std::chrono::steady_clock::now();
     const absl::StatusOr<double> w =
@@ -452,12 +469,7 @@ void RunStreamFloor(const std::vector<BenchShape>& shapes, double copy_gbs, int 
   auto time_one = [&](const Bytes& b, bool clean, bool hint, bool write) {
     std::vector<double> t;
     for (int i = 0; i < iters + 2; ++i) {
-      CHECK_GPU(gpu::MemsetAsync(flush, 0, flush_bytes, nullptr));
-      if (clean) {
-        const size_t half = flush_bytes / 2;
-        ReadFlushKernel<<<1024, 256>>>(static_cast<const uint4*>(flush), static_cast<int64_t>(half / 16),
-                                       static_cast<uint32_t*>(flush) + half / 4);
-      }
+      FlushL2(flush, flush_bytes, clean, nullptr);
       CHECK_GPU(gpu::EventRecord(e0, nullptr));
       const auto* s = static_cast<const uint4*>(src);
       auto* d = static_cast<uint4*>(dst);
@@ -500,15 +512,7 @@ void RunStreamFloor(const std::vector<BenchShape>& shapes, double copy_gbs, int 
     md += row;
   }
   std::printf("\n%s", md.c_str());
-  if (!markdown.empty()) {
-    FILE* f = std::fopen(markdown.c_str(), "w");
-    if (f != nullptr) {
-      std::fputs(md.c_str(), f);
-      std::fclose(f);
-    } else {
-      std::fprintf(stderr, "cannot write %s\n", markdown.c_str());
-    }
-  }
+  WriteMarkdown(markdown, md);
   CHECK_GPU(gpu::EventDestroy(e0));
   CHECK_GPU(gpu::EventDestroy(e1));
   CHECK_GPU(gpu::Free(src));
@@ -766,15 +770,7 @@ int main(int argc, char** argv) {
     md += line;
   }
   std::printf("\n%s", md.c_str());
-  if (!markdown.empty()) {
-    FILE* f = std::fopen(markdown.c_str(), "w");
-    if (f == nullptr) {
-      std::fprintf(stderr, "cannot write %s\n", markdown.c_str());
-      return 1;
-    }
-    std::fputs(md.c_str(), f);
-    std::fclose(f);
-  }
+  if (!WriteMarkdown(markdown, md)) return 1;
   CHECK_GPU(gpu::Free(flush));
   return 0;
 }

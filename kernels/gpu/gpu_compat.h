@@ -75,6 +75,7 @@ inline const char* ErrorString(Error e) { return hipGetErrorString(e); }
 inline Error GetLastError() { return hipGetLastError(); }
 inline Error GetDeviceCount(int* n) { return hipGetDeviceCount(n); }
 inline Error SetDevice(int d) { return hipSetDevice(d); }
+inline Error GetDevice(int* d) { return hipGetDevice(d); }
 inline Error GetDeviceProperties(DeviceProp* p, int d) {
   return hipGetDeviceProperties(p, d);
 }
@@ -192,6 +193,7 @@ inline const char* ErrorString(Error e) { return cudaGetErrorString(e); }
 inline Error GetLastError() { return cudaGetLastError(); }
 inline Error GetDeviceCount(int* n) { return cudaGetDeviceCount(n); }
 inline Error SetDevice(int d) { return cudaSetDevice(d); }
+inline Error GetDevice(int* d) { return cudaGetDevice(d); }
 inline Error GetDeviceProperties(DeviceProp* p, int d) {
   return cudaGetDeviceProperties(p, d);
 }

@@ -16,6 +16,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
 #include "kernels/backend.h"
 #include "kernels/cpu/cpu_backend.h"
@@ -742,6 +743,57 @@ TEST(MfmaPathTest, SelectsWhatEachDeviceTakes) {
   EXPECT_EQ(gpu::MfmaLogitsArch(p, 9, 0, gpu::kPathMfmaGfx950), 950);
   EXPECT_EQ(gpu::MfmaLogitsArch(p, 9, 0, gpu::kPathMfmaGfx942), 0);
   EXPECT_FALSE(gpu::LaunchDenseLogitsMfma(p, 942, nullptr).ok());
+}
+
+// The kernels' host set-up (the dynamic shared-memory opt-in, blocks per
+// SM) is per device (per_device.h): in one process, every device runs the
+// tensor-core logits paths after device 0 has, and agrees with the cpu
+// backend. (A process-wide once left device 1 without the opt-in.)
+TEST(GpuBackendTest, EveryDeviceOfOneProcessRunsTheTensorCorePaths) {
+  SKIP_WITHOUT_GPU();
+  const int devices = GpuDeviceCount();
+  if (devices < 2) GTEST_SKIP() << "one GPU: per-device kernel set-up needs a second device in the process";
+  struct Config { KvFormat format; int32_t page_entries; int32_t q_len; };
+  for (const Config c : {Config{KvFormat::kFp8, 64, 1}, Config{KvFormat::kFp8, 64, 4},
+                         Config{KvFormat::kFp8, 16, 1}, Config{KvFormat::kMxfp4, 64, 1}}) {
+    const auto layout = *PageLayout::Make(c.format, 128, c.page_entries);
+    for (int d = 0; d < devices; ++d) {
+      SCOPED_TRACE(absl::StrCat("device ", d, " format ", static_cast<int>(c.format), " page ", c.page_entries,
+                                " q_len ", c.q_len));
+      auto gpu = MakeGpuBackend(d, 0);
+      ASSERT_TRUE(gpu.ok()) << gpu.status();
+      CpuBackend cpu(0);
+      std::mt19937 rng(11 + d);
+      const int32_t seqs = 4, hist = 3000, topk = 128;
+      const int32_t per = (hist + c.q_len + c.page_entries - 1) / c.page_entries;
+      std::vector<std::vector<int32_t>> pages(seqs);
+      for (int32_t s = 0; s < seqs; ++s)
+        for (int32_t i = 0; i < per; ++i) pages[s].push_back(s * per + i);
+      const PoolHandle cpool = *cpu.AllocatePool(layout, seqs * per);
+      auto gp = (*gpu)->AllocatePool(layout, seqs * per);
+      ASSERT_TRUE(gp.ok()) << gp.status();
+      const std::vector<int32_t> total(seqs, hist + c.q_len), q(seqs, c.q_len);
+      const StepRows rows = MakeStep(std::vector<int32_t>(seqs, 0), total, q, c.page_entries, pages, 0);
+      KData k = MakeK(rng, layout, rows.NewEntries(), KInput::Kind::kFloat32, true);
+      ASSERT_TRUE(cpu.WriteEntries(layout, cpool, rows, nullptr, k.input).ok());
+      ASSERT_TRUE((*gpu)->WriteEntries(layout, *gp, rows, nullptr, k.input).ok());
+      const QData qd = MakeQ(rng, layout, rows.num_rows, 64);
+      std::vector<int32_t> got(rows.num_rows * topk);
+      auto t = (*gpu)->DenseTopk(layout, *gp, rows, nullptr, qd.input, topk, got.data());
+      ASSERT_TRUE(t.ok()) << t.status();
+      const std::string path = static_cast<gpu::GpuBackend*>(gpu->get())->last_logits_path();
+      std::printf("[   path   ] device %d: %s\n", d, path.c_str());
+      EXPECT_NE(path, "portable") << "an sm_90 device takes a tensor-core path here";
+      const PathTolerance tol = ToleranceFor(path, layout.format);
+      Margin m;
+      for (int32_t r = 0; r < rows.num_rows; ++r) {
+        const RefRow ref = RefLogits(cpu, cpool, layout, rows, qd, r);
+        ExpectTopkRow(got.data() + r * topk, rows.row_visible[r], topk, ref.logit, ref.Tol(tol),
+                      "gpu (" + path + ") row " + std::to_string(r), &m);
+        if (HasFatalFailure()) return;
+      }
+    }
+  }
 }
 
 TEST(GpuBackendTest, DescribesDevice) {

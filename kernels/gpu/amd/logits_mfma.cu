@@ -35,6 +35,7 @@
 #include "kernels/gpu/paged.h"
 #include "kernels/gpu/knobs.h"
 #include "kernels/gpu/params.h"
+#include "kernels/gpu/per_device.h"
 
 namespace indexer {
 namespace gpu {
@@ -203,11 +204,12 @@ __global__ void __launch_bounds__(kMfmaThreads) DenseLogitsMfmaKernel(const Logi
 template <KvFormat kFmt, MfmaArch kArch, bool kCacheFnuz = false>
 absl::Status Launch(const LogitsParams& p, Stream stream) {
   auto* kernel = &DenseLogitsMfmaKernel<kFmt, kArch, kCacheFnuz>;
-  // Once per process, for the largest group (keeps host calls off the timed path).
-  static const absl::Status limit = [&]() -> absl::Status {
+  // Once per device (per_device.h), for the largest group (keeps host calls off the timed path).
+  static PerDevice<absl::Status> setup;
+  const absl::Status limit = setup.Get([&]() -> absl::Status {
     GPU_RETURN_IF_ERROR(SetMaxDynamicSmem(kernel, static_cast<int>(MfmaSmemBytes<kFmt>(kMfmaMaxHeads, kMaxGroupRows))));
     return absl::OkStatus();
-  }();
+  });
   if (!limit.ok()) return limit;
   const int64_t smem = MfmaSmemBytes<kFmt>(p.num_heads, p.max_group_rows);
   GPU_LAUNCH(kernel, p.unit_end - p.unit_begin, kMfmaThreads, smem, stream, p);

@@ -17,6 +17,7 @@
 #include "kernels/gpu/hopper/mma_sm90.h"
 #include "kernels/gpu/paged.h"
 #include "kernels/gpu/params.h"
+#include "kernels/gpu/per_device.h"
 
 namespace indexer {
 namespace gpu {
@@ -243,12 +244,13 @@ absl::Status LaunchDenseLogitsMma(const LogitsParams& p, Stream stream) {
       constexpr int kHeads = decltype(heads)::value;
       auto* kernel = &DenseLogitsMmaKernel<kFmt, kHeads>;
       const int64_t smem = MmaSmemBytes<kFmt, kHeads>(p.max_group_rows);
-      // Once per process, for the largest group (keeps host calls off the
-      // timed path).
-      static const absl::Status limit = [&]() -> absl::Status {
+      // Once per device (per_device.h), for the largest group (keeps host
+      // calls off the timed path).
+      static PerDevice<absl::Status> setup;
+      const absl::Status limit = setup.Get([&]() -> absl::Status {
         GPU_RETURN_IF_ERROR(SetMaxDynamicSmem(kernel, static_cast<int>(MmaSmemBytes<kFmt, kHeads>(kMaxGroupRows))));
         return absl::OkStatus();
-      }();
+      });
       if (!limit.ok()) return limit;
       GPU_LAUNCH(kernel, units, kMmaThreads, smem, stream, p);
       return absl::OkStatus();

@@ -71,6 +71,7 @@
 #include "kernels/gpu/paged.h"
 #include "kernels/gpu/knobs.h"
 #include "kernels/gpu/params.h"
+#include "kernels/gpu/per_device.h"
 #include "kernels/gpu/hopper/tile_window.h"
 #include "kernels/gpu/hopper/wgmma_sm90.h"
 
@@ -756,14 +757,15 @@ absl::Status LaunchMx(const LogitsParams& p, Stream stream) {
   constexpr int kStages = kGather ? kGatherStages : kRows == 1 ? 3 : 4;
   using C = MxConfig<kHeads, kRows, kMath, kStages, MxProducers<kGather>()>;
   auto* kernel = &DenseLogitsWgmmaMxfp4Kernel<kHeads, kRows, kMath, kStages, kGather>;
-  // Once per process: the shared-memory limit and the blocks per SM (host
-  // calls that would otherwise sit between the timing events).
-  static const absl::StatusOr<int> per_sm = [&]() -> absl::StatusOr<int> {
+  // Once per device (per_device.h): the shared-memory limit and the blocks
+  // per SM (host calls that would otherwise sit between the timing events).
+  static PerDevice<absl::StatusOr<int>> setup;
+  const absl::StatusOr<int> per_sm = setup.Get([&]() -> absl::StatusOr<int> {
     GPU_RETURN_IF_ERROR(SetMaxDynamicSmem(kernel, C::kSmem));
     int n = 0;
     GPU_RETURN_IF_ERROR(MaxActiveBlocksPerSm(&n, kernel, C::kThreads, C::kSmem));
     return std::max(n, 1);
-  }();
+  });
   if (!per_sm.ok()) return per_sm.status();
   const int64_t grid = std::min<int64_t>(p.unit_end - p.unit_begin, static_cast<int64_t>(*per_sm) * p.num_sms);
   GPU_LAUNCH(kernel, static_cast<int>(grid), C::kThreads, C::kSmem, stream, p);

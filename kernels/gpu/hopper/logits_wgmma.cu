@@ -25,6 +25,7 @@
 #include "kernels/gpu/dispatch.h"
 #include "kernels/gpu/paged.h"
 #include "kernels/gpu/params.h"
+#include "kernels/gpu/per_device.h"
 #include "kernels/gpu/hopper/wgmma_sm90.h"
 
 namespace indexer {
@@ -225,14 +226,15 @@ template <int kHeads, int kRows>
 absl::Status LaunchWgmma(const LogitsParams& p, Stream stream) {
   auto* kernel = &DenseLogitsWgmmaKernel<kHeads, kRows>;
   constexpr int kSmem = WgSmemBytes<kHeads, kRows>();
-  // Once per process: the shared-memory limit and the blocks per SM (host
-  // calls that would otherwise sit between the timing events).
-  static const absl::StatusOr<int> per_sm = [&]() -> absl::StatusOr<int> {
+  // Once per device (per_device.h): the shared-memory limit and the blocks
+  // per SM (host calls that would otherwise sit between the timing events).
+  static PerDevice<absl::StatusOr<int>> setup;
+  const absl::StatusOr<int> per_sm = setup.Get([&]() -> absl::StatusOr<int> {
     GPU_RETURN_IF_ERROR(SetMaxDynamicSmem(kernel, kSmem));
     int n = 0;
     GPU_RETURN_IF_ERROR(MaxActiveBlocksPerSm(&n, kernel, kWgThreads, kSmem));
     return std::max(n, 1);
-  }();
+  });
   if (!per_sm.ok()) return per_sm.status();
   // Persistent: as many blocks as fit at once, each an equal share.
   const int64_t grid = std::min<int64_t>(p.unit_end - p.unit_begin, static_cast<int64_t>(*per_sm) * p.num_sms);

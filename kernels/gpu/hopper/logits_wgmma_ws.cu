@@ -58,6 +58,7 @@
 #include "kernels/gpu/paged.h"
 #include "kernels/gpu/knobs.h"
 #include "kernels/gpu/params.h"
+#include "kernels/gpu/per_device.h"
 #include "kernels/gpu/topk_key.h"
 #include "kernels/gpu/hopper/tile_window.h"
 #include "kernels/gpu/hopper/wgmma_sm90.h"
@@ -635,10 +636,11 @@ absl::Status LaunchWs(const LogitsParams& p_in, Stream stream, const TensorMap& 
                     int64_t{p.step.num_rows} <= int64_t{p.step.num_seqs} * p.max_group_rows &&
                     (p.l2_bytes <= 0 || logits_bytes <= p.l2_bytes);
   p.launch_dependents = Knobs().logits_pdl;
-  // Once per process and configuration: the shared-memory limit and the
-  // blocks per SM (host calls that would otherwise sit between the timing
-  // events).
-  static const absl::StatusOr<int> per_sm = [&]() -> absl::StatusOr<int> {
+  // Once per device and configuration (per_device.h): the shared-memory
+  // limit and the blocks per SM (host calls that would otherwise sit between
+  // the timing events).
+  static PerDevice<absl::StatusOr<int>> setup;
+  const absl::StatusOr<int> per_sm = setup.Get([&]() -> absl::StatusOr<int> {
     GPU_RETURN_IF_ERROR(SetMaxDynamicSmem(kernel, C::kSmem));
     int n = 0;
     GPU_RETURN_IF_ERROR(MaxActiveBlocksPerSm(&n, kernel, C::kThreads, C::kSmem));
@@ -646,7 +648,7 @@ absl::Status LaunchWs(const LogitsParams& p_in, Stream stream, const TensorMap& 
     // production).
     if (Knobs().ws_blocks_per_sm > 0) n = std::min(n, Knobs().ws_blocks_per_sm);
     return std::max(n, 1);
-  }();
+  });
   if (!per_sm.ok()) return per_sm.status();
   // Persistent: as many blocks as fit at once, each an equal share. (A floor
   // of 2 or 4 units per block, to amortize a block's set-up at small batch,

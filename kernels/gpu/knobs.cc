@@ -15,7 +15,7 @@ constexpr const char* kNames[] = {
     "INDEXER_GPU_MXFP4_WARPGROUPS", "INDEXER_GPU_MFMA_MODEL",      "INDEXER_GPU_LOGITS_MB",
     "INDEXER_GPU_BLOCK_STREAM",    "INDEXER_GPU_BLOCK_TMA",        "INDEXER_GPU_TOPK_BLOCKS_PER_SM",
     "INDEXER_GPU_TOPK_SLICE_BLOCKS", "INDEXER_GPU_TOPK_COOP_MIN",
-    "INDEXER_GPU_LOGITS_PDL",        "INDEXER_GPU_TOPK_WARP_EMIT"};
+    "INDEXER_GPU_LOGITS_PDL"};
 
 // On unless set to a number that is 0.
 bool Switch(const char* name) {
@@ -56,7 +56,6 @@ GpuKnobs Read() {
   const int64_t coop_min = Number("INDEXER_GPU_TOPK_COOP_MIN");
   if (coop_min >= 1024 && coop_min <= (1 << 24)) k.topk_coop_min = static_cast<int32_t>(coop_min);
   k.logits_pdl = Number("INDEXER_GPU_LOGITS_PDL") != 0;
-  k.topk_warp_emit = Number("INDEXER_GPU_TOPK_WARP_EMIT") != 0;
   const int64_t mb = Number("INDEXER_GPU_LOGITS_MB");
   if (mb > 0) k.logits_mb = mb;
   return k;

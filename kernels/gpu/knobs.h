@@ -33,8 +33,6 @@
 //                                    when the rows alone leave SMs idle
 //                                    (default twice a block's key cache:
 //                                    16384)
-//   INDEXER_GPU_TOPK_WARP_EMIT=1     the top-k's selections reserve output
-//                                    slots per warp (a vote, one atomic)
 //   INDEXER_GPU_LOGITS_PDL=1         wgmma_ws lets the top-k's blocks be
 //                                    placed while its own tail runs
 //                                    (programmatic dependent launch)
@@ -61,7 +59,6 @@ struct GpuKnobs {
   int32_t topk_blocks_per_sm = 0;   // 0: TopkEmitCap's rule; else 1, 3 or 4
   int32_t topk_slice_blocks = 2;    // PlanTopkSplit's blocks per SM (1..8)
   int32_t topk_coop_min = 0;        // PlanTopkSplit's few-rows length; 0: 2 x kTopkCache
-  bool topk_warp_emit = false;
   bool logits_pdl = false;
   int64_t logits_mb = 1024;
 };

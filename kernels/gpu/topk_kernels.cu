@@ -74,27 +74,6 @@ __device__ __forceinline__ void ForKeys(int32_t begin, int32_t n, KeyFn key, Bod
   for (; i < n; i += kTopkThreads) body(i, key(i));
 }
 
-// The same walk with a block-uniform trip count: body(i, valid, key) for
-// i = threadIdx.x, + kTopkThreads, ... rounded up to whole rounds of the
-// block, `valid` false past n (key 0 there), so every lane of a warp is in
-// every call (warp votes inside are safe).
-template <class KeyFn, class Body>
-__device__ __forceinline__ void ForKeysUniform(int32_t n, KeyFn key, Body body) {
-  for (int32_t j = 0; j < n; j += kBatch * kTopkThreads) {
-    uint32_t x[kBatch];
-#pragma unroll
-    for (int b = 0; b < kBatch; ++b) {
-      const int32_t i = j + b * kTopkThreads + static_cast<int32_t>(threadIdx.x);
-      x[b] = i < n ? key(i) : 0u;
-    }
-#pragma unroll
-    for (int b = 0; b < kBatch; ++b) {
-      const int32_t i = j + b * kTopkThreads + static_cast<int32_t>(threadIdx.x);
-      body(i, i < n, x[b]);
-    }
-  }
-}
-
 struct SelectShared {
   uint32_t hist[kBins];
   uint32_t warp_sum[kWarps];
@@ -107,10 +86,7 @@ struct SelectShared {
 // with slots 0..k-1. Passes before `first_pass` are known to select
 // `prefix` (every key shares those bits: candidates of one top bin skip
 // pass 0). REQUIRES: n > k > 0, called by all threads.
-// kWarpEmit: the output slots are reserved once per warp and counter (a
-// vote, one atomic by lane 0) rather than by one shared atomic per key on
-// the same two words (env INDEXER_GPU_TOPK_WARP_EMIT=1).
-template <bool kWarpEmit = false, class KeyFn, class EmitFn>
+template <class KeyFn, class EmitFn>
 __device__ void BlockSelect(SelectShared& sh, int32_t n, int32_t k,
                             KeyFn key, EmitFn emit, int first_pass = 0,
                             uint32_t prefix = 0) {
@@ -158,37 +134,15 @@ __device__ void BlockSelect(SelectShared& sh, int32_t n, int32_t k,
   }
   __syncthreads();
   const uint32_t n_gt_total = static_cast<uint32_t>(k) - kk;
-  if constexpr (kWarpEmit) {
-    const uint64_t below = LanesBelow();
-    ForKeysUniform(n, key, [&](int32_t i, bool valid, uint32_t x) {
-      const uint32_t m = x & mask;
-      const bool gt = valid && m > prefix, eq = valid && m == prefix;
-      const uint64_t vgt = Ballot(gt), veq = Ballot(eq);
-      uint32_t at_gt = 0, at_eq = 0;
-      if (lane == 0) {
-        if (vgt != 0) at_gt = atomicAdd(&sh.n_gt, static_cast<uint32_t>(PopCount64(vgt)));
-        if (veq != 0) at_eq = atomicAdd(&sh.n_eq, static_cast<uint32_t>(PopCount64(veq)));
-      }
-      at_gt = ShflIdx(at_gt, 0);
-      at_eq = ShflIdx(at_eq, 0);
-      if (gt) {
-        emit(static_cast<int32_t>(at_gt + PopCount64(vgt & below)), i, x);
-      } else if (eq) {
-        const uint32_t s = at_eq + static_cast<uint32_t>(PopCount64(veq & below));
-        if (s < kk) emit(static_cast<int32_t>(n_gt_total + s), i, x);
-      }
-    });
-  } else {
-    ForKeys(0, n, key, [&](int32_t i, uint32_t x) {
-      const uint32_t m = x & mask;
-      if (m > prefix) {
-        emit(static_cast<int32_t>(atomicAdd(&sh.n_gt, 1u)), i, x);
-      } else if (m == prefix) {
-        const uint32_t s = atomicAdd(&sh.n_eq, 1u);
-        if (s < kk) emit(static_cast<int32_t>(n_gt_total + s), i, x);
-      }
-    });
-  }
+  ForKeys(0, n, key, [&](int32_t i, uint32_t x) {
+    const uint32_t m = x & mask;
+    if (m > prefix) {
+      emit(static_cast<int32_t>(atomicAdd(&sh.n_gt, 1u)), i, x);
+    } else if (m == prefix) {
+      const uint32_t s = atomicAdd(&sh.n_eq, 1u);
+      if (s < kk) emit(static_cast<int32_t>(n_gt_total + s), i, x);
+    }
+  });
   __syncthreads();
 }
 
@@ -288,7 +242,6 @@ __global__ void __launch_bounds__(kTopkThreads) CoopHistKernel(const TopkParams 
 
 // Stage C, run by the last slice of stage B to finish its row: the rest of
 // the k from the candidates, then the row's state zeroed for the next use.
-template <bool kWarpEmit>
 __device__ void CoopFinishRow(const TopkParams& p, int32_t row, CoopRow* st, TopkShared& sh) {
   int32_t* out = p.out + static_cast<int64_t>(row) * p.topk;
   // L2 reads after the fence: independent loads, not a chain of atomics.
@@ -317,9 +270,9 @@ __device__ void CoopFinishRow(const TopkParams& p, int32_t row, CoopRow* st, Top
   if (nc <= kTopkCache) {
     ForKeys(0, nc, [&](int32_t i) { return LoadCg(ck + i); }, [&](int32_t i, uint32_t key) { sh.cache[i] = key; });
     __syncthreads();
-    BlockSelect<kWarpEmit>(sh.sel, nc, kk, [&](int32_t i) { return sh.cache[i]; }, emit, 1, bin << 21);
+    BlockSelect(sh.sel, nc, kk, [&](int32_t i) { return sh.cache[i]; }, emit, 1, bin << 21);
   } else {
-    BlockSelect<kWarpEmit>(sh.sel, nc, kk, [&](int32_t i) { return LoadCg(ck + i); }, emit, 1, bin << 21);
+    BlockSelect(sh.sel, nc, kk, [&](int32_t i) { return LoadCg(ck + i); }, emit, 1, bin << 21);
   }
   if (list) {
     for (int32_t j = threadIdx.x; j < kk; j += kTopkThreads) rest[j] = LoadCg(cp + picked[j]);
@@ -425,7 +378,7 @@ __device__ __forceinline__ void QuadEmit(const uint32_t* cache, int32_t len, uin
 // consumer's 128 blocks 17.7 -> 19.6 at 4: a cap costs where the blocks fit
 // anyway. By quads, the cap still pays: B=128 x 128k 49.7-49.8 us at 4
 // (56 bytes spilled), 51.4 at 3 (INDEXER_GPU_TOPK_BLOCKS_PER_SM=3).
-template <int kMinBlocks, bool kWarpEmit>
+template <int kMinBlocks>
 __global__ void __launch_bounds__(kTopkThreads, kMinBlocks) CoopEmitKernel(const TopkParams p) {
   __shared__ __align__(16) TopkShared sh;
   __shared__ uint32_t base[2];
@@ -495,12 +448,11 @@ __global__ void __launch_bounds__(kTopkThreads, kMinBlocks) CoopEmitKernel(const
   }
   __syncthreads();
   if (!last) return;
-  CoopFinishRow<kWarpEmit>(p, row, st, sh);
+  CoopFinishRow(p, row, st, sh);
 }
 
 // One block per row straight from the logits (rows that fit the cache, or
 // when the candidate buffers are too small for the cooperative path).
-template <bool kWarpEmit>
 __global__ void __launch_bounds__(kTopkThreads) TopkRowKernel(const TopkParams p) {
   __shared__ TopkShared sh;
   GridDependencyWait();  // launched after the logits, possibly before they ended
@@ -516,30 +468,10 @@ __global__ void __launch_bounds__(kTopkThreads) TopkRowKernel(const TopkParams p
   if (n <= kTopkCache) {
     ForKeys(0, n, [&](int32_t i) { return OrderedKey(x[i]); }, [&](int32_t i, uint32_t key) { sh.cache[i] = key; });
     __syncthreads();
-    BlockSelect<kWarpEmit>(sh.sel, n, p.topk, [&](int32_t i) { return sh.cache[i]; }, emit_pos);
+    BlockSelect(sh.sel, n, p.topk, [&](int32_t i) { return sh.cache[i]; }, emit_pos);
   } else {
-    BlockSelect<kWarpEmit>(sh.sel, n, p.topk, [&](int32_t i) { return OrderedKey(x[i]); }, emit_pos);
+    BlockSelect(sh.sel, n, p.topk, [&](int32_t i) { return OrderedKey(x[i]); }, emit_pos);
   }
-}
-
-template <bool kWarpEmit>
-absl::Status LaunchTopkKernels(const TopkParams& p, Stream stream) {
-  // Every top-k kernel waits for the kernel before it (GridDependencyWait)
-  // before it reads: launched after-previous, a logits kernel that lets its
-  // dependents start (LogitsParams::launch_dependents) overlaps their
-  // placement with its tail.
-  if (p.cand_stride == 0) {
-    GPU_LAUNCH_AFTER_PREVIOUS(TopkRowKernel<kWarpEmit>, p.num_rows, kTopkThreads, 0, stream, p);
-    return absl::OkStatus();
-  }
-  const dim3 grid(p.slices, p.num_rows);
-  auto* emit = p.emit_cap == 4   ? &CoopEmitKernel<4, kWarpEmit>
-               : p.emit_cap == 3 ? &CoopEmitKernel<3, kWarpEmit>
-                                 : &CoopEmitKernel<1, kWarpEmit>;
-  if (!p.hist_ready) GPU_LAUNCH_AFTER_PREVIOUS(CoopHistKernel, grid, kTopkThreads, 0, stream, p);
-  // Stage B may start while stage A drains (it waits for A's results).
-  GPU_LAUNCH_AFTER_PREVIOUS(emit, grid, kTopkThreads, 0, stream, p);
-  return absl::OkStatus();
 }
 
 }  // namespace
@@ -579,10 +511,20 @@ int32_t TopkEmitCap(int64_t blocks, int32_t num_sms) {
 
 absl::Status LaunchTopk(const TopkParams& p, Stream stream) {
   if (p.num_rows == 0 || p.topk == 0) return absl::OkStatus();
-  // INDEXER_GPU_TOPK_WARP_EMIT=1: the selections' warp-reserved slots
-  // (BlockSelect's kWarpEmit).
-  if (Knobs().topk_warp_emit) return LaunchTopkKernels<true>(p, stream);
-  return LaunchTopkKernels<false>(p, stream);
+  // Every top-k kernel waits for the kernel before it (GridDependencyWait)
+  // before it reads: launched after-previous, a logits kernel that lets its
+  // dependents start (LogitsParams::launch_dependents) overlaps their
+  // placement with its tail.
+  if (p.cand_stride == 0) {
+    GPU_LAUNCH_AFTER_PREVIOUS(TopkRowKernel, p.num_rows, kTopkThreads, 0, stream, p);
+    return absl::OkStatus();
+  }
+  const dim3 grid(p.slices, p.num_rows);
+  auto* emit = p.emit_cap == 4 ? &CoopEmitKernel<4> : p.emit_cap == 3 ? &CoopEmitKernel<3> : &CoopEmitKernel<1>;
+  if (!p.hist_ready) GPU_LAUNCH_AFTER_PREVIOUS(CoopHistKernel, grid, kTopkThreads, 0, stream, p);
+  // Stage B may start while stage A drains (it waits for A's results).
+  GPU_LAUNCH_AFTER_PREVIOUS(emit, grid, kTopkThreads, 0, stream, p);
+  return absl::OkStatus();
 }
 
 }  // namespace gpu

@@ -14,7 +14,7 @@ constexpr const char* kNames[] = {
     "INDEXER_GPU_WS_EVICT_FIRST",  "INDEXER_GPU_WS_UNIT",          "INDEXER_GPU_WS_BLOCKS_PER_SM",
     "INDEXER_GPU_MXFP4_WARPGROUPS", "INDEXER_GPU_MFMA_MODEL",      "INDEXER_GPU_LOGITS_MB",
     "INDEXER_GPU_BLOCK_STREAM",    "INDEXER_GPU_BLOCK_TMA",        "INDEXER_GPU_TOPK_BLOCKS_PER_SM",
-    "INDEXER_GPU_TOPK_SLICE_BLOCKS", "INDEXER_GPU_TOPK_COOP_MIN",
+    "INDEXER_GPU_TOPK_SLICE_BLOCKS",
     "INDEXER_GPU_LOGITS_PDL"};
 
 // On unless set to a number that is 0.
@@ -53,8 +53,6 @@ GpuKnobs Read() {
   k.topk_blocks_per_sm = cap == 1 || cap == 3 || cap == 4 ? static_cast<int32_t>(cap) : 0;
   const int64_t slice_blocks = Number("INDEXER_GPU_TOPK_SLICE_BLOCKS");
   if (slice_blocks >= 1 && slice_blocks <= 8) k.topk_slice_blocks = static_cast<int32_t>(slice_blocks);
-  const int64_t coop_min = Number("INDEXER_GPU_TOPK_COOP_MIN");
-  if (coop_min >= 1024 && coop_min <= (1 << 24)) k.topk_coop_min = static_cast<int32_t>(coop_min);
   k.logits_pdl = Number("INDEXER_GPU_LOGITS_PDL") != 0;
   const int64_t mb = Number("INDEXER_GPU_LOGITS_MB");
   if (mb > 0) k.logits_mb = mb;

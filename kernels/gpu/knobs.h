@@ -21,7 +21,7 @@
 //   INDEXER_GPU_MFMA_MODEL=gfx942|gfx950  CUDA: the default logits choice runs
 //                                    the MFMA kernels through the instruction
 //                                    model
-//   INDEXER_GPU_BLOCK_STREAM=0..4   block_stream's launch shape (default 4,
+//   INDEXER_GPU_BLOCK_STREAM=0..7   block_stream's launch shape (default 4,
 //                                    2 for Hi > 4)
 //   INDEXER_GPU_BLOCK_TMA=0          block_stream copies whole pages (no
 //                                    tensor map, no swizzle) on linear pages
@@ -29,10 +29,6 @@
 //                                    register cap (else by the launch's size)
 //   INDEXER_GPU_TOPK_SLICE_BLOCKS=N  the cooperative top-k's slices: about N
 //                                    blocks per SM over the launch (default 2)
-//   INDEXER_GPU_TOPK_COOP_MIN=N      rows of at least N entries go cooperative
-//                                    when the rows alone leave SMs idle
-//                                    (default twice a block's key cache:
-//                                    16384)
 //   INDEXER_GPU_LOGITS_PDL=1         wgmma_ws lets the top-k's blocks be
 //                                    placed while its own tail runs
 //                                    (programmatic dependent launch)
@@ -58,7 +54,6 @@ struct GpuKnobs {
   bool block_tma = true;
   int32_t topk_blocks_per_sm = 0;   // 0: TopkEmitCap's rule; else 1, 3 or 4
   int32_t topk_slice_blocks = 2;    // PlanTopkSplit's blocks per SM (1..8)
-  int32_t topk_coop_min = 0;        // PlanTopkSplit's few-rows length; 0: 2 x kTopkCache
   bool logits_pdl = false;
   int64_t logits_mb = 1024;
 };

@@ -85,7 +85,11 @@ struct SwShape {
   int warps, stages, ctas_per_sm;
   int page_warps;  // warps scoring one page together (a group)
 };
-constexpr SwShape kSwShapes[] = {{4, 3, 2, 1}, {5, 2, 2, 1}, {11, 2, 1, 1}, {16, 3, 1, 2}, {20, 2, 1, 2}};
+// Shapes 5-7 (knob only, being measured): groups of four warps, so that a
+// deeper ring fits: 5 groups x 4 or 3 pages (three or two in flight per
+// group while one is scored, against one at shape 4), 4 groups x 4 pages.
+constexpr SwShape kSwShapes[] = {{4, 3, 2, 1},  {5, 2, 2, 1},  {11, 2, 1, 1}, {16, 3, 1, 2},
+                                 {20, 2, 1, 2}, {20, 4, 1, 4}, {20, 3, 1, 4}, {16, 4, 1, 4}};
 constexpr int kSwDefaultShape = 4, kSwDefaultShapeTwoTiles = 2;
 static_assert(kSwShapes[kSwDefaultShape].ctas_per_sm == kSwShapes[kSwDefaultShapeTwoTiles].ctas_per_sm,
               "the work map's CTA count does not depend on Hi");
@@ -96,7 +100,7 @@ constexpr float kSwInitSentinel = 1e30f;   // as BlockScoresKernel
 constexpr float kSwLocalSentinel = 1e29f;
 static_assert(kSwDim == 4 * kMxBlock, "four MXFP4 blocks of 32 per entry");
 
-constexpr int kSwMaxPageWarps = 2;
+constexpr int kSwMaxPageWarps = 4;
 
 // Shared memory of one group (the warps of one page): its page ring, the
 // scored page's scales as floats, the warps' block maxima (two buffers,
@@ -611,6 +615,12 @@ absl::Status LaunchBlockScoresStream(const BlockScoreParams& p_in, const BlockWo
       return LaunchShape<3>(p, wm, stream);
     case 4:
       return LaunchShape<4>(p, wm, stream);
+    case 5:
+      return LaunchShape<5>(p, wm, stream);
+    case 6:
+      return LaunchShape<6>(p, wm, stream);
+    case 7:
+      return LaunchShape<7>(p, wm, stream);
     default:
       return LaunchShape<0>(p, wm, stream);
   }

@@ -7,7 +7,18 @@
 # Then carry `dev` in the device call and run tests/bench/device/run.sh
 # (README.md here: the stages). BUILD_DIR=build packs deploy/build.sh's
 # tree instead (GPU=AUTO finds the same CUDA, sm_90a): no second build.
+# BASE_BENCH=FILE copies another indexer_gpu_bench (e.g. the parent commit's)
+# into dev/base/ for run.sh's kab stage; --xz also writes
+# devpack/dev.tar.xz (git-ignored), the pack compressed under the device
+# tool's carry limit: carry devpack, and run.sh unpacks it.
 set -euo pipefail
+xz_out=0
+for a in "$@"; do
+  case $a in
+    --xz) xz_out=1 ;;
+    *) echo "pack.sh: unknown argument '$a' (expected --xz)" >&2; exit 2 ;;
+  esac
+done
 cd "$(dirname "$0")/../../.."
 export PATH=/usr/local/cuda/bin:$PATH
 launcher=()
@@ -49,4 +60,13 @@ for pair in "tests/integration/server_test client/indexer-cli" \
   grep -aom1 "/[[:alnum:]_./+-]*/$2" "$bd/$1" >> dev/links.txt || true
 done
 { git log -1 --format='%H %s'; git status --porcelain | head -20; } > dev/SOURCE.txt
+if [[ -n ${BASE_BENCH:-} ]]; then
+  mkdir -p dev/base && cp "$BASE_BENCH" dev/base/indexer_gpu_bench && strip dev/base/indexer_gpu_bench
+  echo "base: $BASE_BENCH" >> dev/SOURCE.txt
+fi
 du -sh dev
+if ((xz_out)); then
+  rm -rf devpack && mkdir devpack
+  tar -cf - dev | xz -T"$(nproc)" -1 > devpack/dev.tar.xz
+  du -sh devpack/dev.tar.xz
+fi

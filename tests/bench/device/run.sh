@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The one entry point for GPU runs. Runs ON THE DEVICE MACHINE from the
-# repository root, after tests/bench/device/pack.sh here packed dev/:
+# repository root, after tests/bench/device/pack.sh here packed dev/ (or,
+# with --xz, devpack/dev.tar.xz, unpacked here when dev/ is absent):
 #
 #   tests/bench/device/run.sh [STAGE...]     (default: suite sanitize bench service)
 #
@@ -39,9 +40,12 @@
 #             evict-first hint, alternated GAPS_ROUNDS times; the tables;
 #             then the bench's --stream-floor on the same shapes (a pure
 #             streaming kernel's time under both flushes: gaps-floor.md)
-#   knob      a knob A/B in one pack (KNOB: "NAME=value ..." settings of
-#             kernels/gpu/knobs.h; KNOB_ONLY: the shapes, default KAB_ONLY's),
-#             alternated KNOB_ROUNDS times (default 2), then the tables
+#   knob      a knob A/B in one pack (KNOB: variants separated by ';', each
+#             "NAME=value ..." settings of kernels/gpu/knobs.h; KNOB_ONLY:
+#             the shapes, default KAB_ONLY's), alternated KNOB_ROUNDS times
+#             (default 2), then the tables; KNOB_TESTS ("binary:filter")
+#             checked under each variant first, KNOB_SANITIZE=1 with
+#             memcheck and racecheck
 #   kcheck    a kernel change's checks: gpu_backend_test in KCHECK_SHARDS
 #             (default 4) gtest shards side by side, then memcheck and
 #             racecheck over the tests KCHECK_FILTER names (a gtest filter;
@@ -71,6 +75,11 @@ cd "$(dirname "$0")/../../.."
 ROOT=$PWD
 DEV=${DEV:-$ROOT/dev}
 [[ $DEV == /* ]] || DEV=$ROOT/$DEV
+# A compressed pack (pack.sh --xz: the bare pack is over the device tool's
+# carry limit) is unpacked here first.
+if [[ ! -d $DEV/bin && -f $ROOT/devpack/dev.tar.xz && $DEV == "$ROOT/dev" ]]; then
+  tar -xJf "$ROOT/devpack/dev.tar.xz" -C "$ROOT" || { echo "run.sh: devpack/dev.tar.xz did not unpack"; exit 2; }
+fi
 [[ -d $DEV/bin ]] || { echo "run.sh: no pack at $DEV (run tests/bench/device/pack.sh first)"; exit 2; }
 export LD_LIBRARY_PATH=$DEV/lib:${LD_LIBRARY_PATH:-}
 export PATH=$DEV/bin:$PATH
@@ -405,24 +414,52 @@ stage_kab() {
   return $rc
 }
 stage_knob() {
-  # A knob A/B in one pack: the bench with the environment settings $KNOB
-  # ("NAME=value ..."; knobs.h lists them) against none, on KNOB_ONLY's
-  # shapes (default KAB_ONLY's), alternated KNOB_ROUNDS times (default 2);
-  # knob-R-{off,on}.md, then the side-by-side tables.
+  # A knob A/B in one pack: the bench under each variant of $KNOB (variants
+  # separated by ';', each "NAME=value ..." of knobs.h) against none, on
+  # KNOB_ONLY's shapes (default KAB_ONLY's), alternated KNOB_ROUNDS times
+  # (default 2); knob-R-off.md and knob-R-LABEL.md (LABEL: the variant's
+  # settings less INDEXER_GPU_, spaces as '+'), then the side-by-side
+  # tables. KNOB_TESTS ("binary:gtest-filter", e.g.
+  # "gpu_paths_test:GpuBlockTest.*") runs first under each variant and with
+  # none, so that a variant's figures count only where its results match
+  # the cpu backend; KNOB_SANITIZE=1 adds memcheck and racecheck of those
+  # tests under each variant.
   [[ -n ${KNOB:-} ]] || { echo "knob: KNOB names no setting"; return 1; }
-  local only=${KNOB_ONLY:-${KAB_ONLY:-decode fp8 B=64 next_n=1 n=32k}} r rc=0 side
-  local bin=$DEV/bin/indexer_gpu_bench
-  echo "knob: $KNOB"
+  local only=${KNOB_ONLY:-${KAB_ONLY:-decode fp8 B=64 next_n=1 n=32k}} r rc=0 v label tool
+  local bin=$DEV/bin/indexer_gpu_bench variants=("") labels=(off) files=()
+  local more=(); IFS=";" read -ra more <<< "$KNOB"
+  for v in "${more[@]}"; do
+    v=$(echo "$v" | xargs); [[ -n $v ]] || continue
+    label=${v//INDEXER_GPU_/}; label=${label// /+}
+    variants+=("$v"); labels+=("$label")
+  done
+  echo "knob: ${variants[*]:1} (labels ${labels[*]})"
+  if [[ -n ${KNOB_TESTS:-} ]]; then
+    local tbin=${KNOB_TESTS%%:*} tfilter=${KNOB_TESTS#*:}
+    for i in "${!variants[@]}"; do
+      read -ra envs <<< "${variants[$i]}"
+      env "${envs[@]}" timeout "$TO" "$tbin" --gtest_filter="$tfilter" > "/tmp/knob-test-${labels[$i]}.log" 2>&1
+      echo "tests ${labels[$i]}: $tbin rc $?; $(grep -E '^\[  (PASSED|FAILED)  \]' "/tmp/knob-test-${labels[$i]}.log" | tr '\n' ' ')"
+      grep -m5 -E "Failure|FAILED  \] [A-Z]" "/tmp/knob-test-${labels[$i]}.log"
+      [[ -n ${KNOB_SANITIZE:-} && $i -gt 0 ]] || continue
+      for tool in memcheck racecheck; do
+        env "${envs[@]}" timeout "$TO" compute-sanitizer --tool "$tool" --error-exitcode 3 "$tbin" --gtest_filter="$tfilter" \
+          > "/tmp/knob-$tool-${labels[$i]}.log" 2>&1
+        echo "$tool ${labels[$i]} rc $?; $(grep -E '^\[  (PASSED|FAILED)  \]|ERROR SUMMARY|RACECHECK SUMMARY' "/tmp/knob-$tool-${labels[$i]}.log" | tr '\n' ' ')"
+      done
+    done
+  fi
   for r in $(seq "${KNOB_ROUNDS:-2}"); do
-    for side in off on; do
-      echo "== round $r: $side"
-      local envs=()
-      [[ $side == on ]] && read -ra envs <<< "$KNOB"
-      env "${envs[@]}" timeout "$TO" "$bin" --no-ceilings --only "$only" --markdown "$OUT/knob-$r-$side.md" \
-        > "$OUT/knob-$r-$side.txt" 2>&1 || { rc=1; tail -3 "$OUT/knob-$r-$side.txt"; }
+    for i in "${!variants[@]}"; do
+      echo "== round $r: ${labels[$i]}"
+      read -ra envs <<< "${variants[$i]}"
+      env "${envs[@]}" timeout "$TO" "$bin" --no-ceilings --only "$only" --markdown "$OUT/knob-$r-${labels[$i]}.md" \
+        > "$OUT/knob-$r-${labels[$i]}.txt" 2>&1 || { rc=1; tail -3 "$OUT/knob-$r-${labels[$i]}.txt"; }
     done
   done
-  bench_tables "$OUT"/knob-*-off.md "$OUT"/knob-*-on.md
+  # Tables: the runs without a knob first (the deltas are against them).
+  for label in "${labels[@]}"; do files+=("$OUT"/knob-*-"$label".md); done
+  bench_tables "${files[@]}"
   return $rc
 }
 # The median-by-label tables of a stage's bench files (bench_table.py).
@@ -470,14 +507,18 @@ stage_gaps() {
 stage_ncu() {
   # One warmed launch (the 3rd) of each kernel, after the bench's ceilings
   # are skipped; --clock-control none: the clocks the timed runs see.
-  local cases=${NCU_CASES:-"DenseLogitsWgmmaMxfp4Kernel@decode mxfp4 B=64 next_n=1 n=32k"} i=0 c k shape
+  # A case may end in @SETTINGS ("NAME=value ...", knobs.h): its runs
+  # take them, e.g. two cases of one kernel under two launch shapes.
+  local cases=${NCU_CASES:-"DenseLogitsWgmmaMxfp4Kernel@decode mxfp4 B=64 next_n=1 n=32k"} i=0 c k shape set
   command -v ncu >/dev/null || export PATH=/usr/local/cuda/bin:$PATH
   IFS=';' read -ra list <<< "$cases"
   for c in "${list[@]}"; do
-    k=${c%%@*}; shape=${c#*@}; i=$((i + 1))
-    echo "== ncu $i: kernel /$k/ in '$shape'"
+    k=${c%%@*}; shape=${c#*@}; set=""; i=$((i + 1))
+    [[ $shape == *@* ]] && { set=${shape#*@}; shape=${shape%%@*}; }
+    local envs=(); read -ra envs <<< "$set"
+    echo "== ncu $i: kernel /$k/ in '$shape'${set:+ with $set}"
     # The stall reasons: cycles a warp spends in each per issued instruction.
-    timeout "$TO" ncu --clock-control none --kernel-name-base "${NCU_NAME_BASE:-function}" -k "regex:$k" --launch-skip 2 --launch-count 1 \
+    env "${envs[@]}" timeout "$TO" ncu --clock-control none --kernel-name-base "${NCU_NAME_BASE:-function}" -k "regex:$k" --launch-skip 2 --launch-count 1 \
       --section SpeedOfLight --section WarpStateStats --section Occupancy --section LaunchStats \
       --section ComputeWorkloadAnalysis --section SchedulerStats --section MemoryWorkloadAnalysis \
       --metrics 'regex:smsp__average_warps_issue_stalled_.*_per_issue_active\.ratio' \
@@ -485,7 +526,7 @@ stage_ncu() {
     echo "ncu rc $?"
     if [[ -n ${NCU_SOURCE:-} ]]; then
       # Per-instruction warp-state samples (SASS), for tests/bench/device/ncu_top.py.
-      timeout "$TO" ncu --clock-control none --kernel-name-base "${NCU_NAME_BASE:-function}" -k "regex:$k" --launch-skip 2 --launch-count 1 \
+      env "${envs[@]}" timeout "$TO" ncu --clock-control none --kernel-name-base "${NCU_NAME_BASE:-function}" -k "regex:$k" --launch-skip 2 --launch-count 1 \
         --section SourceCounters --section WarpStateStats --page source --print-source sass --csv \
         "${NCU_BENCH:-indexer_gpu_bench}" --only "$shape" --iters 3 --no-ceilings > "$OUT/ncu-$i-src.csv" 2>&1
       echo "ncu source rc $?"

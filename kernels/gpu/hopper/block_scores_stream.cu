@@ -33,7 +33,12 @@
 // accumulation; dot = sum_j P_j * 2^(ek_j - 127) * 2^E_j.
 //
 // Columns: n8 tile nt holds heads 4 nt .. 4 nt + 3, columns 0-3 their hi
-// parts and 4-7 their lo parts; lanes t and t ^ 2 add a head's parts. Lane
+// parts and 4-7 their lo parts; lanes t and t ^ 2 add a head's parts.
+// Shapes with head_lanes (knob only, being measured) put head 4 nt + i in
+// columns 2i (hi) and 2i + 1 (lo) instead, so that lane (g, t) holds both
+// parts of head 4 nt + t: one Q factor per (row, block) instead of two
+// (8 FMUL fewer per tile), the parts added in the lane (4 shuffles fewer
+// per tile) and one maximum per head to combine, not two. Lane
 // (g, t) holds the bytes 4t..4t+3 of each block j of rows g and g + 8 (its
 // 8 elements 32 j + 8 t + i): the even elements i feed k-step 2 j, the odd
 // ones k-step 2 j + 1, with Q's B fragments in the same order.
@@ -72,7 +77,9 @@ namespace {
 // (ncu at shape 2: issue slots 46 % busy, DRAM 44 %), so more warps per SM
 // is what pays, and two warps per page keep the ring (the groups' pages
 // in flight) as deep as before. The default for Hi <= 4 is 4 (20 warps in
-// 10 groups of 2, 96 registers, no spills): on the H200, same call,
+// 10 groups of 2, 96 registers; ptxas of CUDA 13 spills 16 bytes on the
+// tensor-map path and 56 on tiled pages, which shape 8 does not): on the
+// H200, same call,
 // B=64 x 32k / B=128 x 128k / prefill 4k x 32k logits 75.4 / 418.1 /
 // 2984 us against 80.2 / 461.8 / 3298 at shape 2 (one warp per page, 11
 // warps), 76.2 / 435.4 / 3110 at shape 3; 22 or 24 warps spill and lose
@@ -84,12 +91,16 @@ namespace {
 struct SwShape {
   int warps, stages, ctas_per_sm;
   int page_warps;  // warps scoring one page together (a group)
+  bool head_lanes = false;  // a head's hi and lo columns in one lane (above)
 };
 // Shapes 5-7 (knob only, being measured): groups of four warps, so that a
 // deeper ring fits: 5 groups x 4 or 3 pages (three or two in flight per
 // group while one is scored, against one at shape 4), 4 groups x 4 pages.
-constexpr SwShape kSwShapes[] = {{4, 3, 2, 1},  {5, 2, 2, 1},  {11, 2, 1, 1}, {16, 3, 1, 2},
-                                 {20, 2, 1, 2}, {20, 4, 1, 4}, {20, 3, 1, 4}, {16, 4, 1, 4}};
+// Shapes 8 and 9 (knob only, being measured): shapes 4 and 5 with
+// head_lanes.
+constexpr SwShape kSwShapes[] = {{4, 3, 2, 1},  {5, 2, 2, 1},  {11, 2, 1, 1},       {16, 3, 1, 2},
+                                 {20, 2, 1, 2}, {20, 4, 1, 4}, {20, 3, 1, 4},       {16, 4, 1, 4},
+                                 {20, 2, 1, 2, true}, {20, 4, 1, 4, true}};
 constexpr int kSwDefaultShape = 4, kSwDefaultShapeTwoTiles = 2;
 static_assert(kSwShapes[kSwDefaultShape].ctas_per_sm == kSwShapes[kSwDefaultShapeTwoTiles].ctas_per_sm,
               "the work map's CTA count does not depend on Hi");
@@ -173,15 +184,16 @@ __device__ __forceinline__ float SwForced(int32_t b, int32_t causal, int32_t ini
 }
 
 // Row lr's Q in this lane's B fragments (column g of each tile, every
-// k-step) and the Q factors 2^E_j of its accumulator columns 2t, 2t + 1.
-template <int kNT>
+// k-step) and the Q factors 2^E_j of its accumulator columns 2t, 2t + 1
+// (kHeadLanes: both are head 4 nt + t's, f1 = f0).
+template <int kNT, bool kHeadLanes>
 __device__ __forceinline__ void SwLoadQ(const BlockScoreParams& p, int32_t lr, int g, int t,
                                         uint2 (&bq)[kNT][8], float (&f0)[kNT][4],
                                         float (&f1)[kNT][4]) {
-  const bool lo_part = g >= 4;
+  const bool lo_part = kHeadLanes ? (g & 1) != 0 : g >= 4;
 #pragma unroll
   for (int nt = 0; nt < kNT; ++nt) {
-    const int h = nt * 4 + (g & 3);
+    const int h = nt * 4 + (kHeadLanes ? g >> 1 : g & 3);
     float ef[4];
 #pragma unroll
     for (int j = 0; j < 4; ++j) {
@@ -216,11 +228,12 @@ __device__ __forceinline__ void SwLoadQ(const BlockScoreParams& p, int32_t lr, i
       bq[nt][2 * j + 1] = make_uint2(part[1] | part[3] << 16, part[5] | part[7] << 16);
       ef[j] = format_internal::ExactPow2(e);
     }
-    // Column c's Q is held by the lanes g = c.
+    // Column c's Q is held by the lanes g = c (kHeadLanes: head 4 nt + t's
+    // columns 2t and 2t + 1 by lanes g = 2t, 2t + 1 alike).
 #pragma unroll
     for (int j = 0; j < 4; ++j) {
       f0[nt][j] = ShflIdx(ef[j], 8 * t);
-      f1[nt][j] = ShflIdx(ef[j], 8 * t + 4);
+      f1[nt][j] = kHeadLanes ? f0[nt][j] : ShflIdx(ef[j], 8 * t + 4);
     }
   }
 }
@@ -255,6 +268,7 @@ __global__ void __launch_bounds__(kSwShapes[kShape].warps * 32, kSwShapes[kShape
   constexpr int kSwWarps = kSwShapes[kShape].warps, kSwThreads = kSwWarps * 32;
   constexpr int kSwStages = kSwShapes[kShape].stages;
   constexpr int kPW = kSwShapes[kShape].page_warps, kGroups = kSwWarps / kPW;
+  constexpr bool kHL = kSwShapes[kShape].head_lanes;
   static_assert(kSwStages >= 2, "one page scored while the next arrives");
   static_assert(kPW >= 1 && kPW <= kSwMaxPageWarps && kSwWarps % kPW == 0, "whole groups");
   static_assert(kGroups <= 15, "a named barrier per group (ids 1..15)");
@@ -376,7 +390,7 @@ __global__ void __launch_bounds__(kSwShapes[kShape].warps * 32, kSwShapes[kShape
       if (sub == 0 && lane < p.num_heads) score0[lane * head_stride] = forced;
     } else {
       if (cc.r != q_row) {
-        SwLoadQ<kNT>(p, lr, g, t, bq, f0, f1);
+        SwLoadQ<kNT, kHL>(p, lr, g, t, bq, f0, f1);
         q_row = cc.r;
       }
       const int32_t count = min(per_page, cc.n - b * per_page);  // visible entries of the page
@@ -459,10 +473,18 @@ __global__ void __launch_bounds__(kSwShapes[kShape].warps * 32, kSwShapes[kShape
             float d[4] = {0.f, 0.f, 0.f, 0.f};
             MmaF16(d, a0, a1, a2, a3, bq[nt][2 * j].x, bq[nt][2 * j].y);
             MmaF16(d, c0, c1, c2, c3, bq[nt][2 * j + 1].x, bq[nt][2 * j + 1].y);
-            acc[nt][0] = fmaf(d[0], ska_j[j] * f0[nt][j], acc[nt][0]);
-            acc[nt][1] = fmaf(d[1], ska_j[j] * f1[nt][j], acc[nt][1]);
-            acc[nt][2] = fmaf(d[2], skb_j[j] * f0[nt][j], acc[nt][2]);
-            acc[nt][3] = fmaf(d[3], skb_j[j] * f1[nt][j], acc[nt][3]);
+            if constexpr (kHL) {  // one factor for both parts
+              const float sa = ska_j[j] * f0[nt][j], sb = skb_j[j] * f0[nt][j];
+              acc[nt][0] = fmaf(d[0], sa, acc[nt][0]);
+              acc[nt][1] = fmaf(d[1], sa, acc[nt][1]);
+              acc[nt][2] = fmaf(d[2], sb, acc[nt][2]);
+              acc[nt][3] = fmaf(d[3], sb, acc[nt][3]);
+            } else {
+              acc[nt][0] = fmaf(d[0], ska_j[j] * f0[nt][j], acc[nt][0]);
+              acc[nt][1] = fmaf(d[1], ska_j[j] * f1[nt][j], acc[nt][1]);
+              acc[nt][2] = fmaf(d[2], skb_j[j] * f0[nt][j], acc[nt][2]);
+              acc[nt][3] = fmaf(d[3], skb_j[j] * f1[nt][j], acc[nt][3]);
+            }
           }
         }
         // hi + lo (lanes t, t ^ 2); rows past the page's visible entries
@@ -470,26 +492,32 @@ __global__ void __launch_bounds__(kSwShapes[kShape].warps * 32, kSwShapes[kShape
         const bool oka = ea < count, okb = eb < count;
 #pragma unroll
         for (int nt = 0; nt < kNT; ++nt) {
+          if constexpr (kHL) {  // hi + lo in the lane; mx[nt][0]: head 4 nt + t
+            const float va = acc[nt][0] + acc[nt][1], vb = acc[nt][2] + acc[nt][3];
+            mx[nt][0] = fmaxf(mx[nt][0], fmaxf(oka ? va : -INFINITY, okb ? vb : -INFINITY));
+          } else {
 #pragma unroll
-          for (int c = 0; c < 4; ++c) acc[nt][c] += ShflXor(acc[nt][c], 2);
-          mx[nt][0] = fmaxf(mx[nt][0], fmaxf(oka ? acc[nt][0] : -INFINITY, okb ? acc[nt][2] : -INFINITY));
-          mx[nt][1] = fmaxf(mx[nt][1], fmaxf(oka ? acc[nt][1] : -INFINITY, okb ? acc[nt][3] : -INFINITY));
+            for (int c = 0; c < 4; ++c) acc[nt][c] += ShflXor(acc[nt][c], 2);
+            mx[nt][0] = fmaxf(mx[nt][0], fmaxf(oka ? acc[nt][0] : -INFINITY, okb ? acc[nt][2] : -INFINITY));
+            mx[nt][1] = fmaxf(mx[nt][1], fmaxf(oka ? acc[nt][1] : -INFINITY, okb ? acc[nt][3] : -INFINITY));
+          }
         }
       }
       // Maxima over the 8 row lanes; lanes g = 0, t < 2 hold heads
-      // 4 nt + 2t, + 1 (-inf for a warp past the visible entries). The scale
-      // is positive: applied to the maximum.
+      // 4 nt + 2t, + 1 (kHL: lanes g = 0 hold head 4 nt + t; -inf for a
+      // warp past the visible entries). The scale is positive: applied to
+      // the maximum.
       float* const mine = comb + ((k & 1) * kSwMaxPageWarps + sub) * kSwMaxHeads;
 #pragma unroll
       for (int nt = 0; nt < kNT; ++nt) {
 #pragma unroll
-        for (int c = 0; c < 2; ++c) {
+        for (int c = 0; c < (kHL ? 1 : 2); ++c) {
           float v = mx[nt][c];
           v = fmaxf(v, ShflXor(v, 4));
           v = fmaxf(v, ShflXor(v, 8));
           v = fmaxf(v, ShflXor(v, 16));
-          const int h = 4 * nt + 2 * t + c;
-          if (g == 0 && t < 2 && h < p.num_heads) {
+          const int h = kHL ? 4 * nt + t : 4 * nt + 2 * t + c;
+          if (g == 0 && (kHL || t < 2) && h < p.num_heads) {
             if constexpr (kPW == 1) {
               score0[h * head_stride] = v * p.scale;
             } else {
@@ -621,6 +649,10 @@ absl::Status LaunchBlockScoresStream(const BlockScoreParams& p_in, const BlockWo
       return LaunchShape<6>(p, wm, stream);
     case 7:
       return LaunchShape<7>(p, wm, stream);
+    case 8:
+      return LaunchShape<8>(p, wm, stream);
+    case 9:
+      return LaunchShape<9>(p, wm, stream);
     default:
       return LaunchShape<0>(p, wm, stream);
   }

@@ -553,12 +553,20 @@ for s in "${stages[@]}"; do
 done
 [[ " ${stages[*]} " == *" env "* ]] || stages=(env "${stages[@]}")
 failed=0
+# A stage fails when its log has an "rc N" (N > 0) or "not SERVING" line;
+# the A/B stages also return their status (a bench that failed, KNOB
+# unset), which counts too (the others end in commands whose status means
+# nothing).
+status_stages=" kab knob gaps "
 for s in "${stages[@]}"; do
   t0=$(date +%s)
   "stage_${s//-/_}" > "$OUT/$s.log" 2>&1
+  src=$?
   echo "### $s ($(( $(date +%s) - t0 )) s)"
-  grep -aE "PASSED|FAILED|ERROR SUMMARY|rc [0-9]|^== |rtt p50|backend host|step start|adds to its kernels|verdict|agree|torch|H200|round trip|alive|not SERVING" \
+  grep -aE "PASSED|FAILED|ERROR SUMMARY|rc [0-9]|^== |rtt p50|backend host|step start|adds to its kernels|verdict|agree|torch|H200|round trip|alive|not SERVING|^knob: |^kab: " \
     "$OUT/$s.log" | tail -40
-  grep -aqE "rc [1-9]|not SERVING" "$OUT/$s.log" && { failed=1; echo "### $s: FAILED"; }
+  if grep -aqE "rc [1-9]|not SERVING" "$OUT/$s.log" || [[ $src != 0 && $status_stages == *" $s "* ]]; then
+    failed=1; echo "### $s: FAILED"
+  fi
 done
 exit "$failed"

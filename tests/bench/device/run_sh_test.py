@@ -1,0 +1,99 @@
+#!/usr/bin/env python3
+"""run.sh's knob stage without a GPU: a fake pack whose bench writes
+bench-shaped markdown from the knob it was given and whose test binary
+fails under one setting. Checks the variants (';'), their labels, that each
+variant's settings reach the bench and the tests, the tables against `off`,
+and that a failing test or an unset KNOB fails the stage."""
+import os
+import stat
+import subprocess
+import tempfile
+import unittest
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+RUN = os.path.join(HERE, "run.sh")
+
+# The bench: logits 70 + the shape knob (4 when unset), top-k 4.
+BENCH = r"""#!/usr/bin/env bash
+md=""; only=""
+while (($#)); do
+  case $1 in --markdown) md=$2; shift ;; --only) only=$2; shift ;; esac
+  shift
+done
+v=${INDEXER_GPU_BLOCK_STREAM:-4}
+{
+  echo "| shape | kernel | logits us | floor us | GB/s (% copy) | TFLOP/s | top-k us | layer us | call us | target |"
+  echo "|---|---|---:|---:|---:|---:|---:|---:|---:|---|"
+  echo "| $only | block_stream | $((70 + v)).0 | 41.7 | 2013 (48%) | 0.0 | 4.0 | $((74 + v)).0 | 90.0 | |"
+} > "$md"
+"""
+# The test binary: fails under shape 6, names its filter and setting.
+TEST = r"""#!/usr/bin/env bash
+echo "filter $1 shape ${INDEXER_GPU_BLOCK_STREAM:-default}"
+if [[ ${INDEXER_GPU_BLOCK_STREAM:-} == 6 ]]; then echo "[  FAILED  ] 1 test"; exit 1; fi
+echo "[  PASSED  ] 1 test."
+"""
+
+
+class RunShKnobTest(unittest.TestCase):
+    def setUp(self):
+        self.tmp = tempfile.TemporaryDirectory()
+        d = self.tmp.name
+        self.dev = os.path.join(d, "dev")
+        self.out = os.path.join(d, "out")
+        os.makedirs(os.path.join(self.dev, "bin"))
+        for name, text in (("indexer_gpu_bench", BENCH), ("fake_test", TEST)):
+            p = os.path.join(self.dev, "bin", name)
+            with open(p, "w") as f:
+                f.write(text)
+            os.chmod(p, os.stat(p).st_mode | stat.S_IXUSR)
+        for name in ("gpu-tests.txt", "links.txt"):
+            open(os.path.join(self.dev, name), "w").close()
+        with open(os.path.join(self.dev, "SOURCE.txt"), "w") as f:
+            f.write("fake pack\n")
+
+    def tearDown(self):
+        self.tmp.cleanup()
+
+    def run_knob(self, **env):
+        e = dict(os.environ, DEV=self.dev, OUT=self.out, KNOB_ONLY="minimax block B=64", **env)
+        res = subprocess.run(["bash", RUN, "knob"], env=e, capture_output=True, text=True, timeout=120)
+        log_path = os.path.join(self.out, "knob.log")
+        log = ""
+        if os.path.exists(log_path):
+            with open(log_path) as f:
+                log = f.read()
+        return res.returncode, log
+
+    def test_variants_labels_and_tables(self):
+        rc, log = self.run_knob(KNOB="INDEXER_GPU_BLOCK_STREAM=5; INDEXER_GPU_BLOCK_STREAM=7",
+                                KNOB_TESTS="fake_test:GpuBlockTest.*")
+        self.assertEqual(rc, 0, log)
+        # Each variant's tests ran with its setting and the filter.
+        self.assertIn("tests off: fake_test rc 0", log)
+        self.assertIn("tests BLOCK_STREAM=5: fake_test rc 0", log)
+        self.assertIn("tests BLOCK_STREAM=7: fake_test rc 0", log)
+        for label in ("off", "BLOCK_STREAM=5", "BLOCK_STREAM=7"):
+            for r in (1, 2):
+                self.assertTrue(os.path.exists(os.path.join(self.out, f"knob-{r}-{label}.md")), label)
+        # The logits table: off first, each variant's rounds, deltas against off.
+        logits = log[log.index("logits (us"):log.index("== topk")]
+        self.assertIn("| shape | off | BLOCK_STREAM=5 | BLOCK_STREAM=7 | BLOCK_STREAM=5 - off | BLOCK_STREAM=7 - off |",
+                      logits)
+        self.assertIn("| minimax block B=64 | 74.0 / 74.0 | 75.0 / 75.0 | 77.0 / 77.0 | +1.0 | +3.0 |", logits)
+
+    def test_a_failing_test_fails_the_stage(self):
+        rc, log = self.run_knob(KNOB="INDEXER_GPU_BLOCK_STREAM=5;INDEXER_GPU_BLOCK_STREAM=6",
+                                KNOB_TESTS="fake_test:GpuBlockTest.*")
+        self.assertNotEqual(rc, 0, log)
+        self.assertIn("tests BLOCK_STREAM=6: fake_test rc 1", log)
+        self.assertIn("tests BLOCK_STREAM=5: fake_test rc 0", log)
+
+    def test_no_knob_fails(self):
+        rc, log = self.run_knob(KNOB="")
+        self.assertNotEqual(rc, 0)
+        self.assertIn("KNOB names no setting", log)
+
+
+if __name__ == "__main__":
+    unittest.main()

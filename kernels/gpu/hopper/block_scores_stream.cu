@@ -55,6 +55,7 @@
 
 #include <algorithm>
 #include <cstdlib>
+#include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "kernels/format/fp8.h"
@@ -101,6 +102,7 @@ struct SwShape {
 constexpr SwShape kSwShapes[] = {{4, 3, 2, 1},  {5, 2, 2, 1},  {11, 2, 1, 1},       {16, 3, 1, 2},
                                  {20, 2, 1, 2}, {20, 4, 1, 4}, {20, 3, 1, 4},       {16, 4, 1, 4},
                                  {20, 2, 1, 2, true}, {20, 4, 1, 4, true}};
+constexpr int kSwShapeCount = static_cast<int>(sizeof(kSwShapes) / sizeof(kSwShapes[0]));
 constexpr int kSwDefaultShape = 4, kSwDefaultShapeTwoTiles = 2;
 static_assert(kSwShapes[kSwDefaultShape].ctas_per_sm == kSwShapes[kSwDefaultShapeTwoTiles].ctas_per_sm,
               "the work map's CTA count does not depend on Hi");
@@ -552,9 +554,8 @@ __global__ void __launch_bounds__(kSwShapes[kShape].warps * 32, kSwShapes[kShape
 
 // The launch shape: the knob's, else the default for Hi heads.
 int SwShapeIndex(int32_t num_heads) {
-  constexpr int kShapes = static_cast<int>(sizeof(kSwShapes) / sizeof(kSwShapes[0]));
   const int i = Knobs().block_stream_shape;
-  if (i >= 0 && i < kShapes) return i;
+  if (i >= 0 && i < kSwShapeCount) return i;
   return num_heads <= 4 ? kSwDefaultShape : kSwDefaultShapeTwoTiles;
 }
 
@@ -630,32 +631,22 @@ int32_t BlockScoresStreamCtas(int32_t num_sms) {
   return std::max(num_sms, 1) * kSwShapes[SwShapeIndex(1)].ctas_per_sm;
 }
 
+// LaunchShape<i> for a shape index known at run time: one entry per
+// kSwShapes row, so that a new shape needs no dispatch of its own.
+template <int... kI>
+absl::Status LaunchShapeAt(int i, const BlockScoreParams& p, const BlockWorkMap& wm, Stream stream,
+                           std::integer_sequence<int, kI...>) {
+  using Launch = absl::Status (*)(const BlockScoreParams&, const BlockWorkMap&, Stream);
+  constexpr Launch kLaunch[] = {&LaunchShape<kI>...};
+  return kLaunch[i](p, wm, stream);
+}
+
 absl::Status LaunchBlockScoresStream(const BlockScoreParams& p_in, const BlockWorkMap& wm, Stream stream) {
   if (p_in.num_rows == 0 || p_in.width == 0 || wm.ctas == 0) return absl::OkStatus();
   BlockScoreParams p = p_in;
   p.evict_first = Knobs().ws_evict_first;
-  switch (SwShapeIndex(p.num_heads)) {
-    case 1:
-      return LaunchShape<1>(p, wm, stream);
-    case 2:
-      return LaunchShape<2>(p, wm, stream);
-    case 3:
-      return LaunchShape<3>(p, wm, stream);
-    case 4:
-      return LaunchShape<4>(p, wm, stream);
-    case 5:
-      return LaunchShape<5>(p, wm, stream);
-    case 6:
-      return LaunchShape<6>(p, wm, stream);
-    case 7:
-      return LaunchShape<7>(p, wm, stream);
-    case 8:
-      return LaunchShape<8>(p, wm, stream);
-    case 9:
-      return LaunchShape<9>(p, wm, stream);
-    default:
-      return LaunchShape<0>(p, wm, stream);
-  }
+  return LaunchShapeAt(SwShapeIndex(p.num_heads), p, wm, stream,
+                       std::make_integer_sequence<int, kSwShapeCount>());
 }
 
 }  // namespace gpu

@@ -19,6 +19,8 @@ for a in "$@"; do
     *) echo "pack.sh: unknown argument '$a' (expected --xz)" >&2; exit 2 ;;
   esac
 done
+# BASE_BENCH as the caller named it, before the cd below.
+[[ -n ${BASE_BENCH:-} ]] && BASE_BENCH=$(realpath "$BASE_BENCH")
 cd "$(dirname "$0")/../../.."
 export PATH=/usr/local/cuda/bin:$PATH
 launcher=()

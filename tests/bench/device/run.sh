@@ -172,6 +172,21 @@ run_sharded() {
   done
 }
 
+# sanitizers NAME [ENV=VALUE...] -- CMD...: CMD under compute-sanitizer
+# memcheck, then racecheck (their logs /tmp/NAME-TOOL.log), a line per tool
+# with its rc and summaries, the log's tail when it failed.
+sanitizers() {
+  local name=$1; shift
+  local envs=(); while [[ $1 != -- ]]; do envs+=("$1"); shift; done; shift
+  local tool rc
+  for tool in memcheck racecheck; do
+    env "${envs[@]}" timeout "$TO" compute-sanitizer --tool "$tool" --error-exitcode 3 "$@" > "/tmp/$name-$tool.log" 2>&1
+    rc=$?
+    echo "$tool $name rc $rc; $(grep -E '^\[  (PASSED|FAILED)  \]|ERROR SUMMARY|RACECHECK SUMMARY' "/tmp/$name-$tool.log" | tr '\n' ' ')"
+    [[ $rc == 0 ]] || tail -30 "/tmp/$name-$tool.log"
+  done
+}
+
 stage_sanitize() {
   # Each binary's tests run as SAN_SHARDS gtest shards at once (the host
   # side of memcheck is the slow part; the machine has 16 cores and the GPU
@@ -203,16 +218,11 @@ stage_kcheck() {
   # gpu_backend_test (every GPU path against the cpu backend) as
   # KCHECK_SHARDS gtest shards side by side, then compute-sanitizer
   # memcheck and racecheck over KCHECK_FILTER's tests of it.
-  local n=${KCHECK_SHARDS:-4} rc tool
+  local n=${KCHECK_SHARDS:-4}
   local filter=${KCHECK_FILTER:-'Cases/*:Scales/*:Routes/*:Heads/*mxfp4*:Shapes/*fp8_E64_B3_*:Shapes/*mxfp4_E64_B24*'}
   run_sharded gpu_backend_test X=1 -- gpu_backend_test
-  for tool in memcheck racecheck; do
-    timeout "$TO" compute-sanitizer --tool "$tool" --error-exitcode 3 gpu_backend_test --gtest_filter="$filter" \
-      > "/tmp/kcheck-$tool.log" 2>&1
-    rc=$?
-    echo "$tool ($filter) rc $rc; $(grep -E '^\[  (PASSED|FAILED)  \]|ERROR SUMMARY|RACECHECK SUMMARY' "/tmp/kcheck-$tool.log" | tr '\n' ' ')"
-    [[ $rc == 0 ]] || tail -30 "/tmp/kcheck-$tool.log"
-  done
+  echo "sanitizers on gpu_backend_test --gtest_filter=$filter"
+  sanitizers kcheck -- gpu_backend_test --gtest_filter="$filter"
 }
 
 stage_bench() {
@@ -425,7 +435,7 @@ stage_knob() {
   # the cpu backend; KNOB_SANITIZE=1 adds memcheck and racecheck of those
   # tests under each variant.
   [[ -n ${KNOB:-} ]] || { echo "knob: KNOB names no setting"; return 1; }
-  local only=${KNOB_ONLY:-${KAB_ONLY:-decode fp8 B=64 next_n=1 n=32k}} r rc=0 v label tool
+  local only=${KNOB_ONLY:-${KAB_ONLY:-decode fp8 B=64 next_n=1 n=32k}} r rc=0 v i label envs=()
   local bin=$DEV/bin/indexer_gpu_bench variants=("") labels=(off) files=()
   local more=(); IFS=";" read -ra more <<< "$KNOB"
   for v in "${more[@]}"; do
@@ -442,11 +452,7 @@ stage_knob() {
       echo "tests ${labels[$i]}: $tbin rc $?; $(grep -E '^\[  (PASSED|FAILED)  \]' "/tmp/knob-test-${labels[$i]}.log" | tr '\n' ' ')"
       grep -m5 -E "Failure|FAILED  \] [A-Z]" "/tmp/knob-test-${labels[$i]}.log"
       [[ -n ${KNOB_SANITIZE:-} && $i -gt 0 ]] || continue
-      for tool in memcheck racecheck; do
-        env "${envs[@]}" timeout "$TO" compute-sanitizer --tool "$tool" --error-exitcode 3 "$tbin" --gtest_filter="$tfilter" \
-          > "/tmp/knob-$tool-${labels[$i]}.log" 2>&1
-        echo "$tool ${labels[$i]} rc $?; $(grep -E '^\[  (PASSED|FAILED)  \]|ERROR SUMMARY|RACECHECK SUMMARY' "/tmp/knob-$tool-${labels[$i]}.log" | tr '\n' ' ')"
-      done
+      sanitizers "knob-${labels[$i]}" "${envs[@]}" -- "$tbin" --gtest_filter="$tfilter"
     done
   fi
   for r in $(seq "${KNOB_ROUNDS:-2}"); do

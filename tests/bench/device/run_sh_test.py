@@ -33,6 +33,15 @@ echo "filter $1 shape ${INDEXER_GPU_BLOCK_STREAM:-default}"
 if [[ ${INDEXER_GPU_BLOCK_STREAM:-} == 6 ]]; then echo "[  FAILED  ] 1 test"; exit 1; fi
 echo "[  PASSED  ] 1 test."
 """
+# compute-sanitizer: runs the command after its options, names its tool
+# and the setting it ran under.
+SANITIZER = r"""#!/usr/bin/env bash
+tool=""
+while [[ $1 == --* ]]; do [[ $1 == --tool ]] && tool=$2; shift 2; done
+"$@"; rc=$?
+echo "========= $tool ERROR SUMMARY: 0 errors (shape ${INDEXER_GPU_BLOCK_STREAM:-default})"
+exit $rc
+"""
 
 
 class RunShKnobTest(unittest.TestCase):
@@ -42,7 +51,7 @@ class RunShKnobTest(unittest.TestCase):
         self.dev = os.path.join(d, "dev")
         self.out = os.path.join(d, "out")
         os.makedirs(os.path.join(self.dev, "bin"))
-        for name, text in (("indexer_gpu_bench", BENCH), ("fake_test", TEST)):
+        for name, text in (("indexer_gpu_bench", BENCH), ("fake_test", TEST), ("compute-sanitizer", SANITIZER)):
             p = os.path.join(self.dev, "bin", name)
             with open(p, "w") as f:
                 f.write(text)
@@ -67,8 +76,14 @@ class RunShKnobTest(unittest.TestCase):
 
     def test_variants_labels_and_tables(self):
         rc, log = self.run_knob(KNOB="INDEXER_GPU_BLOCK_STREAM=5; INDEXER_GPU_BLOCK_STREAM=7",
-                                KNOB_TESTS="fake_test:GpuBlockTest.*")
+                                KNOB_TESTS="fake_test:GpuBlockTest.*", KNOB_SANITIZE="1")
         self.assertEqual(rc, 0, log)
+        # Both sanitizers under each variant's setting, none without one.
+        for tool in ("memcheck", "racecheck"):
+            for v in ("5", "7"):
+                self.assertIn(f"{tool} knob-BLOCK_STREAM={v} rc 0; [  PASSED  ] 1 test. "
+                              f"========= {tool} ERROR SUMMARY: 0 errors (shape {v})", log)
+            self.assertNotIn(f"{tool} knob-off", log)
         # Each variant's tests ran with its setting and the filter.
         self.assertIn("tests off: fake_test rc 0", log)
         self.assertIn("tests BLOCK_STREAM=5: fake_test rc 0", log)

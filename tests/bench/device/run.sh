@@ -178,13 +178,14 @@ run_sharded() {
 sanitizers() {
   local name=$1; shift
   local envs=(); while [[ $1 != -- ]]; do envs+=("$1"); shift; done; shift
-  local tool rc
+  local tool rc worst=0
   for tool in memcheck racecheck; do
     env "${envs[@]}" timeout "$TO" compute-sanitizer --tool "$tool" --error-exitcode 3 "$@" > "/tmp/$name-$tool.log" 2>&1
     rc=$?
     echo "$tool $name rc $rc; $(grep -E '^\[  (PASSED|FAILED)  \]|ERROR SUMMARY|RACECHECK SUMMARY' "/tmp/$name-$tool.log" | tr '\n' ' ')"
-    [[ $rc == 0 ]] || tail -30 "/tmp/$name-$tool.log"
+    [[ $rc == 0 ]] || { worst=$rc; tail -30 "/tmp/$name-$tool.log"; }
   done
+  return $worst
 }
 
 stage_sanitize() {
@@ -430,7 +431,7 @@ stage_knob() {
   # (default 2); knob-R-off.md and knob-R-LABEL.md (LABEL: the variant's
   # settings less INDEXER_GPU_, spaces as '+'), then the side-by-side
   # tables. KNOB_TESTS ("binary:gtest-filter", e.g.
-  # "gpu_paths_test:GpuBlockTest.*") runs first under each variant and with
+  # "gpu_backend_test:GpuBlockTest.*") runs first under each variant and with
   # none, so that a variant's figures count only where its results match
   # the cpu backend; KNOB_SANITIZE=1 adds memcheck and racecheck of those
   # tests under each variant.
@@ -445,14 +446,17 @@ stage_knob() {
   done
   echo "knob: ${variants[*]:1} (labels ${labels[*]})"
   if [[ -n ${KNOB_TESTS:-} ]]; then
-    local tbin=${KNOB_TESTS%%:*} tfilter=${KNOB_TESTS#*:}
+    local tbin=${KNOB_TESTS%%:*} tfilter=${KNOB_TESTS#*:} trc
+    command -v "$tbin" >/dev/null ||
+      { echo "knob: KNOB_TESTS names '$tbin', not a packed binary (dev/gpu-tests.txt lists them)"; return 1; }
     for i in "${!variants[@]}"; do
       read -ra envs <<< "${variants[$i]}"
       env "${envs[@]}" timeout "$TO" "$tbin" --gtest_filter="$tfilter" > "/tmp/knob-test-${labels[$i]}.log" 2>&1
-      echo "tests ${labels[$i]}: $tbin rc $?; $(grep -E '^\[  (PASSED|FAILED)  \]' "/tmp/knob-test-${labels[$i]}.log" | tr '\n' ' ')"
+      trc=$?; ((trc == 0)) || rc=1
+      echo "tests ${labels[$i]}: $tbin rc $trc; $(grep -E '^\[  (PASSED|FAILED)  \]' "/tmp/knob-test-${labels[$i]}.log" | tr '\n' ' ')"
       grep -m5 -E "Failure|FAILED  \] [A-Z]" "/tmp/knob-test-${labels[$i]}.log"
       [[ -n ${KNOB_SANITIZE:-} && $i -gt 0 ]] || continue
-      sanitizers "knob-${labels[$i]}" "${envs[@]}" -- "$tbin" --gtest_filter="$tfilter"
+      sanitizers "knob-${labels[$i]}" "${envs[@]}" -- "$tbin" --gtest_filter="$tfilter" || rc=1
     done
   fi
   for r in $(seq "${KNOB_ROUNDS:-2}"); do

@@ -104,6 +104,11 @@ class RunShKnobTest(unittest.TestCase):
         self.assertIn("tests BLOCK_STREAM=6: fake_test rc 1", log)
         self.assertIn("tests BLOCK_STREAM=5: fake_test rc 0", log)
 
+    def test_an_unpacked_test_binary_fails(self):
+        rc, log = self.run_knob(KNOB="INDEXER_GPU_BLOCK_STREAM=5", KNOB_TESTS="gpu_paths_test:GpuBlockTest.*")
+        self.assertNotEqual(rc, 0, log)
+        self.assertIn("KNOB_TESTS names 'gpu_paths_test', not a packed binary", log)
+
     def test_no_knob_fails(self):
         rc, log = self.run_knob(KNOB="")
         self.assertNotEqual(rc, 0)

@@ -33,7 +33,10 @@ GpuKnobs Read() {
   k.wgmma_ws = Switch("INDEXER_GPU_WGMMA_WS");
   k.wgmma_mxfp4 = Switch("INDEXER_GPU_WGMMA_MXFP4");
   k.topk_fuse = Switch("INDEXER_GPU_TOPK_FUSE");
-  k.ws_evict_first = Switch("INDEXER_GPU_WS_EVICT_FIRST");
+  if (const char* v = std::getenv("INDEXER_GPU_WS_EVICT_FIRST"); v != nullptr && *v != '\0') {
+    const int64_t mode = std::atoll(v);
+    k.ws_evict_first = mode == 0 ? 0 : mode == 2 ? 2 : 1;
+  }
   const int64_t unit = Number("INDEXER_GPU_WS_UNIT");
   k.ws_unit_entries = unit >= 64 && unit % 64 == 0 && unit <= (1 << 20) ? static_cast<int32_t>(unit) : 0;
   const int64_t per_sm = Number("INDEXER_GPU_WS_BLOCKS_PER_SM");

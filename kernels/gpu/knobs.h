@@ -12,7 +12,9 @@
 //                                    fit the L2: it never hints K a step
 //                                    re-reads, nor past the L2) and
 //                                    block_stream read K without the L2
-//                                    evict-first hint
+//                                    evict-first hint; =2: wgmma_ws hints
+//                                    decode steps past the L2 too (the
+//                                    rule before 6743f68, for its A/B)
 //   INDEXER_GPU_WS_UNIT=N            wgmma_ws work units of N entries (a
 //                                    multiple of 64; else the planner's rule)
 //   INDEXER_GPU_WS_BLOCKS_PER_SM=N   caps wgmma_ws's blocks per SM
@@ -45,7 +47,7 @@ struct GpuKnobs {
   bool wgmma_ws = true;
   bool wgmma_mxfp4 = true;
   bool topk_fuse = true;
-  bool ws_evict_first = true;
+  int32_t ws_evict_first = 1;  // 0 never, 1 the launcher's rule, 2 past the L2 too
   int32_t ws_unit_entries = 0;   // 0: the planner's rule
   int32_t ws_blocks_per_sm = 0;  // 0: as many as fit
   int32_t mxfp4_warpgroups = 0;  // 0: the default sizes

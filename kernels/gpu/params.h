@@ -132,7 +132,7 @@ struct LogitsParams {
   int64_t l2_bytes = 0;
   // Set by the ws launcher: K copies with the L2 evict-first policy (where
   // the step reads K once and its logits fit the L2, unless env
-  // INDEXER_GPU_WS_EVICT_FIRST=0).
+  // INDEXER_GPU_WS_EVICT_FIRST=0; =2 past the L2 too).
   bool k_evict_first = false;
   // Set by the ws launcher (env INDEXER_GPU_LOGITS_PDL=1): every block lets
   // the stream's next kernel (the top-k, launched after-previous) be placed

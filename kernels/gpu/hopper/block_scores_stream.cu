@@ -644,7 +644,7 @@ absl::Status LaunchShapeAt(int i, const BlockScoreParams& p, const BlockWorkMap&
 absl::Status LaunchBlockScoresStream(const BlockScoreParams& p_in, const BlockWorkMap& wm, Stream stream) {
   if (p_in.num_rows == 0 || p_in.width == 0 || wm.ctas == 0) return absl::OkStatus();
   BlockScoreParams p = p_in;
-  p.evict_first = Knobs().ws_evict_first;
+  p.evict_first = Knobs().ws_evict_first != 0;
   return LaunchShapeAt(SwShapeIndex(p.num_heads), p, wm, stream,
                        std::make_integer_sequence<int, kSwShapeCount>());
 }

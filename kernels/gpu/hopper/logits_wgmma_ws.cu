@@ -630,11 +630,11 @@ absl::Status LaunchWs(const LogitsParams& p_in, Stream stream, const TensorMap& 
   // 565.2-566.6 without; h200_2026-12-04_s19.md, s19-6 and s19-7). (The
   // step's rows bound the sub-chunk's; a decode step splits only past the
   // logits budget, far above any L2.) Env INDEXER_GPU_WS_EVICT_FIRST=0
-  // turns it off everywhere (A/B runs).
+  // turns it off everywhere, =2 drops the L2 bound (A/B runs).
   const int64_t logits_bytes = int64_t{p.step.num_rows} * p.stride * 4;
-  p.k_evict_first = Knobs().ws_evict_first &&
-                    int64_t{p.step.num_rows} <= int64_t{p.step.num_seqs} * p.max_group_rows &&
-                    (p.l2_bytes <= 0 || logits_bytes <= p.l2_bytes);
+  const int32_t mode = Knobs().ws_evict_first;
+  p.k_evict_first = mode != 0 && int64_t{p.step.num_rows} <= int64_t{p.step.num_seqs} * p.max_group_rows &&
+                    (mode == 2 || p.l2_bytes <= 0 || logits_bytes <= p.l2_bytes);
   p.launch_dependents = Knobs().logits_pdl;
   // Once per device and configuration (per_device.h): the shared-memory
   // limit and the blocks per SM (host calls that would otherwise sit between

@@ -64,7 +64,9 @@
 # Knobs (environment), all optional, none needed for a full run:
 #   DEV           the pack folder (default dev/; dev-NAME for a copy from
 #                 another worktree)
-#   OUT           where logs go (default /tmp/out; the device tool sets it)
+#   OUT           where logs go (default /tmp/out; the device tool sets it);
+#                 at the end every file but the stage logs is packed into
+#                 $OUT/out.tgz (the tool returns 8 files; OUT_TAR=0 keeps them)
 #   GTEST_FILTER  narrows every gtest binary (googletest reads it itself);
 #                 unset = every test
 #   STEPS         measured steps per service bench (default 300)
@@ -579,4 +581,16 @@ for s in "${stages[@]}"; do
     failed=1; echo "### $s: FAILED"
   fi
 done
+# The device tool brings back at most 8 files, named in letters, digits,
+# '.', '_' and '-': the stage logs stay as they are and everything else
+# (bench markdown with '=' in its labels, ncu reports, ...) goes into
+# $OUT/out.tgz. OUT_TAR=0 leaves the files.
+if [[ ${OUT_TAR:-1} != 0 ]]; then
+  # An earlier run's out.tgz in the same $OUT is merged (this run's files win).
+  [[ -f $OUT/out.tgz ]] && tar xzf "$OUT/out.tgz" --skip-old-files -C "$OUT" && rm "$OUT/out.tgz"
+  mapfile -t loose < <(cd "$OUT" && find . -mindepth 1 -maxdepth 1 ! -name '*.log' -printf '%P\n')
+  if ((${#loose[@]})); then
+    (cd "$OUT" && tar czf out.tgz "${loose[@]}" && rm -rf "${loose[@]}") || echo "run.sh: could not pack $OUT into out.tgz"
+  fi
+fi
 exit "$failed"

@@ -65,7 +65,8 @@ class RunShKnobTest(unittest.TestCase):
         self.tmp.cleanup()
 
     def run_knob(self, **env):
-        e = dict(os.environ, DEV=self.dev, OUT=self.out, KNOB_ONLY="minimax block B=64", **env)
+        e = dict(os.environ, DEV=self.dev, OUT=self.out, KNOB_ONLY="minimax block B=64", OUT_TAR="0")
+        e.update(env)
         res = subprocess.run(["bash", RUN, "knob"], env=e, capture_output=True, text=True, timeout=120)
         log_path = os.path.join(self.out, "knob.log")
         log = ""
@@ -108,6 +109,20 @@ class RunShKnobTest(unittest.TestCase):
         rc, log = self.run_knob(KNOB="INDEXER_GPU_BLOCK_STREAM=5", KNOB_TESTS="gpu_paths_test:GpuBlockTest.*")
         self.assertNotEqual(rc, 0, log)
         self.assertIn("KNOB_TESTS names 'gpu_paths_test', not a packed binary", log)
+
+    def test_out_packs_all_but_the_logs(self):
+        # The device tool returns 8 files named without '=': the bench files go
+        # into out.tgz, merged with an earlier run's in the same folder.
+        env = dict(KNOB="INDEXER_GPU_BLOCK_STREAM=5", OUT_TAR="1")
+        for _ in range(2):
+            rc, log = self.run_knob(**env)
+            self.assertEqual(rc, 0, log)
+            env["KNOB"] = "INDEXER_GPU_BLOCK_STREAM=7"
+        self.assertEqual(sorted(os.listdir(self.out)), ["env.log", "knob.log", "out.tgz"])
+        names = subprocess.run(["tar", "tzf", os.path.join(self.out, "out.tgz")], capture_output=True,
+                               text=True, check=True).stdout.split()
+        for label in ("off", "BLOCK_STREAM=5", "BLOCK_STREAM=7"):
+            self.assertIn(f"knob-1-{label}.md", names)
 
     def test_no_knob_fails(self):
         rc, log = self.run_knob(KNOB="")

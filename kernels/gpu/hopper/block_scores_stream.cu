@@ -34,7 +34,7 @@
 //
 // Columns: n8 tile nt holds heads 4 nt .. 4 nt + 3, columns 0-3 their hi
 // parts and 4-7 their lo parts; lanes t and t ^ 2 add a head's parts.
-// Shapes with head_lanes (knob only, being measured) put head 4 nt + i in
+// Shapes with head_lanes (the default for Hi <= 4) put head 4 nt + i in
 // columns 2i (hi) and 2i + 1 (lo) instead, so that lane (g, t) holds both
 // parts of head 4 nt + t: one Q factor per (row, block) instead of two
 // (8 FMUL fewer per tile), the parts added in the lane (4 shuffles fewer
@@ -77,33 +77,34 @@ namespace {
 // warp fetches. The kernel is bound by the latency of each warp's chains
 // (ncu at shape 2: issue slots 46 % busy, DRAM 44 %), so more warps per SM
 // is what pays, and two warps per page keep the ring (the groups' pages
-// in flight) as deep as before. The default for Hi <= 4 is 4 (20 warps in
-// 10 groups of 2, 96 registers; ptxas of CUDA 13 spills 16 bytes on the
-// tensor-map path and 56 on tiled pages, which shape 8 does not): on the
-// H200, same call,
-// B=64 x 32k / B=128 x 128k / prefill 4k x 32k logits 75.4 / 418.1 /
-// 2984 us against 80.2 / 461.8 / 3298 at shape 2 (one warp per page, 11
-// warps), 76.2 / 435.4 / 3110 at shape 3; 22 or 24 warps spill and lose
-// (79.4 / 453.9 at 22), 18 warps lose (78.2 / 460.4), and a third ring
-// page at 20 or 24 warps no longer fits 128-entry pages. Hi 5-8 (two n8
-// tiles, not a shipped profile) keeps shape 2: shape 4 spills ~250 bytes
-// there. The INDEXER_GPU_BLOCK_STREAM knob (knobs.h) picks a shape for
-// comparison.
+// in flight) as deep as before. Shape 4 (20 warps in 10 groups of 2, 96
+// registers; ptxas of CUDA 13 spills 16 bytes on the tensor-map path and
+// 56 on tiled pages): on the H200, same call, B=64 x 32k / B=128 x 128k /
+// prefill 4k x 32k logits 75.4 / 418.1 / 2984 us against 80.2 / 461.8 /
+// 3298 at shape 2 (one warp per page, 11 warps), 76.2 / 435.4 / 3110 at
+// shape 3; 22 or 24 warps spill and lose (79.4 / 453.9 at 22), 18 warps
+// lose (78.2 / 460.4), and a third ring page at 20 or 24 warps no longer
+// fits 128-entry pages. The default for Hi <= 4 is shape 5, shape 4 with
+// head_lanes (92-96 registers, no spills; 147 instructions per tile
+// against 165, ncu): on the H200 (s24, two rounds each) logits B=64 x 32k
+// 66.5 against 71.7 us, B=128 x 32k 108.1 / 117.4, B=64 x 128k 196.3 /
+// 213.2, B=128 x 128k 366.1 / 402.3, prefill 4k x 32k 2641 / 2901, B=1
+// within 0.8 us either way. (On an H100 of the same session it won the
+// prefill by 282 us and lost 0.7-6.8 us on decode.) Groups of four warps
+// with a ring of 3-4 pages each (shapes 5-7 and 9 of s23/s24's runs) lost
+// everywhere: B=64 x 32k +6.6 to +10.0 us on the H200, +4.4 and +7.8 on
+// the H100. Hi 5-8 (two n8 tiles, not a shipped profile) keeps shape 2:
+// shape 4 spills ~250 bytes there. The INDEXER_GPU_BLOCK_STREAM knob
+// (knobs.h) picks a shape for comparison.
 struct SwShape {
   int warps, stages, ctas_per_sm;
   int page_warps;  // warps scoring one page together (a group)
   bool head_lanes = false;  // a head's hi and lo columns in one lane (above)
 };
-// Shapes 5-7 (knob only, being measured): groups of four warps, so that a
-// deeper ring fits: 5 groups x 4 or 3 pages (three or two in flight per
-// group while one is scored, against one at shape 4), 4 groups x 4 pages.
-// Shapes 8 and 9 (knob only, being measured): shapes 4 and 5 with
-// head_lanes.
-constexpr SwShape kSwShapes[] = {{4, 3, 2, 1},  {5, 2, 2, 1},  {11, 2, 1, 1},       {16, 3, 1, 2},
-                                 {20, 2, 1, 2}, {20, 4, 1, 4}, {20, 3, 1, 4},       {16, 4, 1, 4},
-                                 {20, 2, 1, 2, true}, {20, 4, 1, 4, true}};
+constexpr SwShape kSwShapes[] = {{4, 3, 2, 1},  {5, 2, 2, 1},  {11, 2, 1, 1}, {16, 3, 1, 2},
+                                 {20, 2, 1, 2}, {20, 2, 1, 2, true}};
 constexpr int kSwShapeCount = static_cast<int>(sizeof(kSwShapes) / sizeof(kSwShapes[0]));
-constexpr int kSwDefaultShape = 4, kSwDefaultShapeTwoTiles = 2;
+constexpr int kSwDefaultShape = 5, kSwDefaultShapeTwoTiles = 2;
 static_assert(kSwShapes[kSwDefaultShape].ctas_per_sm == kSwShapes[kSwDefaultShapeTwoTiles].ctas_per_sm,
               "the work map's CTA count does not depend on Hi");
 constexpr int kSwDim = 128;            // D
@@ -113,7 +114,7 @@ constexpr float kSwInitSentinel = 1e30f;   // as BlockScoresKernel
 constexpr float kSwLocalSentinel = 1e29f;
 static_assert(kSwDim == 4 * kMxBlock, "four MXFP4 blocks of 32 per entry");
 
-constexpr int kSwMaxPageWarps = 4;
+constexpr int kSwMaxPageWarps = 2;
 
 // Shared memory of one group (the warps of one page): its page ring, the
 // scored page's scales as floats, the warps' block maxima (two buffers,
@@ -364,6 +365,28 @@ __global__ void __launch_bounds__(kSwShapes[kShape].warps * 32, kSwShapes[kShape
     SwAdvance(wm.starts, p.step, per_page, f_end, c);
   };
 
+  uint2 bq[kNT][8];
+  float f0[kNT][4], f1[kNT][4];
+  int32_t q_row = -1;
+  // q_early: the first row's Q is asked for before the page copies (else
+  // its loads queue behind every group's first pages; ncu at B=64 x 32k:
+  // 12 % of the warps' samples wait on Q's loads, 4 % on pages), and a row
+  // the copies reach is prefetched into L1 (lane i: line i of the row's
+  // Hi x 512 bytes) an item or more before its first page is scored.
+  int32_t q_fetched = -1;
+  auto prefetch_q = [&](const SwCursor& c) {
+    if (c.f >= f_end || c.r == q_fetched) return;
+    q_fetched = c.r;
+    if (lane < p.num_heads * (kSwDim * 4 / 128)) {
+      const float* line = p.q + static_cast<int64_t>(c.r - p.row_base) * p.num_heads * kSwDim + lane * 32;
+      asm volatile("prefetch.global.L1 [%0];" ::"l"(line));
+    }
+  };
+  if (p.q_early && pc.f < f_end) {
+    SwLoadQ<kNT, kHL>(p, pc.r - p.row_base, g, t, bq, f0, f1);
+    q_row = q_fetched = pc.r;
+  }
+
   // ---- prologue: the first kSwStages - 1 items in flight -------------------
 #pragma unroll
   for (int s = 0; s < kSwStages - 1; ++s) {
@@ -372,10 +395,6 @@ __global__ void __launch_bounds__(kSwShapes[kShape].warps * 32, kSwShapes[kShape
   }
   int32_t pending = page_of(pc);  // item kSwStages - 1
   step_on(pc);
-
-  uint2 bq[kNT][8];
-  float f0[kNT][4], f1[kNT][4];
-  int32_t q_row = -1;
   uint32_t phase = 0;  // bit s: parity of ring slot s's next completion
   const bool linear = !kTiled;
 
@@ -384,6 +403,7 @@ __global__ void __launch_bounds__(kSwShapes[kShape].warps * 32, kSwShapes[kShape
     const int slot = k % kSwStages;
     copy(pending, (k + kSwStages - 1) % kSwStages);  // item k + kSwStages - 1
     pending = page_of(pc);                            // item k + kSwStages
+    if (p.q_early) prefetch_q(pc);
     step_on(pc);
     const int32_t b = cc.f - cc.start, lr = cc.r - p.row_base;
     float* score0 = p.scores + static_cast<int64_t>(lr) * p.width + b;  // head 0
@@ -645,6 +665,7 @@ absl::Status LaunchBlockScoresStream(const BlockScoreParams& p_in, const BlockWo
   if (p_in.num_rows == 0 || p_in.width == 0 || wm.ctas == 0) return absl::OkStatus();
   BlockScoreParams p = p_in;
   p.evict_first = Knobs().ws_evict_first != 0;
+  p.q_early = Knobs().block_q_early;
   return LaunchShapeAt(SwShapeIndex(p.num_heads), p, wm, stream,
                        std::make_integer_sequence<int, kSwShapeCount>());
 }

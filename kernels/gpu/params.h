@@ -342,11 +342,6 @@ struct BlockScoreParams {
   // Set by the streaming kernel's launcher: page copies with the L2
   // evict-first policy (on unless env INDEXER_GPU_WS_EVICT_FIRST=0).
   bool evict_first = false;
-  // Set by the streaming kernel's launcher (env INDEXER_GPU_BLOCK_Q_EARLY=1,
-  // being measured): each warp loads its first row's Q before its first
-  // page copies, and prefetches the next row's Q into L1 when its copies
-  // reach that row.
-  bool q_early = false;
 };
 absl::Status LaunchBlockScores(const BlockScoreParams& p, Stream stream);
 

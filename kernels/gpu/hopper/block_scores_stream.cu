@@ -368,24 +368,11 @@ __global__ void __launch_bounds__(kSwShapes[kShape].warps * 32, kSwShapes[kShape
   uint2 bq[kNT][8];
   float f0[kNT][4], f1[kNT][4];
   int32_t q_row = -1;
-  // q_early: the first row's Q is asked for before the page copies (else
-  // its loads queue behind every group's first pages; ncu at B=64 x 32k:
-  // 12 % of the warps' samples wait on Q's loads, 4 % on pages), and a row
-  // the copies reach is prefetched into L1 (lane i: line i of the row's
-  // Hi x 512 bytes) an item or more before its first page is scored.
-  int32_t q_fetched = -1;
-  auto prefetch_q = [&](const SwCursor& c) {
-    if (c.f >= f_end || c.r == q_fetched) return;
-    q_fetched = c.r;
-    if (lane < p.num_heads * (kSwDim * 4 / 128)) {
-      const float* line = p.q + static_cast<int64_t>(c.r - p.row_base) * p.num_heads * kSwDim + lane * 32;
-      asm volatile("prefetch.global.L1 [%0];" ::"l"(line));
-    }
-  };
-  if (p.q_early && pc.f < f_end) {
-    SwLoadQ<kNT, kHL>(p, pc.r - p.row_base, g, t, bq, f0, f1);
-    q_row = q_fetched = pc.r;
-  }
+  // (Q's loads wait: ncu at B=64 x 32k puts 12 % of the warps' samples on
+  // them, 4 % on pages. Asking for the first row's Q before the page
+  // copies, and prefetching a row's Q into L1 when the copies reach it,
+  // lost on an H100 (s24): +2.8 us at B=1 x 32k, +2.1 at B=64 x 32k, -1.2
+  // at 128k.)
 
   // ---- prologue: the first kSwStages - 1 items in flight -------------------
 #pragma unroll
@@ -403,7 +390,6 @@ __global__ void __launch_bounds__(kSwShapes[kShape].warps * 32, kSwShapes[kShape
     const int slot = k % kSwStages;
     copy(pending, (k + kSwStages - 1) % kSwStages);  // item k + kSwStages - 1
     pending = page_of(pc);                            // item k + kSwStages
-    if (p.q_early) prefetch_q(pc);
     step_on(pc);
     const int32_t b = cc.f - cc.start, lr = cc.r - p.row_base;
     float* score0 = p.scores + static_cast<int64_t>(lr) * p.width + b;  // head 0
@@ -665,7 +651,6 @@ absl::Status LaunchBlockScoresStream(const BlockScoreParams& p_in, const BlockWo
   if (p_in.num_rows == 0 || p_in.width == 0 || wm.ctas == 0) return absl::OkStatus();
   BlockScoreParams p = p_in;
   p.evict_first = Knobs().ws_evict_first != 0;
-  p.q_early = Knobs().block_q_early;
   return LaunchShapeAt(SwShapeIndex(p.num_heads), p, wm, stream,
                        std::make_integer_sequence<int, kSwShapeCount>());
 }

@@ -23,7 +23,7 @@
 //   INDEXER_GPU_MFMA_MODEL=gfx942|gfx950  CUDA: the default logits choice runs
 //                                    the MFMA kernels through the instruction
 //                                    model
-//   INDEXER_GPU_BLOCK_STREAM=0..6   block_stream's launch shape (default 5,
+//   INDEXER_GPU_BLOCK_STREAM=0..5   block_stream's launch shape (default 5,
 //                                    2 for Hi > 4)
 //   INDEXER_GPU_BLOCK_TMA=0          block_stream copies whole pages (no
 //                                    tensor map, no swizzle) on linear pages

@@ -89,25 +89,26 @@ namespace {
 // against 165, ncu): on the H200 (s24, two rounds each) logits B=64 x 32k
 // 66.5 against 71.7 us, B=128 x 32k 108.1 / 117.4, B=64 x 128k 196.3 /
 // 213.2, B=128 x 128k 366.1 / 402.3, prefill 4k x 32k 2641 / 2901, B=1
-// within 0.8 us either way. (On an H100 of the same session it won the
-// prefill by 282 us and lost 0.7-6.8 us on decode.) Groups of four warps
-// with a ring of 3-4 pages each (shapes 5-7 and 9 of s23/s24's runs) lost
-// everywhere: B=64 x 32k +6.6 to +10.0 us on the H200, +4.4 and +7.8 on
-// the H100. Hi 5-8 (two n8 tiles, not a shipped profile) keeps shape 2:
-// shape 4 spills ~250 bytes there. The INDEXER_GPU_BLOCK_STREAM knob
+// within 0.8 us either way. (On an H100, three calls of the same session,
+// it won the prefill by 150-300 us and lost 0.7-8.7 us on decode, most at
+// B=128 x 128k.) Groups of four warps with a ring of 3-4 pages each
+// (shapes 5-7 and 9 of s23/s24's runs) lost everywhere: B=64 x 32k +6.6
+// to +10.0 us on the H200, +4.4 and +7.8 on the H100. Nor does dropping
+// the group's barrier per page pay (ncu: 8 % of the warps' samples wait
+// there): with each warp counting itself done with an item in shared
+// memory and the last one combining and refilling the slot (ad8ef28,
+// reverted), logits moved -3.4 to +1.1 us on decode and +70 us on prefill
+// (H100, s24, three rounds), and racecheck reported 15 hazards on the
+// counter handoff. Hi 5-8 (two n8 tiles, not a shipped profile) keeps
+// shape 2: shape 4 spills ~250 bytes there. The INDEXER_GPU_BLOCK_STREAM knob
 // (knobs.h) picks a shape for comparison.
 struct SwShape {
   int warps, stages, ctas_per_sm;
   int page_warps;  // warps scoring one page together (a group)
   bool head_lanes = false;  // a head's hi and lo columns in one lane (above)
-  // Groups of two or more warps: no barrier per page. Each warp counts
-  // itself done with an item in shared memory; the last of the group
-  // combines the maxima and refills the slot (below). Knob only, being
-  // measured: ncu puts 8 % of the warps' samples at the group's barrier.
-  bool last_refills = false;
 };
 constexpr SwShape kSwShapes[] = {{4, 3, 2, 1},  {5, 2, 2, 1},  {11, 2, 1, 1}, {16, 3, 1, 2},
-                                 {20, 2, 1, 2}, {20, 2, 1, 2, true}, {20, 2, 1, 2, true, true}};
+                                 {20, 2, 1, 2}, {20, 2, 1, 2, true}};
 constexpr int kSwShapeCount = static_cast<int>(sizeof(kSwShapes) / sizeof(kSwShapes[0]));
 constexpr int kSwDefaultShape = 5, kSwDefaultShapeTwoTiles = 2;
 static_assert(kSwShapes[kSwDefaultShape].ctas_per_sm == kSwShapes[kSwDefaultShapeTwoTiles].ctas_per_sm,
@@ -135,7 +136,6 @@ struct SwGroupSmem {
   int64_t scales_at;    // float4 [E rounded up to 16]
   int64_t comb_at;      // float [2][kSwMaxPageWarps][kSwMaxHeads]
   int64_t bars_at;      // uint64 [stages]
-  int64_t done_at;      // uint32 [2]: warps done with the item (last_refills)
   int64_t bytes;        // the group's share, a multiple of 128 (tma: of 1024)
 };
 __host__ __device__ inline SwGroupSmem SwSmemOf(int64_t page_bytes, int32_t page_entries, int stages,
@@ -148,9 +148,8 @@ __host__ __device__ inline SwGroupSmem SwSmemOf(int64_t page_bytes, int32_t page
   s.scales_at = tma ? s.raw_at + stages * s.raw_stride : stages * s.page_stride;
   s.comb_at = s.scales_at + static_cast<int64_t>((page_entries + 15) / 16 * 16) * 16;
   s.bars_at = s.comb_at + 2 * kSwMaxPageWarps * kSwMaxHeads * 4;
-  s.done_at = s.bars_at + 8 * stages;
   const int64_t align = tma ? 1024 : 128;
-  s.bytes = (s.done_at + 8 + align - 1) / align * align;
+  s.bytes = (s.bars_at + 8 * stages + align - 1) / align * align;
   return s;
 }
 
@@ -279,7 +278,6 @@ __global__ void __launch_bounds__(kSwShapes[kShape].warps * 32, kSwShapes[kShape
   constexpr int kSwStages = kSwShapes[kShape].stages;
   constexpr int kPW = kSwShapes[kShape].page_warps, kGroups = kSwWarps / kPW;
   constexpr bool kHL = kSwShapes[kShape].head_lanes;
-  constexpr bool kLR = kSwShapes[kShape].last_refills && kSwShapes[kShape].page_warps > 1;
   static_assert(kSwStages >= 2, "one page scored while the next arrives");
   static_assert(kPW >= 1 && kPW <= kSwMaxPageWarps && kSwWarps % kPW == 0, "whole groups");
   static_assert(kGroups <= 15, "a named barrier per group (ids 1..15)");
@@ -300,7 +298,6 @@ __global__ void __launch_bounds__(kSwShapes[kShape].warps * 32, kSwShapes[kShape
   float4* const sc = reinterpret_cast<float4*>(my + lay.scales_at);
   float* const comb = reinterpret_cast<float*>(my + lay.comb_at);
   uint64_t* const bars = reinterpret_cast<uint64_t*>(my + lay.bars_at);
-  uint32_t* const done = reinterpret_cast<uint32_t*>(my + lay.done_at);
   // The warp's entries of a page: [lo, lo + span), whole 16-entry tiles.
   const int32_t span = (per_page + 16 * kPW - 1) / (16 * kPW) * 16, lo = sub * span;
 
@@ -312,7 +309,6 @@ __global__ void __launch_bounds__(kSwShapes[kShape].warps * 32, kSwShapes[kShape
 
   if (sub == 0 && lane == 0) {
     for (int s = 0; s < kSwStages; ++s) MbarInit(&bars[s], 1);
-    done[0] = done[1] = 0;
     FenceMbarInit();
   }
   if constexpr (kPW == 1) {
@@ -346,13 +342,10 @@ __global__ void __launch_bounds__(kSwShapes[kShape].warps * 32, kSwShapes[kShape
     const int32_t b = c.f - c.start;
     return SwForced(b, c.causal, p.init_blocks, p.local_blocks) == 0.f ? c.block_row[b] : -1;
   };
-  // `issuer`: this lane copies (the group's first lane; last_refills: the
-  // first lane of the group's last warp done with the slot).
-  auto copy = [&](int32_t page, int slot, bool issuer) {
-    if (page >= 0 && issuer) {
+  auto copy = [&](int32_t page, int slot) {
+    if (page >= 0 && sub == 0 && lane == 0) {
       // The slot's last readers (the group's lanes, generic proxy: they
-      // passed the group's barrier, or counted themselves done) before the
-      // copy engine's write.
+      // passed the group's barrier) before the copy engine's write.
       FenceProxyAsyncShared();
       MbarArriveExpectTx(&bars[slot], page_bytes);
       const uint8_t* src = p.pool + l.PageOffset(page);
@@ -387,27 +380,23 @@ __global__ void __launch_bounds__(kSwShapes[kShape].warps * 32, kSwShapes[kShape
   // lost on an H100 (s24): +2.8 us at B=1 x 32k, +2.1 at B=64 x 32k, -1.2
   // at 128k.)
 
-  // ---- prologue: the first kSwStages - 1 items in flight (last_refills:
-  // kSwStages, a slot refilled when its item is done) ------------------------
-  const bool first_lane = sub == 0 && lane == 0;
+  // ---- prologue: the first kSwStages - 1 items in flight -------------------
 #pragma unroll
-  for (int s = 0; s < kSwStages - (kLR ? 0 : 1); ++s) {
-    copy(page_of(pc), s, first_lane);
+  for (int s = 0; s < kSwStages - 1; ++s) {
+    copy(page_of(pc), s);
     step_on(pc);
   }
-  int32_t pending = kLR ? -1 : page_of(pc);  // item kSwStages - 1
-  if (!kLR) step_on(pc);
+  int32_t pending = page_of(pc);  // item kSwStages - 1
+  step_on(pc);
   uint32_t phase = 0;  // bit s: parity of ring slot s's next completion
   const bool linear = !kTiled;
 
 #pragma unroll 1
   for (int32_t k = 0; cc.f < f_end; ++k) {
     const int slot = k % kSwStages;
-    if constexpr (!kLR) {
-      copy(pending, (k + kSwStages - 1) % kSwStages, first_lane);  // item k + kSwStages - 1
-      pending = page_of(pc);                                        // item k + kSwStages
-      step_on(pc);
-    }
+    copy(pending, (k + kSwStages - 1) % kSwStages);  // item k + kSwStages - 1
+    pending = page_of(pc);                            // item k + kSwStages
+    step_on(pc);
     const int32_t b = cc.f - cc.start, lr = cc.r - p.row_base;
     float* score0 = p.scores + static_cast<int64_t>(lr) * p.width + b;  // head 0
     const float forced = SwForced(b, cc.causal, p.init_blocks, p.local_blocks);
@@ -556,45 +545,6 @@ __global__ void __launch_bounds__(kSwShapes[kShape].warps * 32, kSwShapes[kShape
       // Every lane is done with the slot and the scales before either is
       // written again.
       __syncwarp();
-    } else if constexpr (kLR) {
-      // Item k + kSwStages goes to this slot. A forced item (no page, no
-      // wait) takes the group's barrier, so that no warp runs ahead through
-      // forced items past the done counters' two buffers; then every warp
-      // is past the slot's last reading and the first lane refills it.
-      // Else each warp counts itself done (its maxima in the item's buffer,
-      // its reads of the slot before the count: fence, then the shared
-      // atomic), and the last one combines the maxima, clears the count and
-      // refills the slot; the refill's arrival (release) orders both before
-      // any warp's wait on the slot's next phase (acquire). A warp is at
-      // most one item ahead of the group's slowest (the item after needs
-      // the slowest warp's refill), so the counts and maxima of items k
-      // and k + 1 never share a buffer.
-      const int32_t next = page_of(pc);
-      step_on(pc);
-      if (forced != 0.f) {
-        NamedBarrierSync(1 + group, kPW * 32);
-        copy(next, slot, first_lane);
-      } else {
-        __syncwarp();
-        uint32_t before = 0;
-        if (lane == 0) {
-          __threadfence_block();
-          before = atomicAdd(&done[k & 1], 1u);
-        }
-        if (ShflIdx(before, 0) == kPW - 1) {
-          __threadfence_block();
-          if (lane < p.num_heads) {
-            const float* both = comb + (k & 1) * kSwMaxPageWarps * kSwMaxHeads + lane;
-            float v = both[0];
-#pragma unroll
-            for (int w = 1; w < kPW; ++w) v = fmaxf(v, both[w * kSwMaxHeads]);
-            score0[lane * head_stride] = v * p.scale;
-          }
-          if (lane == 0) done[k & 1] = 0;
-          __syncwarp();
-          copy(next, slot, lane == 0);
-        }
-      }
     } else {
       // Every warp of the group is done with the slot (the next copy into
       // it follows) and has put its maxima in this item's buffer (the other

@@ -90,8 +90,8 @@ namespace {
 // 66.5 against 71.7 us, B=128 x 32k 108.1 / 117.4, B=64 x 128k 196.3 /
 // 213.2, B=128 x 128k 366.1 / 402.3, prefill 4k x 32k 2641 / 2901, B=1
 // within 0.8 us either way. (On an H100, three calls of the same session,
-// it won the prefill by 150-300 us and lost 0.7-8.7 us on decode, most at
-// B=128 x 128k.) Groups of four warps with a ring of 3-4 pages each
+// it won the prefill by 150-300 us and lost up to 8.7 us on decode at
+// B >= 64, most at B=128 x 128k: up to 2.5 %.) Groups of four warps with a ring of 3-4 pages each
 // (shapes 5-7 and 9 of s23/s24's runs) lost everywhere: B=64 x 32k +6.6
 // to +10.0 us on the H200, +4.4 and +7.8 on the H100. Nor does dropping
 // the group's barrier per page pay (ncu: 8 % of the warps' samples wait

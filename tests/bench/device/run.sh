@@ -72,6 +72,10 @@
 #   STEPS         measured steps per service bench (default 300)
 #   TEST_TIMEOUT  seconds before one binary is considered hung (default 600)
 #   SAN_SHARDS    gtest shards run at once under compute-sanitizer (default 8)
+#   CARD          a substring of the GPU's name (e.g. H200): on any other
+#                 card nothing runs and the exit status is 4, so that a call
+#                 whose figures only count on that card costs no more than
+#                 its start
 set -uo pipefail
 cd "$(dirname "$0")/../../.."
 ROOT=$PWD
@@ -86,6 +90,10 @@ fi
 export LD_LIBRARY_PATH=$DEV/lib:${LD_LIBRARY_PATH:-}
 export PATH=$DEV/bin:$PATH
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
+if [[ -n ${CARD:-} ]]; then
+  card=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>&1 | head -1)
+  [[ $card == *"$CARD"* ]] || { echo "run.sh: the GPU is '$card', not $CARD: nothing run"; exit 4; }
+fi
 CFG=$ROOT/tests/bench/configs/decode-h64-fp8.textproto
 STEPS=${STEPS:-300}
 TO=${TEST_TIMEOUT:-600}

@@ -124,6 +124,20 @@ class RunShKnobTest(unittest.TestCase):
         for label in ("off", "BLOCK_STREAM=5", "BLOCK_STREAM=7"):
             self.assertIn(f"knob-1-{label}.md", names)
 
+    def test_another_card_runs_nothing(self):
+        smi = os.path.join(self.dev, "bin", "nvidia-smi")
+        with open(smi, "w") as f:
+            f.write("#!/usr/bin/env bash\necho 'NVIDIA H100 80GB HBM3'\n")
+        os.chmod(smi, os.stat(smi).st_mode | stat.S_IXUSR)
+        e = dict(os.environ, DEV=self.dev, OUT=self.out, KNOB="INDEXER_GPU_BLOCK_STREAM=5", CARD="H200")
+        res = subprocess.run(["bash", RUN, "knob"], env=e, capture_output=True, text=True, timeout=120)
+        self.assertEqual(res.returncode, 4, res.stdout + res.stderr)
+        self.assertIn("the GPU is 'NVIDIA H100 80GB HBM3', not H200: nothing run", res.stdout)
+        self.assertFalse(os.path.exists(os.path.join(self.out, "knob.log")))
+        e["CARD"] = "H100"
+        res = subprocess.run(["bash", RUN, "knob"], env=e, capture_output=True, text=True, timeout=120)
+        self.assertEqual(res.returncode, 0, res.stdout + res.stderr)
+
     def test_no_knob_fails(self):
         rc, log = self.run_knob(KNOB="")
         self.assertNotEqual(rc, 0)

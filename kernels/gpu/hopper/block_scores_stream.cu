@@ -78,30 +78,30 @@ namespace {
 // (ncu at shape 2: issue slots 46 % busy, DRAM 44 %), so more warps per SM
 // is what pays, and two warps per page keep the ring (the groups' pages
 // in flight) as deep as before. Shape 4 (20 warps in 10 groups of 2, 96
-// registers; ptxas of CUDA 13 spills 16 bytes on the tensor-map path and
-// 56 on tiled pages): on the H200, same call, B=64 x 32k / B=128 x 128k /
-// prefill 4k x 32k logits 75.4 / 418.1 / 2984 us against 80.2 / 461.8 /
-// 3298 at shape 2 (one warp per page, 11 warps), 76.2 / 435.4 / 3110 at
-// shape 3; 22 or 24 warps spill and lose (79.4 / 453.9 at 22), 18 warps
-// lose (78.2 / 460.4), and a third ring page at 20 or 24 warps no longer
-// fits 128-entry pages. The default for Hi <= 4 is shape 5, shape 4 with
-// head_lanes (92-96 registers, no spills; 147 instructions per tile
-// against 165, ncu): on the H200 (s24, two rounds each) logits B=64 x 32k
-// 66.5 against 71.7 us, B=128 x 32k 108.1 / 117.4, B=64 x 128k 196.3 /
-// 213.2, B=128 x 128k 366.1 / 402.3, prefill 4k x 32k 2641 / 2901, B=1
-// within 0.8 us either way. (On an H100, three calls of the same session,
-// it won the prefill by 150-300 us and lost up to 8.7 us on decode at
-// B >= 64, most at B=128 x 128k: up to 2.5 %.) Groups of four warps with a ring of 3-4 pages each
-// (shapes 5-7 and 9 of s23/s24's runs) lost everywhere: B=64 x 32k +6.6
-// to +10.0 us on the H200, +4.4 and +7.8 on the H100. Nor does dropping
-// the group's barrier per page pay (ncu: 8 % of the warps' samples wait
-// there): with each warp counting itself done with an item in shared
-// memory and the last one combining and refilling the slot (ad8ef28,
-// reverted), logits moved -3.4 to +1.1 us on decode and +70 us on prefill
-// (H100, s24, three rounds), and racecheck reported 15 hazards on the
-// counter handoff. Hi 5-8 (two n8 tiles, not a shipped profile) keeps
-// shape 2: shape 4 spills ~250 bytes there. The INDEXER_GPU_BLOCK_STREAM knob
-// (knobs.h) picks a shape for comparison.
+// registers; ptxas of CUDA 13 spills 16 bytes on the tensor-map path and 56
+// on tiled pages): on the H200, same call, B=64 x 32k / B=128 x 128k /
+// prefill 4k x 32k logits 75.4 / 418.1 / 2984 us against 80.2 / 461.8 / 3298
+// at shape 2 (one warp per page, 11 warps), 76.2 / 435.4 / 3110 at shape 3;
+// 22 or 24 warps spill and lose (79.4 / 453.9 at 22), 18 warps lose (78.2 /
+// 460.4), and a third ring page at 20 or 24 warps no longer fits 128-entry
+// pages. The default for Hi <= 4 is shape 5, shape 4 with head_lanes (92-96
+// registers, no spills; 147 instructions per tile against 165, ncu): on the
+// H200 (s24, two rounds each) logits B=64 x 32k 66.5 against 71.7 us, B=128
+// x 32k 108.1 / 117.4, B=64 x 128k 196.3 / 213.2, B=128 x 128k 366.1 /
+// 402.3, prefill 4k x 32k 2641 / 2901, B=1 within 0.8 us either way. (On an
+// H100, three calls of the same session, it won the prefill by 150-300 us
+// and lost up to 8.7 us on decode at B >= 64, most at B=128 x 128k: up to
+// 2.5 %.) Groups of four warps with a ring of 3-4 pages each (shapes 5-7 and
+// 9 of s23/s24's runs) lost everywhere: B=64 x 32k +6.6 to +10.0 us on the
+// H200, +4.4 and +7.8 on the H100. Nor does dropping the group's barrier per
+// page pay (ncu: 8 % of the warps' samples wait there): with each warp
+// counting itself done with an item in shared memory and the last one
+// combining and refilling the slot (ad8ef28, reverted), logits moved -3.4 to
+// +1.1 us on decode and +70 us on prefill (H100, s24, three rounds), and
+// racecheck reported 15 hazards on the counter handoff. Hi 5-8 (two n8
+// tiles, not a shipped profile) keeps shape 2: shape 4 spills ~250 bytes
+// there. The INDEXER_GPU_BLOCK_STREAM knob (knobs.h) picks a shape for
+// comparison.
 struct SwShape {
   int warps, stages, ctas_per_sm;
   int page_warps;  // warps scoring one page together (a group)

@@ -82,9 +82,16 @@ ROOT=$PWD
 DEV=${DEV:-$ROOT/dev}
 [[ $DEV == /* ]] || DEV=$ROOT/$DEV
 # A compressed pack (pack.sh --xz: the bare pack is over the device tool's
-# carry limit) is unpacked here first.
-if [[ ! -d $DEV/bin && -f $ROOT/devpack/dev.tar.xz && $DEV == "$ROOT/dev" ]]; then
-  tar -xJf "$ROOT/devpack/dev.tar.xz" -C "$ROOT" || { echo "run.sh: devpack/dev.tar.xz did not unpack"; exit 2; }
+# carry limit) is unpacked here first, and again whenever it differs from
+# the one dev/ came from: a warm device machine keeps the git-ignored dev/
+# of the call before, and a new pack must not run that one's binaries.
+if [[ -f $ROOT/devpack/dev.tar.xz && $DEV == "$ROOT/dev" ]]; then
+  sum=$(sha256sum "$ROOT/devpack/dev.tar.xz" | cut -d' ' -f1)
+  if [[ ! -d $DEV/bin || $(cat "$DEV/.pack-sha256" 2>/dev/null) != "$sum" ]]; then
+    rm -rf "$DEV"
+    tar -xJf "$ROOT/devpack/dev.tar.xz" -C "$ROOT" || { echo "run.sh: devpack/dev.tar.xz did not unpack"; exit 2; }
+    echo "$sum" > "$DEV/.pack-sha256"
+  fi
 fi
 [[ -d $DEV/bin ]] || { echo "run.sh: no pack at $DEV (run tests/bench/device/pack.sh first)"; exit 2; }
 export LD_LIBRARY_PATH=$DEV/lib:${LD_LIBRARY_PATH:-}

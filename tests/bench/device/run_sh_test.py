@@ -3,8 +3,10 @@
 bench-shaped markdown from the knob it was given and whose test binary
 fails under one setting. Checks the variants (';'), their labels, that each
 variant's settings reach the bench and the tests, the tables against `off`,
-and that a failing test or an unset KNOB fails the stage."""
+and that a failing test or an unset KNOB fails the stage; and that a
+changed compressed pack replaces the dev/ a warm machine kept."""
 import os
+import shutil
 import stat
 import subprocess
 import tempfile
@@ -137,6 +139,45 @@ class RunShKnobTest(unittest.TestCase):
         e["CARD"] = "H100"
         res = subprocess.run(["bash", RUN, "knob"], env=e, capture_output=True, text=True, timeout=120)
         self.assertEqual(res.returncode, 0, res.stdout + res.stderr)
+
+    @unittest.skipUnless(shutil.which("xz"), "tar -J needs xz")
+    def test_a_new_compressed_pack_replaces_the_unpacked_one(self):
+        # A warm device machine keeps the git-ignored dev/ of the call before:
+        # run.sh must unpack devpack/dev.tar.xz again when it changed, and
+        # only then. The tree is a copy (run.sh unpacks into its own root);
+        # each pack's nvidia-smi names it, and CARD=none prints that name.
+        root = os.path.join(self.tmp.name, "tree")
+        os.makedirs(os.path.join(root, "tests", "bench", "device"))
+        os.makedirs(os.path.join(root, "devpack"))
+        shutil.copy(RUN, os.path.join(root, "tests", "bench", "device", "run.sh"))
+
+        def pack(name):
+            src = os.path.join(self.tmp.name, "src-" + name)
+            os.makedirs(os.path.join(src, "dev", "bin"))
+            smi = os.path.join(src, "dev", "bin", "nvidia-smi")
+            with open(smi, "w") as f:
+                f.write(f"#!/usr/bin/env bash\necho 'GPU {name}'\n")
+            os.chmod(smi, os.stat(smi).st_mode | stat.S_IXUSR)
+            subprocess.run(["tar", "-cJf", os.path.join(root, "devpack", "dev.tar.xz"), "-C", src, "dev"],
+                           check=True)
+
+        def card():
+            e = {k: v for k, v in os.environ.items() if k != "DEV"}
+            e.update(OUT=self.out, CARD="none")
+            res = subprocess.run(["bash", os.path.join(root, "tests", "bench", "device", "run.sh"), "env"],
+                                 env=e, capture_output=True, text=True, timeout=120)
+            self.assertEqual(res.returncode, 4, res.stdout + res.stderr)
+            return res.stdout
+
+        pack("A")
+        self.assertIn("the GPU is 'GPU A'", card())
+        marker = os.path.join(root, "dev", "left-by-a-run")
+        open(marker, "w").close()
+        self.assertIn("the GPU is 'GPU A'", card())
+        self.assertTrue(os.path.exists(marker), "the same pack was unpacked again")
+        pack("B")
+        self.assertIn("the GPU is 'GPU B'", card())
+        self.assertFalse(os.path.exists(marker), "the old dev/ was not replaced")
 
     def test_no_knob_fails(self):
         rc, log = self.run_knob(KNOB="")

@@ -645,6 +645,9 @@ INSTANTIATE_TEST_SUITE_P(
         TopkCase{"ties", 5, 2040, 2060, 2048, true, 0},
         TopkCase{"equal", 3, 8000, 8192, 512, true, 0},
         TopkCase{"mixed", 70, 4000, 8192, 2048, true, 0},
+        // one key more than k, and k = 1 (CachedSelect's tallies at both ends)
+        TopkCase{"crowded", 4, 2049, 2049, 2048, true, 0},
+        TopkCase{"mixed", 3, 2, 8192, 1, true, 0},
         // one block per row from global memory (no room for candidates)
         TopkCase{"crowded", 3, 20000, 40000, 2048, false, 1},
         TopkCase{"equal", 2, 9000, 9000, 100, false, 1},
@@ -652,6 +655,8 @@ INSTANTIATE_TEST_SUITE_P(
         // rows split over blocks
         TopkCase{"crowded", 1, 131072, 131072, 2048, true, 2},
         TopkCase{"ties", 8, 60000, 131072, 2048, true, 2},
+        // the k-th key's bin holds ~6k candidates: stage C from shared memory
+        TopkCase{"ties", 4, 40000, 60000, 2048, true, 2},
         TopkCase{"equal", 2, 20000, 40000, 2048, true, 2},
         TopkCase{"mixed", 64, 16384, 32768, 2048, true, 2},
         TopkCase{"crowded", 3, 1000, 70000, 1024, true, 2}),

@@ -31,6 +31,8 @@
 //                                    register cap (else by the launch's size)
 //   INDEXER_GPU_TOPK_SLICE_BLOCKS=N  the cooperative top-k's slices: about N
 //                                    blocks per SM over the launch (default 2)
+//   INDEXER_GPU_TOPK_ROW_THREADS=512|1024  the by-rows top-k's block size
+//                                    (else 1024 up to one row per SM)
 //   INDEXER_GPU_LOGITS_PDL=1         wgmma_ws lets the top-k's blocks be
 //                                    placed while its own tail runs
 //                                    (programmatic dependent launch)
@@ -57,6 +59,7 @@ struct GpuKnobs {
   int32_t topk_blocks_per_sm = 0;   // 0: TopkEmitCap's rule; else 1, 3 or 4
   int32_t topk_slice_blocks = 2;    // PlanTopkSplit's blocks per SM (1..8)
   bool logits_pdl = false;
+  int32_t topk_row_threads = 0;  // the by-rows top-k's block: 0 PlanTopkSplit's rule, 512 or 1024
   int64_t logits_mb = 1024;
 };
 

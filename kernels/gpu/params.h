@@ -238,6 +238,9 @@ struct TopkParams {
   // (uncapped, 64 registers), 3 (40) or 4 (32); PlanTopkSplit picks it from
   // the launch's blocks per multiprocessor (TopkEmitCap).
   int32_t emit_cap = 1;
+  // By rows (cand_stride == 0): threads per block, 512 or 1024
+  // (PlanTopkSplit: 1024 up to one row per SM).
+  int32_t row_threads = 512;
 };
 
 // Entries a top-k block keeps in shared memory.

@@ -38,11 +38,17 @@ constexpr int kWarps = kTopkThreads / kWarpSize;
 __device__ __forceinline__ int PassShift(int pass) { return pass == 0 ? 21 : pass == 1 ? 10 : 0; }
 __device__ __forceinline__ uint32_t PassBins(int pass) { return pass == 2 ? 1024u : 2048u; }
 
-// Sum of `local` over the threads after this one in the block (suffix sum
-// in threadIdx order): within the warp by shuffles, across warps through
-// `warp_sum` [kWarps]. REQUIRES: called by all threads of the block.
+// Sum of `local` over the threads after this one in a block of kT threads
+// (suffix sum in threadIdx order): within the warp by shuffles, across
+// warps through `warp_sum` [kT / kWarpSize]: up to 16 warps each thread adds
+// the later warps' sums itself; more, and each warp takes their suffix sums
+// by shuffles (no chain of 31 shared loads). REQUIRES: called by all threads
+// of the block.
+template <int kT = kTopkThreads>
 __device__ __forceinline__ uint32_t CountAfter(uint32_t local, int lane, int warp,
                                                uint32_t* warp_sum) {
+  constexpr int kW = kT / kWarpSize;
+  static_assert(kW <= kWarpSize, "one lane per warp of the block");
   uint32_t incl = local;  // sum over lanes >= this one in the warp
   for (int d = 1; d < kWarpSize; d *= 2) {
     const uint32_t v = ShflDown(incl, d);
@@ -51,7 +57,17 @@ __device__ __forceinline__ uint32_t CountAfter(uint32_t local, int lane, int war
   if (lane == 0) warp_sum[warp] = incl;
   __syncthreads();
   uint32_t above = incl - local;
-  for (int w = warp + 1; w < kWarps; ++w) above += warp_sum[w];
+  if constexpr (kW <= 16) {
+    for (int w = warp + 1; w < kW; ++w) above += warp_sum[w];
+  } else {
+    uint32_t later = lane < kW ? warp_sum[lane] : 0u;  // lane w: warps >= w
+    for (int d = 1; d < kW; d *= 2) {
+      const uint32_t v = ShflDown(later, d);
+      if (lane + d < kWarpSize) later += v;
+    }
+    later = ShflIdx(later, min(warp + 1, kWarpSize - 1));
+    above += warp + 1 < kW ? later : 0u;
+  }
   return above;
 }
 
@@ -61,22 +77,23 @@ __device__ __forceinline__ uint32_t CountAfter(uint32_t local, int lane, int war
 // one block per multiprocessor (a long row at batch 1) nothing else hides
 // a global load's latency.
 constexpr int kBatch = 8;
-template <class KeyFn, class Body>
+template <int kT = kTopkThreads, class KeyFn, class Body>
 __device__ __forceinline__ void ForKeys(int32_t begin, int32_t n, KeyFn key, Body body) {
   int32_t i = begin + threadIdx.x;
-  for (; i + (kBatch - 1) * kTopkThreads < n; i += kBatch * kTopkThreads) {
+  for (; i + (kBatch - 1) * kT < n; i += kBatch * kT) {
     uint32_t x[kBatch];
 #pragma unroll
-    for (int b = 0; b < kBatch; ++b) x[b] = key(i + b * kTopkThreads);
+    for (int b = 0; b < kBatch; ++b) x[b] = key(i + b * kT);
 #pragma unroll
-    for (int b = 0; b < kBatch; ++b) body(i + b * kTopkThreads, x[b]);
+    for (int b = 0; b < kBatch; ++b) body(i + b * kT, x[b]);
   }
-  for (; i < n; i += kTopkThreads) body(i, key(i));
+  for (; i < n; i += kT) body(i, key(i));
 }
 
+template <int kT = kTopkThreads>
 struct SelectShared {
   uint32_t hist[kBins];
-  uint32_t warp_sum[kWarps];
+  uint32_t warp_sum[kT / kWarpSize];
   uint32_t bin;        // chosen bin of the pass
   uint32_t above;      // keys in bins above it
   uint32_t n_gt, n_eq; // output counters
@@ -86,33 +103,35 @@ struct SelectShared {
 // with slots 0..k-1. Passes before `first_pass` are known to select
 // `prefix` (every key shares those bits: candidates of one top bin skip
 // pass 0). REQUIRES: n > k > 0, called by all threads.
-template <class KeyFn, class EmitFn>
-__device__ void BlockSelect(SelectShared& sh, int32_t n, int32_t k,
+template <int kT, class KeyFn, class EmitFn>
+__device__ void BlockSelect(SelectShared<kT>& sh, int32_t n, int32_t k,
                             KeyFn key, EmitFn emit, int first_pass = 0,
                             uint32_t prefix = 0) {
   uint32_t mask = 0;
   for (int pass = 0; pass < first_pass; ++pass) mask |= (PassBins(pass) - 1) << PassShift(pass);
+  constexpr int kBpt = kBins / kT;  // bins per thread
+  static_assert(kBins % kT == 0, "each thread owns whole bins");
   uint32_t kk = static_cast<uint32_t>(k);  // keys still to take at the prefix
   const int lane = LaneId(), warp = WarpId();
   for (int pass = first_pass; pass < 3; ++pass) {
     const int shift = PassShift(pass);
     const uint32_t bins = PassBins(pass);
-    for (int b = threadIdx.x; b < kBins; b += kTopkThreads) sh.hist[b] = 0;
+    for (int b = threadIdx.x; b < kBins; b += kT) sh.hist[b] = 0;
     __syncthreads();
-    ForKeys(0, n, key, [&](int32_t, uint32_t x) {
+    ForKeys<kT>(0, n, key, [&](int32_t, uint32_t x) {
       if ((x & mask) == prefix) atomicAdd(&sh.hist[(x >> shift) & (bins - 1)], 1u);
     });
     __syncthreads();
-    // Suffix sums: thread t owns bins [t*kBinsPerThread, +kBinsPerThread).
+    // Suffix sums: thread t owns bins [t*kBpt, +kBpt).
     uint32_t local = 0;
 #pragma unroll
-    for (int j = 0; j < kBinsPerThread; ++j) local += sh.hist[threadIdx.x * kBinsPerThread + j];
-    uint32_t above = CountAfter(local, lane, warp, sh.warp_sum);
+    for (int j = 0; j < kBpt; ++j) local += sh.hist[threadIdx.x * kBpt + j];
+    uint32_t above = CountAfter<kT>(local, lane, warp, sh.warp_sum);
     if (above < kk && kk <= above + local) {
-      for (int j = kBinsPerThread - 1; j >= 0; --j) {
-        const uint32_t c = sh.hist[threadIdx.x * kBinsPerThread + j];
+      for (int j = kBpt - 1; j >= 0; --j) {
+        const uint32_t c = sh.hist[threadIdx.x * kBpt + j];
         if (above + c >= kk) {
-          sh.bin = threadIdx.x * kBinsPerThread + j;
+          sh.bin = threadIdx.x * kBpt + j;
           sh.above = above;
           break;
         }
@@ -134,7 +153,7 @@ __device__ void BlockSelect(SelectShared& sh, int32_t n, int32_t k,
   }
   __syncthreads();
   const uint32_t n_gt_total = static_cast<uint32_t>(k) - kk;
-  ForKeys(0, n, key, [&](int32_t i, uint32_t x) {
+  ForKeys<kT>(0, n, key, [&](int32_t i, uint32_t x) {
     const uint32_t m = x & mask;
     if (m > prefix) {
       emit(static_cast<int32_t>(atomicAdd(&sh.n_gt, 1u)), i, x);
@@ -147,8 +166,9 @@ __device__ void BlockSelect(SelectShared& sh, int32_t n, int32_t k,
 }
 
 // Loads keys [0, n) through `key` into `cache` when they fit.
+template <int kT = kTopkThreads>
 struct TopkShared {
-  SelectShared sel;
+  SelectShared<kT> sel;
   uint32_t cache[kTopkCache];
 };
 
@@ -242,7 +262,7 @@ __global__ void __launch_bounds__(kTopkThreads) CoopHistKernel(const TopkParams 
 
 // Stage C, run by the last slice of stage B to finish its row: the rest of
 // the k from the candidates, then the row's state zeroed for the next use.
-__device__ void CoopFinishRow(const TopkParams& p, int32_t row, CoopRow* st, TopkShared& sh) {
+__device__ void CoopFinishRow(const TopkParams& p, int32_t row, CoopRow* st, TopkShared<>& sh) {
   int32_t* out = p.out + static_cast<int64_t>(row) * p.topk;
   // L2 reads after the fence: independent loads, not a chain of atomics.
   const int32_t above = static_cast<int32_t>(LoadCg(&st->above));
@@ -380,7 +400,7 @@ __device__ __forceinline__ void QuadEmit(const uint32_t* cache, int32_t len, uin
 // (56 bytes spilled), 51.4 at 3 (INDEXER_GPU_TOPK_BLOCKS_PER_SM=3).
 template <int kMinBlocks>
 __global__ void __launch_bounds__(kTopkThreads, kMinBlocks) CoopEmitKernel(const TopkParams p) {
-  __shared__ __align__(16) TopkShared sh;
+  __shared__ __align__(16) TopkShared<> sh;
   __shared__ uint32_t base[2];
   __shared__ uint32_t last;
   GridDependencyWait();  // launched after stage A, possibly before it ended
@@ -452,21 +472,34 @@ __global__ void __launch_bounds__(kTopkThreads, kMinBlocks) CoopEmitKernel(const
 }
 
 // One block per row straight from the logits (rows that fit the cache, or
-// when the candidate buffers are too small for the cooperative path).
-__global__ void __launch_bounds__(kTopkThreads) TopkRowKernel(const TopkParams p) {
-  __shared__ TopkShared sh;
+// when the candidate buffers are too small for the cooperative path), of
+// kT = TopkParams::row_threads threads. The block is a chain of dependent
+// steps (H100 ncu at B=64 x 8k, 512 threads: 10.9 cycles per issued
+// instruction, most of them waiting on the one before; 14k of the
+// kernel's 21k cycles active on the 64 SMs it uses): 1024 threads halve
+// each thread's share of every pass. H100, same call, top-k us at 1024 /
+// 512 threads: B=1 x 8k 8.4 / 9.1, B=8 8.7 / 9.5, B=64 9.9 / 10.5, B=128
+// 10.4 / 11.0, B=64 next_n 2 11.6 / 12.4; but B=128 next_n 2 (256 rows,
+// two blocks an SM) 16.8 / 15.6: PlanTopkSplit takes 1024 up to one row
+// per SM. (Radix digits below the row's common prefix, and the output by
+// per-thread tallies instead of an atomic per key, did not move B=64 x 8k:
+// 10.5 us both ways, H100, s25.)
+template <int kT>
+__global__ void __launch_bounds__(kT) TopkRowKernel(const TopkParams p) {
+  __shared__ TopkShared<kT> sh;
   GridDependencyWait();  // launched after the logits, possibly before they ended
   const int32_t row = blockIdx.x;
   const int32_t n = p.row_visible[row];
   int32_t* out = p.out + static_cast<int64_t>(row) * p.topk;
   if (n <= p.topk) {
-    for (int32_t i = threadIdx.x; i < p.topk; i += kTopkThreads) out[i] = i < n ? i : -1;
+    for (int32_t i = threadIdx.x; i < p.topk; i += kT) out[i] = i < n ? i : -1;
     return;
   }
   auto emit_pos = [&](int32_t slot, int32_t i, uint32_t) { out[slot] = i; };
   const float* x = p.logits + static_cast<int64_t>(row) * p.stride;
   if (n <= kTopkCache) {
-    ForKeys(0, n, [&](int32_t i) { return OrderedKey(x[i]); }, [&](int32_t i, uint32_t key) { sh.cache[i] = key; });
+    ForKeys<kT>(0, n, [&](int32_t i) { return OrderedKey(x[i]); },
+                [&](int32_t i, uint32_t key) { sh.cache[i] = key; });
     __syncthreads();
     BlockSelect(sh.sel, n, p.topk, [&](int32_t i) { return sh.cache[i]; }, emit_pos);
   } else {
@@ -482,6 +515,9 @@ void PlanTopkSplit(int32_t num_rows, int32_t max_visible, int32_t topk,
   p->slice_len = max_visible;
   p->cand_stride = 0;
   p->emit_cap = 1;
+  // By rows: 1024 threads a block up to one row per SM (TopkRowKernel).
+  const int32_t forced = Knobs().topk_row_threads;
+  p->row_threads = forced != 0 ? forced : num_rows <= num_sms ? 1024 : kTopkThreads;
   // Cooperative when a row is too long for one block's cache or the rows
   // alone leave multiprocessors idle, and the candidates fit.
   if (topk <= 0 || max_visible <= topk) return;
@@ -517,7 +553,11 @@ absl::Status LaunchTopk(const TopkParams& p, Stream stream) {
   // dependents start (LogitsParams::launch_dependents) overlaps their
   // placement with its tail.
   if (p.cand_stride == 0) {
-    GPU_LAUNCH_AFTER_PREVIOUS(TopkRowKernel, p.num_rows, kTopkThreads, 0, stream, p);
+    if (p.row_threads == 1024) {
+      GPU_LAUNCH_AFTER_PREVIOUS(TopkRowKernel<1024>, p.num_rows, 1024, 0, stream, p);
+    } else {
+      GPU_LAUNCH_AFTER_PREVIOUS(TopkRowKernel<kTopkThreads>, p.num_rows, kTopkThreads, 0, stream, p);
+    }
     return absl::OkStatus();
   }
   const dim3 grid(p.slices, p.num_rows);

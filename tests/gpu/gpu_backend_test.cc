@@ -682,6 +682,19 @@ TEST(GpuTopkPlanTest, EmitCapByBlocksPerSm) {
   EXPECT_EQ(tp.emit_cap, 1);
 }
 
+// The by-rows top-k's block: 1024 threads up to one row per SM, else 512.
+TEST(GpuTopkPlanTest, RowThreadsByRowsPerSm) {
+  if (gpu::Knobs().topk_row_threads > 0) GTEST_SKIP() << "INDEXER_GPU_TOPK_ROW_THREADS is set";
+  gpu::TopkParams tp{};
+  gpu::PlanTopkSplit(132, 8192, 2048, 132, int64_t{132} * 8192, &tp);
+  EXPECT_EQ(tp.cand_stride, 0);
+  EXPECT_EQ(tp.row_threads, 1024);
+  gpu::PlanTopkSplit(133, 8192, 2048, 132, int64_t{133} * 8192, &tp);
+  EXPECT_EQ(tp.row_threads, 512);
+  gpu::PlanTopkSplit(256, 8192, 2048, 132, int64_t{256} * 8192, &tp);
+  EXPECT_EQ(tp.row_threads, 512);
+}
+
 TEST(GpuBackendTest, RejectsForeignPoolAndContext) {
   SKIP_WITHOUT_GPU();
   auto layout = *PageLayout::Make(KvFormat::kFp8, 128, 64);

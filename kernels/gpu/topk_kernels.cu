@@ -4,7 +4,9 @@
 // then every key above the prefix is taken and the remainder is filled from
 // keys equal to it (ties at the cut go either way, as SPEC §5 allows).
 // Rows with n <= k list 0..n-1 and then -1.
-// Long rows (any batch) go cooperative: the row is cut into slices, one
+// Rows that fit one block's cache take one block each (TopkRowKernel: 1024
+// threads up to one row per SM, else 512). Long rows (any batch) go
+// cooperative: the row is cut into slices, one
 // block each. (A) every slice adds its histogram of the top 11 key bits to
 // the row's global histogram; the last slice to finish picks the bin b of
 // the k-th key. (B) every slice writes its keys above b straight to the

@@ -29,7 +29,8 @@ pkgs=(build-essential cmake ninja-build pkg-config
 hip_pkgs=(clang-19 lld-19 clang-tools-19 libamdhip64-dev rocm-device-libs hipcc)
 for arg in "$@"; do
   case "$arg" in
-    --test) pkgs+=(libclang-rt-19-dev "${hip_pkgs[@]}") ;;
+    # xz-utils: run_sh_test unpacks a compressed device pack (tar -J).
+    --test) pkgs+=(libclang-rt-19-dev xz-utils "${hip_pkgs[@]}") ;;
     --hip) pkgs+=("${hip_pkgs[@]}") ;;
     # Only what the stage needs (its own list, not the build's).
     --k8s) pkgs=(yamllint python3-yaml python3-kubernetes) ;;

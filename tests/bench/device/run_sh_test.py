@@ -140,7 +140,6 @@ class RunShKnobTest(unittest.TestCase):
         res = subprocess.run(["bash", RUN, "knob"], env=e, capture_output=True, text=True, timeout=120)
         self.assertEqual(res.returncode, 0, res.stdout + res.stderr)
 
-    @unittest.skipUnless(shutil.which("xz"), "tar -J needs xz")
     def test_a_new_compressed_pack_replaces_the_unpacked_one(self):
         # A warm device machine keeps the git-ignored dev/ of the call before:
         # run.sh must unpack devpack/dev.tar.xz again when it changed, and

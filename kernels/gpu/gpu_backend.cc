@@ -105,6 +105,7 @@ absl::StatusOr<std::unique_ptr<GpuBackend>> GpuBackend::Create(int ordinal) {
 absl::Status GpuBackend::Init() {
   absl::MutexLock lock(&mu_);
   ws_.logits_floats = Knobs().logits_mb * (1 << 20) / 4;
+  split_timing_ = Knobs().split_timing;
   ws_.q_bytes = static_cast<int64_t>(ws_.max_rows) * ws_.max_heads * 128;
   ws_.k_bytes = int64_t{256} << 20;
   ws_.out_ints = static_cast<int64_t>(ws_.max_rows) * 2048;
@@ -196,6 +197,11 @@ std::string GpuBackend::last_logits_path() const {
 void GpuBackend::set_max_logits_path(int v) {
   absl::MutexLock lock(&mu_);
   max_path_ = v;
+}
+
+void GpuBackend::set_split_timing(bool split) {
+  absl::MutexLock lock(&mu_);
+  split_timing_ = split;
 }
 
 absl::StatusOr<int64_t> GpuBackend::FreeDeviceMemory() const {
@@ -406,6 +412,7 @@ absl::Status GpuBackend::BeginCall() {
   ev_used_ = 0;
   chain_edge_ = -1;
   chain_next_span_ = false;
+  span_open_ = false;
   checks_armed_ = false;
   checks_launched_ = false;
   out_device_ = false;
@@ -424,6 +431,7 @@ absl::Status GpuBackend::ArmChecks() {
 }
 
 absl::Status GpuBackend::Emit(int32_t* dst, const int32_t* src, int64_t bytes) {
+  RETURN_IF_ERROR(CloseOpenSpan());  // a copy or the wait ends a joint span first
   if (!out_device_) return Download(dst, src, bytes);
   chain_edge_ = -1;
   GPU_RETURN_IF_ERROR(CopyD2D(dst, src, static_cast<size_t>(bytes), stream_));
@@ -431,6 +439,7 @@ absl::Status GpuBackend::Emit(int32_t* dst, const int32_t* src, int64_t bytes) {
 }
 
 absl::Status GpuBackend::Upload(void* dst, const void* src, int64_t bytes) {
+  RETURN_IF_ERROR(CloseOpenSpan());  // a copy or the wait ends a joint span first
   chain_edge_ = -1;
   // A lent pinned buffer (the daemon's inline tensors) is copied from as it
   // is; the caller keeps it until the call's end, like any source.
@@ -447,6 +456,7 @@ absl::Status GpuBackend::Upload(void* dst, const void* src, int64_t bytes) {
 }
 
 absl::Status GpuBackend::Download(void* dst, const void* src, int64_t bytes) {
+  RETURN_IF_ERROR(CloseOpenSpan());  // a copy or the wait ends a joint span first
   chain_edge_ = -1;
   // Into a lent pinned buffer (the reply's top-k) directly, or without
   // staging room, into the caller's memory.
@@ -461,6 +471,10 @@ absl::Status GpuBackend::Download(void* dst, const void* src, int64_t bytes) {
 }
 
 absl::Status GpuBackend::BeginSpan() {
+  if (span_open_) {  // continues the logits' span (EndLogitsSpan)
+    chain_next_span_ = false;
+    return absl::OkStatus();
+  }
   const bool chain = chain_next_span_ && chain_edge_ >= 0;
   chain_next_span_ = false;
   if (chain) {
@@ -474,7 +488,23 @@ absl::Status GpuBackend::BeginSpan() {
   return absl::OkStatus();
 }
 
+absl::Status GpuBackend::EndLogitsSpan(double* sum) {
+  if (split_timing_) return EndSpan(sum);
+  span_open_ = true;
+  open_sum_ = sum;
+  return absl::OkStatus();
+}
+
+absl::Status GpuBackend::CloseOpenSpan() {
+  if (!span_open_) return absl::OkStatus();
+  return EndSpan(open_sum_);
+}
+
 absl::Status GpuBackend::EndSpan(double* sum) {
+  if (span_open_) {  // the logits' span, closed by the first span after it
+    span_open_ = false;
+    sum = open_sum_;
+  }
   GPU_RETURN_IF_ERROR(EventRecord(ev_[ev_used_], stream_));
   spans_.push_back({span_begin_, ev_used_, sum});
   chain_edge_ = ev_used_++;
@@ -484,6 +514,7 @@ absl::Status GpuBackend::EndSpan(double* sum) {
 }
 
 absl::Status GpuBackend::Sync() {
+  RETURN_IF_ERROR(CloseOpenSpan());  // a copy or the wait ends a joint span first
   GPU_RETURN_IF_ERROR(StreamSynchronize(stream_));
   for (const PendingSpan& s : spans_) {
     float ms = 0.f;
@@ -709,9 +740,10 @@ absl::Status GpuBackend::DenseWalk(
     }
     last_path_ = paths;
     topk_hist_ready_ = LogitsFillTopkHist(lp, which);
-    RETURN_IF_ERROR(EndSpan(&timings->logits_us));
+    RETURN_IF_ERROR(EndLogitsSpan(&timings->logits_us));
     absl::Status st = after(sc);
     topk_hist_ready_ = false;
+    if (st.ok()) st = CloseOpenSpan();
     RETURN_IF_ERROR(st);
   }
   return absl::OkStatus();

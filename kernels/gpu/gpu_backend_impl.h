@@ -158,6 +158,14 @@ class GpuBackend : public Backend {
   // Caps the logits path: 0 portable, 1 mma.sync, 2 wgmma (default); tests
   // compare the paths.
   void set_max_logits_path(int v);
+  // Timing of a layer's logits and its top-k. Split (true): an event
+  // between the two kernels, each timed alone (LayerTimings::logits_us and
+  // topk_us); that event holds the top-k's launch ~3 us (H100, s26). Joint
+  // (false, the default; INDEXER_GPU_SPLIT_TIMING=1 makes split the
+  // default): one span from the logits kernel's start to the end of the
+  // first top-k side kernel, reported as logits_us ("includes top-k where
+  // fused", indexer.proto). The benchmark times both.
+  void set_split_timing(bool split);
 
  private:
   struct Pool {
@@ -279,6 +287,12 @@ class GpuBackend : public Backend {
   // their boundary (a dense layer records 4 events, not 6).
   absl::Status BeginSpan() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::Status EndSpan(double* sum) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The logits kernel's span: ended here when split_timing_, else left
+  // open (no event) for the next span to continue and close (BeginSpan is
+  // then a no-op, and that span's EndSpan adds the whole to `sum`).
+  // CloseOpenSpan ends a span still open (no top-k side kernel came).
+  absl::Status EndLogitsSpan(double* sum) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::Status CloseOpenSpan() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The device inputs' value checks (k entries or floats; weights, Q codes,
   // Q scales) in one launch, once per call: arms the verdict, enqueues them.
   absl::Status LaunchDeviceChecks(const PageLayout& layout, const StepRows& rows,
@@ -348,6 +362,10 @@ class GpuBackend : public Backend {
   // The last span's end event while nothing was enqueued after it, else -1.
   int chain_edge_ ABSL_GUARDED_BY(mu_) = -1;
   bool chain_next_span_ ABSL_GUARDED_BY(mu_) = false;
+  bool split_timing_ ABSL_GUARDED_BY(mu_) = false;  // set_split_timing
+  // EndLogitsSpan left the span open; its time goes to *open_sum_.
+  bool span_open_ ABSL_GUARDED_BY(mu_) = false;
+  double* open_sum_ ABSL_GUARDED_BY(mu_) = nullptr;
   bool checks_launched_ ABSL_GUARDED_BY(mu_) = false;  // this call's, by RunLayer
   std::vector<PendingSpan> spans_ ABSL_GUARDED_BY(mu_);
   std::unique_ptr<HostBufferPool> pinned_;  // made in the constructor

@@ -407,7 +407,7 @@ absl::Status GpuBackend::BlockImpl(const PageLayout& layout, PoolHandle pool_h,
     RETURN_IF_ERROR(LaunchBlockScorePath(bp, map != nullptr ? &wm : nullptr, props_.major,
                                          props_.minor, props_.multiProcessorCount, stream_,
                                          max_path_, &which));
-    RETURN_IF_ERROR(EndSpan(&timings->logits_us));
+    RETURN_IF_ERROR(EndLogitsSpan(&timings->logits_us));
     last_path_ = which;
     // Top-k: every head's rows in one launch into out_ ([Hi, nr, k]), one
     // warp per (head, row), up to kWarpTopkWidth blocks; longer rows (or

@@ -36,6 +36,11 @@
 //   INDEXER_GPU_LOGITS_PDL=1         wgmma_ws lets the top-k's blocks be
 //                                    placed while its own tail runs
 //                                    (programmatic dependent launch)
+//   INDEXER_GPU_SPLIT_TIMING=1       an event between a layer's logits and
+//                                    its top-k, each timed alone (LayerTimings
+//                                    logits_us and topk_us); costs the top-k's
+//                                    launch ~3 us a layer (else one span,
+//                                    reported as logits_us)
 //   INDEXER_GPU_LOGITS_MB=N          the logits workspace (default 1024 MiB)
 #pragma once
 
@@ -59,6 +64,7 @@ struct GpuKnobs {
   int32_t topk_blocks_per_sm = 0;   // 0: TopkEmitCap's rule; else 1, 3 or 4
   int32_t topk_slice_blocks = 2;    // PlanTopkSplit's blocks per SM (1..8)
   bool logits_pdl = false;
+  bool split_timing = false;  // an event between a layer's logits and top-k kernels
   int32_t topk_row_threads = 0;  // the by-rows top-k's block: 0 PlanTopkSplit's rule, 512 or 1024
   int64_t logits_mb = 1024;
 };

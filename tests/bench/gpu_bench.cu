@@ -38,6 +38,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/str_format.h"
 #include "kernels/backend.h"
 #include "kernels/gpu/gpu_backend.h"
 #include "kernels/gpu/gpu_backend_impl.h"
@@ -114,6 +115,32 @@ void FlushL2(void* flush, size_t bytes, bool clean, gpu::Stream s) {
   ReadFlushKernel<<<1024, 256, 0, s>>>(static_cast<const uint4*>(flush), static_cast<int64_t>(half / 16),
                                        static_cast<uint32_t*>(flush) + half / 4);
   CHECK_GPU(gpu::GetLastError());
+}
+
+// The events' own floor: an empty kernel of one 1024-thread block per SM
+// between two events, queued behind the flush as a timed call's kernels are
+// (median of 30). Every logits or top-k span holds one launch: a layer of
+// two spans cannot take less than twice this.
+__global__ void EmptyKernel() {}
+double MeasureLaunchFloorUs(void* flush, size_t bytes, bool clean, int num_sms) {
+  gpu::Event e0, e1;
+  CHECK_GPU(gpu::EventCreate(&e0));
+  CHECK_GPU(gpu::EventCreate(&e1));
+  std::vector<double> t;
+  for (int i = 0; i < 32; ++i) {
+    FlushL2(flush, bytes, clean, nullptr);
+    CHECK_GPU(gpu::EventRecord(e0, nullptr));
+    EmptyKernel<<<num_sms, 1024, 0, nullptr>>>();
+    CHECK_GPU(gpu::GetLastError());
+    CHECK_GPU(gpu::EventRecord(e1, nullptr));
+    CHECK_GPU(gpu::StreamSynchronize(nullptr));
+    float ms = 0;
+    CHECK_GPU(gpu::EventElapsedMs(&ms, e0, e1));
+    if (i >= 2) t.push_back(ms * 1e3);
+  }
+  CHECK_GPU(gpu::EventDestroy(e0));
+  CHECK_GPU(gpu::EventDestroy(e1));
+  return Median(t);
 }
 
 // `md` to `path` (none when empty); false when it cannot be written.
@@ -262,6 +289,7 @@ struct Result {
   BenchShape shape;
   std::string path;
   double logits_us, topk_us, layer_us, call_us, gbs, tflops;
+  double split_us = 0;  // logits_us + topk_us, each timed alone (the split pass)
   // The bytes the layer must read (K it scores, Q, weights, logits) at the
   // measured copy bandwidth: the logits kernel's floor.
   double copy_floor_us = 0;
@@ -367,40 +395,58 @@ Result RunShape(const BenchShape& bs, const Ceilings& ceil, int iters,
   k.kind = KInput::Kind::kFloat32;
   k.data = kf.data();
 
-  std::vector<double> lt, tt, yt, ct, wt, wct, ht;
-  // Kernel times: the flush not waited for (unless --sync-flush or --host),
-  // then a pass of host wall times ("call") that waits for it.
+  std::vector<double> lt, tt, yt, st, ct, wt, wct, ht;
+  // Three passes. Split: an event between the logits and the top-k, each
+  // timed alone (the logits and top-k columns, and their sum: the method of
+  // the peers' table). Joint: the backend's default, one span over the
+  // logits and the first top-k side kernel (layer: as the daemon runs and
+  // times it). Kernel passes leave the flush unwaited (unless --sync-flush
+  // or --host); the call pass (host wall times, joint) waits for it.
   const bool wait_flush = sync_flush || host;
   const int call_iters = wait_flush ? 0 : std::max(5, iters / 3);
-  for (int i = 0; i < iters + 2 + (call_iters > 0 ? call_iters + 1 : 0); ++i) {
-    const bool call_pass = i >= iters + 2;
-    // On the backend's stream: its events then follow the flush.
-    const gpu::Stream fs = be->stream_for_bench();
-    FlushL2(flush, flush_bytes, clean_flush, fs);
-    if (wait_flush || call_pass) CHECK_GPU(gpu::StreamSynchronize(fs));
-    const auto t0 = std::chrono::steady_clock::now();
-    const absl::StatusOr<double> w =
-        host ? be->WriteEntries(layout, pool, rows, ctx.get(), k) : absl::StatusOr<double>(0.0);
-    const auto t1 = std::chrono::steady_clock::now();
-    auto t = run();
-    const auto t2 = std::chrono::steady_clock::now();
-    const double call = std::chrono::duration<double, std::micro>(t2 - t1).count();
-    CHECK_OK(w);
-    CHECK_OK(t);
-    if (i < 2 || i == iters + 2) continue;  // warm-ups
-    if (call_pass) {
-      ct.push_back(call);
-      continue;
+  enum class Pass { kSplit, kJoint, kCall };
+  for (const Pass pass : {Pass::kSplit, Pass::kJoint, Pass::kCall}) {
+    if (pass == Pass::kCall && call_iters == 0) continue;
+    be->set_split_timing(pass == Pass::kSplit);
+    const int warm = pass == Pass::kCall ? 1 : 2;
+    const int n = warm + (pass == Pass::kCall ? call_iters : iters);
+    for (int i = 0; i < n; ++i) {
+      // On the backend's stream: its events then follow the flush.
+      const gpu::Stream fs = be->stream_for_bench();
+      FlushL2(flush, flush_bytes, clean_flush, fs);
+      if (wait_flush || pass == Pass::kCall) CHECK_GPU(gpu::StreamSynchronize(fs));
+      const auto t0 = std::chrono::steady_clock::now();
+      const absl::StatusOr<double> w = host && pass == Pass::kSplit
+                                           ? be->WriteEntries(layout, pool, rows, ctx.get(), k)
+                                           : absl::StatusOr<double>(0.0);
+      const auto t1 = std::chrono::steady_clock::now();
+      auto t = run();
+      const auto t2 = std::chrono::steady_clock::now();
+      const double call = std::chrono::duration<double, std::micro>(t2 - t1).count();
+      CHECK_OK(w);
+      CHECK_OK(t);
+      if (i < warm) continue;  // warm-ups
+      switch (pass) {
+        case Pass::kSplit:
+          wt.push_back(*w);
+          wct.push_back(std::chrono::duration<double, std::micro>(t1 - t0).count());
+          ht.push_back(std::chrono::duration<double, std::micro>(t2 - t0).count());
+          lt.push_back(t->logits_us);
+          tt.push_back(t->topk_us);
+          st.push_back(t->logits_us + t->topk_us);
+          if (wait_flush) ct.push_back(call);
+          break;
+        case Pass::kJoint:
+          yt.push_back(t->logits_us + t->topk_us);
+          break;
+        case Pass::kCall:
+          ct.push_back(call);
+          break;
+      }
     }
-    wt.push_back(*w);
-    wct.push_back(std::chrono::duration<double, std::micro>(t1 - t0).count());
-    ht.push_back(std::chrono::duration<double, std::micro>(t2 - t0).count());
-    lt.push_back(t->logits_us);
-    tt.push_back(t->topk_us);
-    yt.push_back(t->logits_us + t->topk_us);
-    if (wait_flush) ct.push_back(call);
   }
   Result r{bs, be->last_logits_path(), Median(lt), Median(tt), Median(yt), Median(ct), 0, 0};
+  r.split_us = Median(st);
   r.write_us = Median(wt);
   r.write_call_us = Median(wct);
   r.host_us = Median(ht);
@@ -614,6 +660,9 @@ int main(int argc, char** argv) {
   const size_t flush_bytes = size_t{1} << 30;
   void* flush = nullptr;
   CHECK_GPU(gpu::Malloc(&flush, flush_bytes));
+  const double launch_us =
+      host || no_ceilings ? 0.0 : MeasureLaunchFloorUs(flush, flush_bytes, clean_flush, prop.multiProcessorCount);
+  if (launch_us > 0) std::printf("ceilings: an empty kernel between the events %.1f us\n", launch_us);
 
   const KvFormat f8 = KvFormat::kFp8, mx = KvFormat::kMxfp4;
   std::vector<BenchShape> shapes;
@@ -729,9 +778,9 @@ int main(int argc, char** argv) {
       continue;
     }
     std::printf("%-44s %-8s logits %9.1f us  %7.0f GB/s  %6.1f TFLOP/s  floor %8.1f us  topk %8.1f us  layer %9.1f us  "
-                "call %9.1f us\n",
+                "split %9.1f us  call %9.1f us\n",
                 bs.name.c_str(), r.path.c_str(), r.logits_us, r.gbs, r.tflops, r.copy_floor_us, r.topk_us, r.layer_us,
-                r.call_us);
+                r.split_us, r.call_us);
     std::fflush(stdout);
   }
 
@@ -742,31 +791,39 @@ int main(int argc, char** argv) {
   }
   std::string md;
   char line[1536];
+  const std::string launch_note =
+      launch_us > 0 ? absl::StrFormat("; an empty kernel between the events %.1f us (each logits and top-k "
+                                      "span holds one launch)", launch_us)
+                    : std::string();
   std::snprintf(line, sizeof line,
                 "Device: %s, %d SMs. Ceilings measured here: copy %.0f GB/s (device-to-device, read + write); "
                 "mma.sync m16n8k32 e4m3 %.0f TFLOP/s; wgmma m64n256k32 e4m3 %.0f TFLOP/s; "
-                "datasheet dense FP8 (wgmma) %.0f TFLOP/s.\n"
+                "datasheet dense FP8 (wgmma) %.0f TFLOP/s%s.\n"
                 "Method: L2 flushed (1 GiB zeroed) before each call%s, backend CUDA events around the "
                 "logits and top-k kernels of one call (DenseTopk, CandidateSource, CandidateConsumer or "
                 "BlockTopk), median of %d; H = 64, D = 128, page 64 entries, top-k 2048, r = 1 unless "
-                "the shape's name says otherwise; random block tables. layer = logits + top-k kernels "
-                "(a source's pool selection and a consumer's gather and remap count as top-k); "
+                "the shape's name says otherwise; random block tables. logits, top-k: each kernel timed "
+                "alone, an event between them (a source's pool selection and a consumer's gather and "
+                "remap count as top-k); split = their sum (the method of PEERS.md's table); layer = the "
+                "same kernels as the backend times them by default, one span from the logits kernel's "
+                "start over the first top-k side kernel (no event between: set_split_timing); "
                 "call = host wall time of the call (Q upload, kernels, output download), the "
                 "flush waited for. floor = the bytes the layer must read (K of the entries it scores: "
                 "a consumer's pool only; Q, weights, logits) at the measured copy bandwidth.\n\n",
                 prop.name, prop.multiProcessorCount, ceil.copy_gbs, ceil.mma_tflops, ceil.wgmma_tflops,
-                kDatasheetFp8Tflops,
+                kDatasheetFp8Tflops, launch_note.c_str(),
                 sync_flush ? " and waited for (--sync-flush: host launch gaps count)"
                            : " and not waited for (the call queued behind it)",
                 iters);
   md += line;
-  md += "| shape | kernel | logits us | floor us | GB/s (% copy) | TFLOP/s (% mma.sync, % wgmma measured) | top-k us | layer us | call us | target |\n";
-  md += "|---|---|---:|---:|---:|---:|---:|---:|---:|---|\n";
+  md += "| shape | kernel | logits us | floor us | GB/s (% copy) | TFLOP/s (% mma.sync, % wgmma measured) | top-k us | layer us | call us | target | split us |\n";
+  md += "|---|---|---:|---:|---:|---:|---:|---:|---:|---|---:|\n";
   for (const Result& r : results) {
-    std::snprintf(line, sizeof line, "| %s | %s | %.1f | %.1f | %.0f (%.0f%%) | %.1f (%.0f%%, %.0f%%) | %.1f | %.1f | %.1f | %s |\n",
+    std::snprintf(line, sizeof line, "| %s | %s | %.1f | %.1f | %.0f (%.0f%%) | %.1f (%.0f%%, %.0f%%) | %.1f | %.1f | %.1f | %s | %.1f |\n",
                   r.shape.name.c_str(), r.path.c_str(), r.logits_us, r.copy_floor_us, r.gbs, 100 * r.gbs / ceil.copy_gbs,
                   r.tflops, ceil.mma_tflops > 0 ? 100 * r.tflops / ceil.mma_tflops : 0.0,
-                  ceil.wgmma_tflops > 0 ? 100 * r.tflops / ceil.wgmma_tflops : 0.0, r.topk_us, r.layer_us, r.call_us, r.shape.target.c_str());
+                  ceil.wgmma_tflops > 0 ? 100 * r.tflops / ceil.wgmma_tflops : 0.0, r.topk_us, r.layer_us, r.call_us,
+                  r.shape.target.c_str(), r.split_us);
     md += line;
   }
   std::printf("\n%s", md.c_str());

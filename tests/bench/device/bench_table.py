@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Side by side: several indexer_gpu_bench --markdown files of one call.
 
-  bench_table.py [--metric logits|topk|layer|gbs] FILE.md...
+  bench_table.py [--metric logits|topk|layer|split|gbs] FILE.md...
 
 Each file's label is its name without the directory, the `.md`, a leading
 stage name (`kab-`, `gaps-`, `knob-`) and any round number (`-1`, `-2`): run.sh's
@@ -19,8 +19,9 @@ import statistics
 import sys
 
 # The bench's markdown columns (gpu_bench.cu): shape, kernel, logits us,
-# floor us, GB/s (% copy), TFLOP/s, top-k us, layer us, call us, target.
-COLUMNS = {"logits": 2, "gbs": 4, "topk": 6, "layer": 7}
+# floor us, GB/s (% copy), TFLOP/s, top-k us, layer us, call us, target,
+# split us (logits + top-k each timed alone; files before s26 lack it).
+COLUMNS = {"logits": 2, "gbs": 4, "topk": 6, "layer": 7, "split": 10}
 
 
 def label_of(path):

@@ -9,12 +9,13 @@ import unittest
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 HEAD = ("| shape | kernel | logits us | floor us | GB/s (% copy) | TFLOP/s (% mma.sync, % wgmma measured) "
-        "| top-k us | layer us | call us | target |\n|---|---|---:|---:|---:|---:|---:|---:|---:|---|\n")
+        "| top-k us | layer us | call us | target | split us |\n|---|---|---:|---:|---:|---:|---:|---:|---:|---|---:|\n")
 
 
 def row(shape, logits, topk):
+    # layer (one span) 3 us below split (logits + top-k, each timed alone).
     return (f"| {shape} | wgmma_ws | {logits:.1f} | 67.0 | 3272 (78%) | 0.0 (0%, 0%) | {topk:.1f} "
-            f"| {logits + topk:.1f} | 300.0 | |\n")
+            f"| {logits + topk - 3:.1f} | 300.0 | | {logits + topk:.1f} |\n")
 
 
 class BenchTableTest(unittest.TestCase):
@@ -41,9 +42,26 @@ class BenchTableTest(unittest.TestCase):
             # base: 90 / 88 (median 89); new: 85 / 84 (84.5): -4.5.
             self.assertIn("| decode B=64 | 90.0 / 88.0 | 85.0 / 84.0 | -4.5 |", out)
             self.assertIn("| decode B=128 | 150.0 / 150.0 | - | - |", out)
+            split = self.run_table(files, "--metric", "split")
+            # split = logits + top-k: base 107 / 106, new 102 / 100 (-5.5).
+            self.assertIn("| decode B=64 | 107.0 / 106.0 | 102.0 / 100.0 | -5.5 |", split)
             layer = self.run_table(files, "--metric", "layer")
-            # layer = logits + top-k: base 107 / 106, new 102 / 100 (-5.5).
-            self.assertIn("| decode B=64 | 107.0 / 106.0 | 102.0 / 100.0 | -5.5 |", layer)
+            self.assertIn("| decode B=64 | 104.0 / 103.0 | 99.0 / 97.0 | -5.5 |", layer)
+
+    def test_files_without_the_split_column(self):
+        # Bench files before s26 end at "target": their split shows "-".
+        with tempfile.TemporaryDirectory() as d:
+            old_head = HEAD.replace(" split us |", "").replace("|---:|\n", "|\n")
+            files = []
+            for name, tail in (("kab-1-old", False), ("kab-1-new", True)):
+                path = os.path.join(d, name + ".md")
+                with open(path, "w") as f:
+                    r = row("decode B=64", 90.0, 17.0)
+                    f.write("Device: test\n" + (HEAD if tail else old_head) +
+                            (r if tail else r.rsplit(" 107.0 |", 1)[0] + "\n"))
+                files.append(path)
+            out = self.run_table(files, "--metric", "split")
+            self.assertIn("| decode B=64 | - | 107.0 | - |", out)
 
     def test_no_rows_fails(self):
         with tempfile.TemporaryDirectory() as d:

@@ -492,7 +492,7 @@ stage_knob() {
 # The median-by-label tables of a stage's bench files (bench_table.py).
 bench_tables() {
   local m
-  for m in logits topk layer; do
+  for m in logits topk layer split; do
     echo "== $m"
     python3 "$ROOT/tests/bench/device/bench_table.py" --metric "$m" "$@" 2>&1 || echo "bench_table rc 1"
   done

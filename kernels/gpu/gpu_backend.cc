@@ -471,7 +471,7 @@ absl::Status GpuBackend::Download(void* dst, const void* src, int64_t bytes) {
 }
 
 absl::Status GpuBackend::BeginSpan() {
-  if (span_open_) {  // continues the logits' span (EndLogitsSpan)
+  if (span_open_) {  // continues the joint span (EndLogitsSpan)
     chain_next_span_ = false;
     return absl::OkStatus();
   }
@@ -497,14 +497,12 @@ absl::Status GpuBackend::EndLogitsSpan(double* sum) {
 
 absl::Status GpuBackend::CloseOpenSpan() {
   if (!span_open_) return absl::OkStatus();
+  span_open_ = false;
   return EndSpan(open_sum_);
 }
 
 absl::Status GpuBackend::EndSpan(double* sum) {
-  if (span_open_) {  // the logits' span, closed by the first span after it
-    span_open_ = false;
-    sum = open_sum_;
-  }
+  if (span_open_) return absl::OkStatus();  // the joint span runs on (CloseOpenSpan)
   GPU_RETURN_IF_ERROR(EventRecord(ev_[ev_used_], stream_));
   spans_.push_back({span_begin_, ev_used_, sum});
   chain_edge_ = ev_used_++;

@@ -162,9 +162,11 @@ class GpuBackend : public Backend {
   // between the two kernels, each timed alone (LayerTimings::logits_us and
   // topk_us); that event holds the top-k's launch ~3 us (H100, s26). Joint
   // (false, the default; INDEXER_GPU_SPLIT_TIMING=1 makes split the
-  // default): one span from the logits kernel's start to the end of the
-  // first top-k side kernel, reported as logits_us ("includes top-k where
-  // fused", indexer.proto). The benchmark times both.
+  // default): one span from the logits kernel's start over every kernel
+  // after it up to the layer's first copy (the top-k, a consumer's gather
+  // count and remap), reported as logits_us ("includes top-k where fused",
+  // indexer.proto); topk_us keeps the spans after that copy (a source's
+  // pool selection). The benchmark times both.
   void set_split_timing(bool split);
 
  private:
@@ -288,9 +290,9 @@ class GpuBackend : public Backend {
   absl::Status BeginSpan() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::Status EndSpan(double* sum) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The logits kernel's span: ended here when split_timing_, else left
-  // open (no event) for the next span to continue and close (BeginSpan is
-  // then a no-op, and that span's EndSpan adds the whole to `sum`).
-  // CloseOpenSpan ends a span still open (no top-k side kernel came).
+  // open (no event): BeginSpan and EndSpan are then no-ops, and
+  // CloseOpenSpan (at the next copy, the wait, or the sub-chunk's end)
+  // records its end and adds the whole to `sum`.
   absl::Status EndLogitsSpan(double* sum) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::Status CloseOpenSpan() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The device inputs' value checks (k entries or floats; weights, Q codes,

@@ -155,18 +155,26 @@ absl::Status GpuBackend::SourceImpl(const PageLayout& layout, PoolHandle pool_h,
       // The pools, from the same logits: block maxima in place, their top
       // k blocks, then the pin and the ascending order.
       const int32_t max_blocks = CeilDiv(sc.max_visible, spec.block_size);
+      BlockMaxParams mp{logits_, sc.stride, visible, static_cast<int32_t>(nr), spec.block_size, aux_};
+      // Out of place after the sub-chunk's logits where the workspace has
+      // room (then every SM works on every row), else in place.
+      const int64_t at = (nr * sc.stride + 3) / 4 * 4, mstride = (int64_t{max_blocks} + 3) / 4 * 4;
+      if (at + nr * mstride <= ws_.logits_floats) {
+        mp.maxima = logits_ + at;
+        mp.maxima_stride = mstride;
+      }
+      float* const maxima = mp.maxima != nullptr ? mp.maxima : logits_;
+      const int64_t max_stride = mp.maxima != nullptr ? mstride : sc.stride;
       RETURN_IF_ERROR(BeginSpan());
-      RETURN_IF_ERROR(LaunchBlockMaxima(
-          BlockMaxParams{logits_, sc.stride, visible, static_cast<int32_t>(nr), spec.block_size, aux_},
-          stream_));
+      RETURN_IF_ERROR(LaunchBlockMaxima(mp, max_blocks, stream_));
       RETURN_IF_ERROR(EndSpan(&timings->topk_us));
-      return TopkPieces(logits_, sc.stride, aux_, nr, max_blocks, spec.topk_blocks,
+      return TopkPieces(maxima, max_stride, aux_, nr, max_blocks, spec.topk_blocks,
                         &timings->topk_us, [&](int64_t a, int64_t m) {
                           PoolParams pp{};
                           pp.sel = out_;
                           pp.sel_stride = k;
-                          pp.maxima = logits_ + a * sc.stride;
-                          pp.stride = sc.stride;
+                          pp.maxima = maxima + a * max_stride;
+                          pp.stride = max_stride;
                           pp.row_visible = visible + a;
                           pp.num_rows = static_cast<int32_t>(m);
                           pp.topk_blocks = spec.topk_blocks;

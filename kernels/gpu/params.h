@@ -268,8 +268,14 @@ struct BlockMaxParams {
   int32_t num_rows;
   int32_t block_size;
   int32_t* num_blocks;       // [rows] out
+  // Out of place: the maxima to [rows, maxima_stride] (a multiple of 4),
+  // a grid of (row, 256 blocks) pieces. Null: in place over the logits,
+  // one thread block per row (where the workspace has no room for them).
+  float* maxima = nullptr;
+  int64_t maxima_stride = 0;
 };
-absl::Status LaunchBlockMaxima(const BlockMaxParams& p, Stream stream);
+// max_blocks: the most blocks of any row (the out-of-place grid's width).
+absl::Status LaunchBlockMaxima(const BlockMaxParams& p, int32_t max_blocks, Stream stream);
 
 // Source: each row's pool from the top-k selection over its maxima.
 struct PoolParams {

@@ -45,7 +45,8 @@ def figure(cell):
 
 
 def read(path, metric):
-    """{shape: figure} of one bench markdown file, in file order."""
+    """{shape: figure} of one bench markdown file, in file order; None where
+    a bench row lacks the metric's column (files older than that column)."""
     out = collections.OrderedDict()
     col = COLUMNS[metric]
     with open(path) as f:
@@ -54,6 +55,7 @@ def read(path, metric):
                 continue
             cells = [c.strip() for c in line.strip().strip("|").split("|")]
             if len(cells) <= col:
+                out.setdefault(cells[0], None)
                 continue
             v = figure(cells[col])
             if v is not None:
@@ -86,7 +88,7 @@ def main():
     for s in shapes:
         cells, med = [s], {}
         for n in names:
-            vals = [r[s] for r in labels[n] if s in r]
+            vals = [r[s] for r in labels[n] if r.get(s) is not None]
             cells.append(" / ".join(f"{v:.1f}" for v in vals) if vals else "-")
             if vals:
                 med[n] = statistics.median(vals)

@@ -302,9 +302,10 @@ __global__ void __launch_bounds__(kPathThreads) BlockScoresKernel(const BlockSco
 // Warp (h, r): the top `topk` of the row's `causal` scores. Their order keys
 // (larger float -> larger key) stay in registers, kSlots per lane (a
 // template constant: every loop unrolls with no branch around a ballot);
-// the threshold T (the topk-th largest key) is found bit by bit from the
-// top, counting keys >= a candidate with ballots; then every key > T and
-// the first keys == T (index order) up to topk are written.
+// the threshold T (the topk-th largest key) is found from the top, two
+// bits a step below the bits every real key shares, counting keys >= a
+// candidate with ballots; then every key > T and the first keys == T
+// (index order) up to topk are written.
 constexpr int kBtMaxSlots = 32;
 
 __device__ __forceinline__ uint32_t OrderKey(float x) {
@@ -324,21 +325,46 @@ __global__ void __launch_bounds__(kPathThreads) BlockTopkKernel(const BlockTopkP
     return;
   }
   const float* row = p.scores + item * p.width;
-  uint32_t key[kSlots];
+  // The row's scores are loaded beside `causal` (below the width, not the
+  // causal count: no load waits on another), then masked.
+  float v[kSlots];
 #pragma unroll
   for (int s = 0; s < kSlots; ++s) {
     const int32_t i = s * kWarpSize + lane;
-    key[s] = i < causal ? OrderKey(row[i]) : 0u;  // 0: below every real key
+    v[s] = i < p.width ? row[i] : 0.f;
   }
-  uint32_t thr = 0;
-#pragma unroll 1
-  for (int bit = 31; bit >= 0; --bit) {
-    const uint32_t cand = thr | (1u << bit);
+  uint32_t key[kSlots];
+  uint32_t any = 0u, all = ~0u;  // OR and AND of the real keys
+#pragma unroll
+  for (int s = 0; s < kSlots; ++s) {
+    const bool real = s * kWarpSize + lane < causal;
+    key[s] = real ? OrderKey(v[s]) : 0u;  // 0: below every real key
+    any |= key[s];
+    all &= real ? key[s] : ~0u;
+  }
+  for (int d = 1; d < kWarpSize; d *= 2) {
+    any |= ShflXor(any, d);
+    all &= ShflXor(all, d);
+  }
+  // Every real key (so the threshold too) shares the bits above the
+  // highest bit where two of them differ: the search starts below them,
+  // two bits a step (three independent counts), not 32 dependent steps.
+  const uint32_t diff = any ^ all;
+  int bit = diff == 0u ? -1 : 31 - __clz(static_cast<int>(diff));
+  uint32_t thr = bit < 0 ? all : bit >= 31 ? 0u : all & ~((2u << bit) - 1u);
+  auto count = [&](uint32_t cand) {
     int32_t cnt = 0;
 #pragma unroll
     for (int s = 0; s < kSlots; ++s) cnt += PopCount64(Ballot(key[s] >= cand));
-    thr = cnt >= k ? cand : thr;
+    return cnt;
+  };
+#pragma unroll 1
+  for (; bit >= 1; bit -= 2) {
+    const uint32_t hi = 1u << bit, lo = 1u << (bit - 1);
+    const int32_t n_both = count(thr | hi | lo), n_hi = count(thr | hi), n_lo = count(thr | lo);
+    thr |= n_both >= k ? hi | lo : n_hi >= k ? hi : n_lo >= k ? lo : 0u;
   }
+  if (bit == 0 && count(thr | 1u) >= k) thr |= 1u;
   // thr >= 1: more than k real keys are >= 1, so no padding key is chosen.
   const uint64_t below = LanesBelow();
   int32_t pos = 0;

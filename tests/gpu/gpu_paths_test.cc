@@ -8,7 +8,9 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <memory>
+#include <numeric>
 #include <random>
 #include <string>
 #include <vector>
@@ -385,6 +387,126 @@ TEST(GpuBlockTest, BlockTopkMatchesReference) {
 // The gather walk's plan (host only, no GPU needed): one group of one row
 // per row, units covering [0, min(n_r, pool entries)) of each row in order,
 // each unit naming its row and sequence; rows that see nothing get none.
+// The warp block top-k (LaunchBlockTopk) on crafted rows, each checked
+// against the SPEC §5 rule by a sort: every key above the k-th largest
+// listed, then keys equal to it, lowest index first, up to k. The search
+// starts below the bits all real keys share and takes two bits a step, so
+// the rows are the edges of that: all keys equal; keys that differ only in
+// the last bit or the last two; both signs and both zeros; a row of the
+// two sentinels alone; k = causal - 1; scores past the causal count larger
+// than any real one (they must be ignored); widths of 8, 16 and 32 slots.
+TEST(GpuBlockTest, WarpTopkOnCraftedRows) {
+  SKIP_WITHOUT_GPU();
+  struct Row {
+    std::string name;
+    std::vector<float> v;
+    int32_t causal;
+  };
+  const int32_t width = 700;  // 22 slots a lane: the 32-slot kernel
+  std::vector<Row> rows;
+  auto add = [&](std::string name, std::vector<float> v, int32_t causal) {
+    v.resize(width, 3e30f);  // past the causal count: larger than any real score
+    rows.push_back({std::move(name), std::move(v), causal});
+  };
+  add("all equal", std::vector<float>(300, 0.75f), 300);
+  {
+    std::vector<float> v(500);
+    for (int i = 0; i < 500; ++i) v[i] = std::nextafter(1.0f, 2.0f) * (i % 2 ? 1.f : 1.f) + 0.f;
+    for (int i = 0; i < 500; i += 3) v[i] = 1.0f;  // differ in the last bit only
+    add("last bit", v, 500);
+  }
+  {
+    std::vector<float> v(640);
+    const uint32_t base = 0x3f800000u;
+    for (int i = 0; i < 640; ++i) {
+      const uint32_t u = base | static_cast<uint32_t>((i * 7) % 4);  // the last two bits
+      std::memcpy(&v[i], &u, 4);
+    }
+    add("last two bits", v, 640);
+  }
+  {
+    std::vector<float> v(257);
+    for (int i = 0; i < 257; ++i) v[i] = (i % 4 == 0 ? -1.f : 1.f) * static_cast<float>(i % 13) * 0.5f;
+    v[5] = -0.0f;
+    v[6] = 0.0f;
+    add("signs and zeros", v, 257);
+  }
+  {
+    std::vector<float> v(40, 1e29f);
+    for (int i = 0; i < 40; i += 5) v[i] = 1e30f;
+    add("sentinels alone", v, 40);
+  }
+  {
+    std::mt19937 rng(77);
+    std::normal_distribution<float> nd(0.f, 1.f);
+    std::vector<float> v(width);
+    for (auto& x : v) x = nd(rng);
+    add("k = causal - 1", std::vector<float>(v.begin(), v.begin() + 17), 17);
+    add("normal, full width", v, width);
+    add("normal, short", std::vector<float>(v.begin(), v.begin() + 9), 9);
+  }
+  for (const int32_t w : {200, 500, 700}) {  // the 8-, 16- and 32-slot kernels
+    for (const int32_t k : {16, 1}) {
+      const int32_t n = static_cast<int32_t>(rows.size());
+      std::vector<float> scores(static_cast<size_t>(n) * w);
+      std::vector<int32_t> causal(n);
+      for (int32_t r = 0; r < n; ++r) {
+        causal[r] = std::min(rows[r].causal, w);
+        if (rows[r].name == "k = causal - 1") causal[r] = std::min(k + 1, w);
+        std::copy(rows[r].v.begin(), rows[r].v.begin() + w, scores.begin() + static_cast<int64_t>(r) * w);
+      }
+      std::vector<void*> bufs;
+      auto dev = [&](size_t bytes) {
+        void* p = nullptr;
+        EXPECT_EQ(gpu::Malloc(&p, std::max<size_t>(bytes, 4)), gpu::kSuccess);
+        bufs.push_back(p);
+        return p;
+      };
+      struct Free {
+        std::vector<void*>* b;
+        ~Free() { for (void* p : *b) gpu::Free(p); }
+      } free_at_exit{&bufs};
+      gpu::BlockTopkParams tp{};
+      tp.scores = static_cast<float*>(dev(scores.size() * 4));
+      tp.width = w;
+      tp.causal = static_cast<int32_t*>(dev(causal.size() * 4));
+      tp.num_rows = n;
+      tp.num_heads = 1;
+      tp.topk = k;
+      tp.out = static_cast<int32_t*>(dev(static_cast<size_t>(n) * k * 4));
+      ASSERT_EQ(gpu::CopyH2D(const_cast<float*>(tp.scores), scores.data(), scores.size() * 4, nullptr), gpu::kSuccess);
+      ASSERT_EQ(gpu::CopyH2D(const_cast<int32_t*>(tp.causal), causal.data(), causal.size() * 4, nullptr),
+                gpu::kSuccess);
+      ASSERT_TRUE(gpu::LaunchBlockTopk(tp, nullptr).ok());
+      std::vector<int32_t> got(static_cast<size_t>(n) * k, -7);
+      ASSERT_EQ(gpu::CopyD2H(got.data(), tp.out, got.size() * 4, nullptr), gpu::kSuccess);
+      ASSERT_EQ(gpu::StreamSynchronize(nullptr), gpu::kSuccess);
+      for (int32_t r = 0; r < n; ++r) {
+        const int32_t c = causal[r];
+        const float* row = scores.data() + static_cast<int64_t>(r) * w;
+        // The expected list: indices by score (larger first), ties by
+        // index; the first k, then -1 where the row has fewer.
+        std::vector<int32_t> want;
+        if (c <= k) {
+          for (int32_t i = 0; i < k; ++i) want.push_back(i < c ? i : -1);
+        } else {
+          std::vector<int32_t> idx(c);
+          std::iota(idx.begin(), idx.end(), 0);
+          std::stable_sort(idx.begin(), idx.end(), [&](int32_t a, int32_t b) { return row[a] > row[b]; });
+          const float kth = row[idx[k - 1]];
+          // Above the k-th in index order, then equal ones in index order.
+          for (int32_t i = 0; i < c; ++i) if (row[i] > kth) want.push_back(i);
+          for (int32_t i = 0; i < c && static_cast<int32_t>(want.size()) < k; ++i) {
+            if (row[i] == kth) want.push_back(i);
+          }
+        }
+        std::vector<int32_t> have(got.begin() + static_cast<int64_t>(r) * k, got.begin() + static_cast<int64_t>(r + 1) * k);
+        EXPECT_EQ(have, want) << rows[r].name << " width " << w << " k " << k;
+      }
+    }
+  }
+}
+
 TEST(GpuPlanTest, GatherCoversEachRowsPoolSlots) {
   const std::vector<int32_t> old_e = {0, 0, 40000, 100, 7}, new_e = {1, 17000, 40002, 164, 7};
   const std::vector<int32_t> q_lens = {1, 1, 2, 1, 0};

@@ -543,18 +543,8 @@ TEST_P(GpuTopkKernelTest, ExactSetOnStressedLogits) {
   const int route = tp.cand_stride > 0 ? 2 : max_visible > gpu::kTopkCache ? 1 : 0;
   ASSERT_EQ(route, c.expect_route) << "slices " << tp.slices << " slice_len " << tp.slice_len;
 
-  // Device buffers, freed at scope exit.
-  std::vector<void*> bufs;
-  auto dev = [&](size_t bytes) {
-    void* p = nullptr;
-    EXPECT_EQ(gpu::Malloc(&p, std::max<size_t>(bytes, 4)), gpu::kSuccess);
-    bufs.push_back(p);
-    return p;
-  };
-  struct Free {
-    std::vector<void*>* b;
-    ~Free() { for (void* p : *b) gpu::Free(p); }
-  } free_at_exit{&bufs};
+  DeviceBuffers bufs;  // freed at scope exit
+  auto dev = [&](size_t bytes) { return bufs.Get(bytes); };
   gpu::Stream stream = nullptr;
   ASSERT_EQ(gpu::StreamCreate(&stream), gpu::kSuccess);
   tp.logits = static_cast<float*>(dev(logits.size() * 4));

@@ -455,17 +455,8 @@ TEST(GpuBlockTest, WarpTopkOnCraftedRows) {
         if (rows[r].name == "k = causal - 1") causal[r] = std::min(k + 1, w);
         std::copy(rows[r].v.begin(), rows[r].v.begin() + w, scores.begin() + static_cast<int64_t>(r) * w);
       }
-      std::vector<void*> bufs;
-      auto dev = [&](size_t bytes) {
-        void* p = nullptr;
-        EXPECT_EQ(gpu::Malloc(&p, std::max<size_t>(bytes, 4)), gpu::kSuccess);
-        bufs.push_back(p);
-        return p;
-      };
-      struct Free {
-        std::vector<void*>* b;
-        ~Free() { for (void* p : *b) gpu::Free(p); }
-      } free_at_exit{&bufs};
+      DeviceBuffers bufs;  // freed at scope exit
+      auto dev = [&](size_t bytes) { return bufs.Get(bytes); };
       gpu::BlockTopkParams tp{};
       tp.scores = static_cast<float*>(dev(scores.size() * 4));
       tp.width = w;

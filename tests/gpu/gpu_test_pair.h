@@ -28,6 +28,29 @@
 namespace indexer {
 namespace gpu_test {
 
+// Device buffers for a test that drives kernels directly, freed when it
+// goes out of scope; Get fails the test (and returns null) when an
+// allocation does.
+class DeviceBuffers {
+ public:
+  DeviceBuffers() = default;
+  DeviceBuffers(const DeviceBuffers&) = delete;
+  DeviceBuffers& operator=(const DeviceBuffers&) = delete;
+  ~DeviceBuffers() {
+    for (void* p : bufs_) gpu::Free(p);
+  }
+  template <class T = void>
+  T* Get(size_t bytes) {
+    void* p = nullptr;
+    EXPECT_EQ(gpu::Malloc(&p, std::max<size_t>(bytes, 4)), gpu::kSuccess);
+    bufs_.push_back(p);
+    return static_cast<T*>(p);
+  }
+
+ private:
+  std::vector<void*> bufs_;
+};
+
 // Two backends with one pool each, same page numbering.
 struct Pair {
   std::unique_ptr<CpuBackend> cpu;

@@ -450,6 +450,17 @@ void Bench::Report() const {
     all_rtt.insert(all_rtt.end(), st.rtt_us.begin(), st.rtt_us.end());
     for (double x : st.rtt_us) rtt_sum += x;
   }
+  // A gpu daemon times a layer's logits and its top-k kernels as one span
+  // by default (indexer.proto, LayerTimings.logits_us): say so where every
+  // layer's top-k came back 0.
+  bool joint = !stats_.empty();
+  for (const auto& [layer, st] : stats_) {
+    joint = joint && Percentile(st.topk_us, 50) == 0.0 && Percentile(st.logits_us, 50) > 0.0;
+  }
+  if (joint) {
+    std::printf("(logits includes the top-k: the daemon timed them as one span; "
+                "INDEXER_GPU_SPLIT_TIMING=1 on a gpu daemon times them apart)\n");
+  }
   // Where the server's time goes: `queue` runs from the receipt of the
   // whole message to the start of work (the daemon parses the request in
   // it); the rest of `server` is the backend call around its kernels

@@ -392,8 +392,8 @@ TEST(GpuBlockTest, BlockTopkMatchesReference) {
 // listed, then keys equal to it, lowest index first, up to k. The search
 // starts below the bits all real keys share and takes two bits a step, so
 // the rows are the edges of that: all keys equal; keys that differ only in
-// the last bit or the last two; both signs and both zeros; a row of the
-// two sentinels alone; k = causal - 1; scores past the causal count larger
+// the last bit or the last two; both signs (zeros below the cut); all
+// negative, with ties at the cut; a row of the two sentinels alone; k = causal - 1; scores past the causal count larger
 // than any real one (they must be ignored); widths of 8, 16 and 32 slots.
 TEST(GpuBlockTest, WarpTopkOnCraftedRows) {
   SKIP_WITHOUT_GPU();
@@ -411,8 +411,7 @@ TEST(GpuBlockTest, WarpTopkOnCraftedRows) {
   add("all equal", std::vector<float>(300, 0.75f), 300);
   {
     std::vector<float> v(500);
-    for (int i = 0; i < 500; ++i) v[i] = std::nextafter(1.0f, 2.0f) * (i % 2 ? 1.f : 1.f) + 0.f;
-    for (int i = 0; i < 500; i += 3) v[i] = 1.0f;  // differ in the last bit only
+    for (int i = 0; i < 500; ++i) v[i] = i % 3 == 0 ? 1.0f : std::nextafter(1.0f, 2.0f);  // the last bit
     add("last bit", v, 500);
   }
   {
@@ -427,9 +426,14 @@ TEST(GpuBlockTest, WarpTopkOnCraftedRows) {
   {
     std::vector<float> v(257);
     for (int i = 0; i < 257; ++i) v[i] = (i % 4 == 0 ? -1.f : 1.f) * static_cast<float>(i % 13) * 0.5f;
-    v[5] = -0.0f;
-    v[6] = 0.0f;
-    add("signs and zeros", v, 257);
+    v[5] = -0.0f;  // zeros below the cut (this check compares floats, and
+    v[6] = 0.0f;   // the keys order -0 below +0)
+    add("signs, zeros below the cut", v, 257);
+  }
+  {
+    std::vector<float> v(300);  // the cut among negative keys, with ties
+    for (int i = 0; i < 300; ++i) v[i] = -0.5f - 0.25f * static_cast<float>(i % 37);
+    add("all negative", v, 300);
   }
   {
     std::vector<float> v(40, 1e29f);

@@ -1,17 +1,20 @@
 #!/usr/bin/env bash
-# Soak: starts indexerd (--device cpu, the demo profile, a small cache so the
-# pool fills now and then) on a free loopback port, runs tests/soak's driver
+# Soak: starts indexerd (--device cpu unless SOAK_DEVICE names another, the
+# demo profile, a small cache so the pool fills now and then) on a free loopback port, runs tests/soak's driver
 # against it for SECONDS (default 600) and fails on any error, on pages,
 # sequences or open steps left after everything is released, on daemon RSS
 # growth past RSS_GROWTH_MB (default 64) after warm-up, or if the daemon dies.
 # Usage: tests/soak/soak.sh [BUILD_DIR=build] [SECONDS=600]
-# Env: SOAK_THREADS (4), SOAK_CACHE_MB (8), SOAK_PROFILE (demo), RSS_GROWTH_MB.
+# Env: SOAK_THREADS (4), SOAK_CACHE_MB (8), SOAK_PROFILE (demo), SOAK_DEVICE
+# (cpu; gpu:0 on the device machine: run.sh's soak stage), RSS_GROWTH_MB;
+# INDEXERD and SOAK_DRIVER: the binaries, when not those of BUILD_DIR (a
+# device pack keeps them in dev/bin).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 build=${1:-build}
 secs=${2:-600}
-daemon="$build/server/indexerd"
-driver="$build/tests/soak/soak_driver"
+daemon=${INDEXERD:-$build/server/indexerd}
+driver=${SOAK_DRIVER:-$build/tests/soak/soak_driver}
 for b in "$daemon" "$driver"; do
   [[ -x "$b" ]] || { echo "soak: $b not built (cmake --build $build --target indexerd soak_driver)" >&2; exit 1; }
 done
@@ -22,7 +25,7 @@ cleanup() {
   rm -rf "$tmp"
 }
 trap cleanup EXIT
-"$daemon" --profile "${SOAK_PROFILE:-demo}" --device cpu --cache-mb "${SOAK_CACHE_MB:-8}" \
+"$daemon" --profile "${SOAK_PROFILE:-demo}" --device "${SOAK_DEVICE:-cpu}" --cache-mb "${SOAK_CACHE_MB:-8}" \
   --listen 127.0.0.1:0 --port-file "$tmp/port" --log-level warn --drain-delay-ms 0 >"$tmp/daemon.log" 2>&1 &
 pid=$!
 for _ in $(seq 300); do

@@ -5,7 +5,8 @@
 // has a wrong shape (must fail with INVALID_ARGUMENT and change nothing),
 // imports (WriteEntries) and releases. Each thread keeps the lengths it
 // expects and checks them against every commit and import reply, so a step
-// that leaked into a sequence shows up. At the end everything is released
+// that leaked into a sequence shows up, and checks every row of every layer
+// reply against SPEC §5's shape (CheckRows). At the end everything is released
 // and GetServerInfo must report every page free, no sequence and no open
 // step; with --pid, the daemon's VmRSS may grow at most --rss-growth-mb
 // between the end of the warm-up and the end.
@@ -53,7 +54,7 @@ struct Options {
 // Operation counts over all threads.
 struct Counts {
   std::atomic<long> prefill{0}, decode{0}, aborted{0}, bad_layer{0}, imports{0},
-      releases{0}, full{0}, decode_seqs{0};
+      releases{0}, full{0}, decode_seqs{0}, layers_checked{0};
 };
 
 long RssKb(long pid) {
@@ -183,7 +184,8 @@ class Worker {
       for (int64_t q : q_lens) rows += q;
       std::vector<int64_t> shape = {rows, spec.topk};
       if (spec.is_block()) shape = {spec.num_heads, rows, spec.topk};
-      RETURN_IF_ERROR(client::ReadInt32Tensor(reply->topk(), shape, "topk").status());
+      ASSIGN_OR_RETURN(std::vector<int32_t> topk, client::ReadInt32Tensor(reply->topk(), shape, "topk"));
+      RETURN_IF_ERROR(CheckRows(spec, seqs, q_lens, topk));
     }
     if (end == StepEnd::kAbort) {
       step->Abort();
@@ -203,6 +205,62 @@ class Worker {
                                                 seqs[i]->len));
       }
     }
+    return absl::OkStatus();
+  }
+
+  // SPEC §5's shape of every row of a layer's reply (the soak keeps no K to
+  // score against, so values are the reference tests' job): a row's valid
+  // indices come first, then -1; they are distinct and below the row's bound
+  // (its visible entries n_r; for a block layer its causal blocks); there
+  // are exactly min(topk, bound) of them, except for a consumer, whose pool
+  // may hold fewer (but never none while n_r > 0: the newest block is in).
+  absl::Status CheckRows(const LayerSpec& spec, const std::vector<Seq*>& seqs,
+                         const std::vector<int64_t>& q_lens, const std::vector<int32_t>& topk) {
+    int64_t rows = 0;
+    for (int64_t q : q_lens) rows += q;
+    const int64_t k = spec.is_block() ? spec.topk_blocks : spec.topk;
+    const int64_t planes = spec.is_block() ? spec.num_heads : 1;
+    std::vector<char> seen;
+    for (int64_t h = 0; h < planes; ++h) {
+      int64_t row = 0;
+      for (size_t s = 0; s < seqs.size(); ++s) {
+        for (int64_t i = 0; i < q_lens[s]; ++i, ++row) {
+          const int64_t visible = VisibleEntries(seqs[s]->len + i, spec.compress_ratio);
+          const int64_t bound =
+              spec.is_block() ? client::CausalBlocks(visible, spec.page_entries) : visible;
+          const int32_t* r = topk.data() + (h * rows + row) * k;
+          seen.assign(static_cast<size_t>(bound), 0);
+          int64_t valid = 0;
+          while (valid < k && r[valid] != -1) {
+            const int32_t x = r[valid];
+            if (x < 0 || x >= bound || seen[x]) {
+              return absl::InternalError(absl::StrCat(
+                  "layer ", spec.layer, " (", spec.role, ") head ", h, " row ", row, " of ",
+                  seqs[s]->name, ": index ", x, " at slot ", valid,
+                  x < 0 || x >= bound ? absl::StrCat(" outside [0, ", bound, ")") : " repeated"));
+            }
+            seen[x] = 1;
+            ++valid;
+          }
+          for (int64_t j = valid; j < k; ++j) {
+            if (r[j] != -1) {
+              return absl::InternalError(absl::StrCat("layer ", spec.layer, " head ", h, " row ", row,
+                                                      ": index ", r[j], " at slot ", j,
+                                                      " after a -1 at slot ", valid));
+            }
+          }
+          const int64_t want = std::min(k, bound);
+          if (spec.is_consumer() ? (valid > want || (bound > 0 && valid == 0)) : valid != want) {
+            return absl::InternalError(absl::StrCat(
+                "layer ", spec.layer, " (", spec.role, ") head ", h, " row ", row, " of ",
+                seqs[s]->name, ": ", valid, " indices, expected ",
+                spec.is_consumer() ? absl::StrCat("1 to ", want) : absl::StrCat(want),
+                " (bound ", bound, ", topk ", k, ")"));
+          }
+        }
+      }
+    }
+    ++counts_->layers_checked;
     return absl::OkStatus();
   }
 
@@ -358,11 +416,11 @@ int Main(const Options& opt) {
   }
   std::printf(
       "soak: %.0f s: %ld prefill, %ld committed decode (%ld sequence-steps), %ld aborted, "
-      "%ld bad-layer, %ld imports, %ld releases, %ld pool-full\n",
+      "%ld bad-layer, %ld imports, %ld releases, %ld pool-full; %ld layer replies checked row by row\n",
       std::chrono::duration<double>(Clock::now() - start).count(), counts.prefill.load(),
       counts.decode.load(), counts.decode_seqs.load(), counts.aborted.load(),
       counts.bad_layer.load(), counts.imports.load(), counts.releases.load(),
-      counts.full.load());
+      counts.full.load(), counts.layers_checked.load());
   if (absl::Status s = CheckDrained(**c); !s.ok()) {
     std::fprintf(stderr, "soak: %s\n", s.ToString().c_str());
     ++failures;

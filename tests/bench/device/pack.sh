@@ -43,7 +43,7 @@ for b in $(printf 'tests/gpu/%s ' $gpu_tests) tests/gpu/ipc_export_helper \
          tests/integration/server_test tests/integration/serving_test \
          tests/integration/regions_test tests/integration/inline_path_test \
          tests/integration/ring_test client/indexer-cli server/indexerd \
-         tests/bench/indexer_gpu_bench tests/bench/grpc_echo_bench; do
+         tests/bench/indexer_gpu_bench tests/bench/grpc_echo_bench tests/soak/soak_driver; do
   [[ -f $bd/$b ]] || { echo "pack: no $b"; exit 1; }
   cp "$bd/$b" dev/bin/ && strip "dev/bin/$(basename "$b")"
 done

@@ -56,6 +56,13 @@
 #             occupancy, pipes, scheduler ($OUT/ncu-N.txt); NCU_SOURCE=1
 #             adds the per-instruction samples ($OUT/ncu-N-src.csv, read
 #             with tests/bench/device/ncu_top.py)
+#   soak      tests/soak/soak.sh against gpu:0, one run per SOAK_PROFILES
+#             entry (default: demo, a small cache, so that the pool fills,
+#             and deepseek-v4.1-fp8 and minimax-m3-mxfp4 with SOAK_BIG_MB):
+#             several clients, committed batches of 10-40 sequences, aborts,
+#             bad layers, imports, releases; every reply's rows checked
+#             against SPEC §5's shape; drained and RSS-bounded at the end
+#             (SOAK_SECONDS each, default 60)
 #   env       GPU, driver, SOURCE.txt, python/torch (printed first by every run)
 # Aliases kept for older notes and results files: gpu-tests and integration
 # (parts of suite), memcheck (= sanitize), committed and python (parts of
@@ -565,6 +572,17 @@ stage_ncu() {
       sort -rn | head -8 | tr '\n' ';'; echo
   done
 }
+stage_soak() {
+  local prof mb
+  for prof in ${SOAK_PROFILES:-demo deepseek-v4.1-fp8 minimax-m3-mxfp4}; do
+    mb=8; [[ $prof == demo ]] || mb=${SOAK_BIG_MB:-4096}
+    echo "== soak: $prof on gpu:0, cache $mb MB, ${SOAK_SECONDS:-60} s"
+    INDEXERD=$DEV/bin/indexerd SOAK_DRIVER=$DEV/bin/soak_driver SOAK_DEVICE=gpu:0 SOAK_PROFILE=$prof \
+      SOAK_CACHE_MB=$mb INDEXERD_CONFIG_DIR=$ROOT/deploy/configs \
+      timeout "$TO" "$ROOT/tests/soak/soak.sh" "$DEV" "${SOAK_SECONDS:-60}" 2>&1
+    echo "soak $prof (gpu:0) rc $?"
+  done
+}
 stage_gpu_tests() { part_gpu_tests; }
 stage_integration() { part_integration; }
 stage_python() { part_python; }
@@ -590,7 +608,7 @@ for s in "${stages[@]}"; do
   "stage_${s//-/_}" > "$OUT/$s.log" 2>&1
   src=$?
   echo "### $s ($(( $(date +%s) - t0 )) s)"
-  grep -aE "PASSED|FAILED|ERROR SUMMARY|rc [0-9]|^== |rtt p50|backend host|step start|adds to its kernels|verdict|agree|torch|H200|round trip|alive|not SERVING|^knob: |^kab: " \
+  grep -aE "PASSED|FAILED|ERROR SUMMARY|rc [0-9]|^soak: [0-9]|^== |rtt p50|backend host|step start|adds to its kernels|verdict|agree|torch|H200|round trip|alive|not SERVING|^knob: |^kab: " \
     "$OUT/$s.log" | tail -40
   if grep -aqE "rc [1-9]|not SERVING" "$OUT/$s.log" || [[ $src != 0 && $status_stages == *" $s "* ]]; then
     failed=1; echo "### $s: FAILED"

@@ -305,8 +305,10 @@ absl::StatusOr<std::string> SendMemfd(const std::string& socket_path, int fd);
 // Process-wide glibc malloc settings for large messages (the ones indexerd
 // uses): allocations up to 32 MiB stay off mmap and up to 64 MiB of freed
 // memory per malloc arena is kept, so the ~0.5 MB tensors of every layer do
-// not fault in fresh pages on each round trip. Optional; call once, early in
-// main(), before other threads allocate. false when glibc refused a value.
+// not fault in fresh pages on each round trip; at most 4 malloc arenas
+// (unless MALLOC_ARENA_MAX is set), so that what the arenas keep stays
+// bounded. Optional; call once, early in main(), before other threads
+// allocate. false when glibc refused a value.
 bool TuneProcessAllocator();
 
 v1::SequenceId NumericSequenceId(uint64_t num);

@@ -14,21 +14,10 @@
 #include <vector>
 
 #include "gtest/gtest.h"
+#include "tests/sanitized_build.h"
 
 namespace indexer::transport {
 namespace {
-
-#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
-constexpr bool kSanitized = true;
-#elif defined(__has_feature)
-#if __has_feature(address_sanitizer) || __has_feature(thread_sanitizer)
-constexpr bool kSanitized = true;
-#else
-constexpr bool kSanitized = false;
-#endif
-#else
-constexpr bool kSanitized = false;
-#endif
 
 // The arenas glibc has made: malloc_info writes one <heap nr="..."> per arena.
 int Arenas() {
@@ -46,7 +35,7 @@ int Arenas() {
 }
 
 TEST(TransportTuningTest, ArenasStayCappedWhileManyThreadsAllocate) {
-  if (kSanitized) GTEST_SKIP() << "a sanitizer's allocator replaces glibc malloc";
+  if (testing::kSanitized) GTEST_SKIP() << "a sanitizer's allocator replaces glibc malloc";
   if (std::getenv("MALLOC_ARENA_MAX") != nullptr) GTEST_SKIP() << "MALLOC_ARENA_MAX is set: it wins";
   ASSERT_TRUE(TuneAllocator());
   // Sixteen threads, each holding a message-sized block until all have

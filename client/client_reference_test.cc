@@ -70,6 +70,68 @@ TEST(CheckTopkRow, TiesWithinToleranceGoEitherWay) {
   EXPECT_FALSE(CheckTopkRow(logits, std::vector<int32_t>{0, 1, 3}, strict).ok);
 }
 
+// ------------------------------------------------------- reply shapes --
+
+LayerSpec ShapeSpec(const char* role, int32_t topk, int32_t heads = 1) {
+  LayerSpec spec;
+  spec.role = role;
+  spec.topk = topk;
+  spec.topk_blocks = topk;
+  spec.num_heads = heads;
+  spec.page_entries = 4;
+  return spec;
+}
+
+TEST(CheckReplyShape, AcceptsFullAndShortRows) {
+  const LayerSpec dense = ShapeSpec(kRoleDense, 3);
+  // Row 0 sees 2 entries (both, then -1), row 1 sees 5 (any 3 of them).
+  EXPECT_TRUE(CheckReplyShape(dense, std::vector<int64_t>{2, 5},
+                              std::vector<int32_t>{1, 0, -1, 4, 0, 2}).ok);
+  EXPECT_TRUE(CheckReplyShape(dense, std::vector<int64_t>{0}, std::vector<int32_t>{-1, -1, -1}).ok);
+}
+
+TEST(CheckReplyShape, RejectsEachBreach) {
+  const LayerSpec dense = ShapeSpec(kRoleDense, 3);
+  const std::vector<int64_t> bounds = {2, 5};
+  auto problem = [&](std::vector<int32_t> got) { return CheckReplyShape(dense, bounds, got).problem; };
+  EXPECT_NE(problem({1, 2, -1, 4, 0, 2}).find("row 0: index 2 at slot 1 outside [0, 2)"), std::string::npos);
+  EXPECT_NE(problem({1, 0, -1, 4, 4, 2}).find("row 1: index 4 repeated at slot 1"), std::string::npos);
+  EXPECT_NE(problem({1, 0, -1, 4, -1, 2}).find("row 1: index 2 at slot 2 after -1 at slot 1"),
+            std::string::npos);
+  EXPECT_NE(problem({1, -1, -1, 4, 0, 2}).find("row 0: 1 indices, expected 2"), std::string::npos);
+  EXPECT_NE(problem({1, 0, -1, 4, 0, -1}).find("row 1: 2 indices, expected 3"), std::string::npos);
+  EXPECT_NE(problem({1, 0, -1, 4, 0}).find("reply holds 5 indices, expected 1 x 2 x 3"), std::string::npos);
+}
+
+TEST(CheckReplyShape, AConsumerMayReturnFewerButNotNone) {
+  const LayerSpec consumer = ShapeSpec(kRoleConsumer, 3);
+  const std::vector<int64_t> bounds = {5};
+  EXPECT_TRUE(CheckReplyShape(consumer, bounds, std::vector<int32_t>{4, -1, -1}).ok);
+  EXPECT_TRUE(CheckReplyShape(consumer, bounds, std::vector<int32_t>{4, 0, 1}).ok);
+  EXPECT_FALSE(CheckReplyShape(consumer, bounds, std::vector<int32_t>{-1, -1, -1}).ok);
+  EXPECT_TRUE(CheckReplyShape(consumer, std::vector<int64_t>{0}, std::vector<int32_t>{-1, -1, -1}).ok);
+}
+
+TEST(CheckReplyShape, BlockLayersCheckEveryHeadsRows) {
+  const LayerSpec block = ShapeSpec(kRoleBlock, 2, /*heads=*/2);
+  const std::vector<int64_t> bounds = {1, 3};  // causal blocks of rows 0, 1
+  EXPECT_TRUE(CheckReplyShape(block, bounds, std::vector<int32_t>{0, -1, 2, 0, 0, -1, 1, 2}).ok);
+  const RowVerdict v = CheckReplyShape(block, bounds, std::vector<int32_t>{0, -1, 2, 0, 0, -1, 1, 3});
+  EXPECT_NE(v.problem.find("head 1 row 1: index 3 at slot 1 outside [0, 3)"), std::string::npos) << v.problem;
+}
+
+TEST(ReplyRowBounds, VisibleEntriesOrCausalBlocksPerRow) {
+  LayerSpec dense = ShapeSpec(kRoleDense, 3);
+  dense.compress_ratio = 4;
+  // Sequence 0: 7 tokens before, 2 rows (positions 7, 8: 8/4, 9/4 entries);
+  // sequence 1: none before, 1 row.
+  EXPECT_EQ(ReplyRowBounds(dense, std::vector<int64_t>{7, 0}, std::vector<int64_t>{2, 1}),
+            (std::vector<int64_t>{2, 2, 0}));
+  const LayerSpec block = ShapeSpec(kRoleBlock, 2);  // 4-entry blocks, r = 1
+  EXPECT_EQ(ReplyRowBounds(block, std::vector<int64_t>{3}, std::vector<int64_t>{2}),
+            (std::vector<int64_t>{1, 2}));
+}
+
 TEST(AgreementReport, CountsAndKeepsProblems) {
   AgreementReport a, b;
   a.Add("row 0", RowVerdict{});

@@ -265,6 +265,23 @@ RowVerdict CheckConsumerRow(absl::Span<const float> logits,
                             absl::Span<const int32_t> got,
                             const TopkTolerance& tolerance = {});
 
+// The shape SPEC §5 gives every row of a layer's reply, checked without
+// scores (the soak's check, where no K is kept to score against). `topk`
+// is the reply's [planes, rows, k] (planes: a block layer's heads, else 1;
+// k = spec.topk). Row r's valid indices come first, then -1; they are
+// distinct and in [0, bounds[r]) (its visible entries; a block layer's
+// causal blocks); there are min(k, bounds[r]) of them, or for a candidate
+// consumer, whose pool may hold fewer, between 1 and that while
+// bounds[r] > 0 (its pool holds the newest block). The verdict names the
+// first violation's plane, row and slot.
+RowVerdict CheckReplyShape(const LayerSpec& spec, absl::Span<const int64_t> bounds,
+                           absl::Span<const int32_t> topk);
+
+// The bounds CheckReplyShape takes, row by row: sequence s's rows see
+// tokens up to old_tokens[s] + 1 .. old_tokens[s] + q_lens[s].
+std::vector<int64_t> ReplyRowBounds(const LayerSpec& spec, absl::Span<const int64_t> old_tokens,
+                                    absl::Span<const int64_t> q_lens);
+
 // Slack CheckTopkRow allows for these logits: relative * max |logit| +
 // absolute.
 double TopkSlack(absl::Span<const float> logits,

@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Soak: starts indexerd (--device cpu unless SOAK_DEVICE names another, the
-# demo profile, a small cache so the pool fills now and then) on a free loopback port, runs tests/soak's driver
-# against it for SECONDS (default 600) and fails on any error, on pages,
+# demo profile, a small cache so the pool fills now and then) on a free
+# loopback port, runs tests/soak's driver against it for SECONDS (default
+# 600) and fails on any error (a reply row of the wrong shape included:
+# client::CheckReplyShape), on pages,
 # sequences or open steps left after everything is released, on daemon RSS
 # growth past RSS_GROWTH_MB (default 64) after warm-up, or if the daemon dies.
 # Usage: tests/soak/soak.sh [BUILD_DIR=build] [SECONDS=600]

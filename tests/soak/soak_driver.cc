@@ -208,57 +208,18 @@ class Worker {
     return absl::OkStatus();
   }
 
-  // SPEC §5's shape of every row of a layer's reply (the soak keeps no K to
-  // score against, so values are the reference tests' job): a row's valid
-  // indices come first, then -1; they are distinct and below the row's bound
-  // (its visible entries n_r; for a block layer its causal blocks); there
-  // are exactly min(topk, bound) of them, except for a consumer, whose pool
-  // may hold fewer (but never none while n_r > 0: the newest block is in).
+  // SPEC §5's shape of every row of a layer's reply (client::CheckReplyShape:
+  // the soak keeps no K to score against, so values are the reference
+  // tests' job).
   absl::Status CheckRows(const LayerSpec& spec, const std::vector<Seq*>& seqs,
                          const std::vector<int64_t>& q_lens, const std::vector<int32_t>& topk) {
-    int64_t rows = 0;
-    for (int64_t q : q_lens) rows += q;
-    const int64_t k = spec.is_block() ? spec.topk_blocks : spec.topk;
-    const int64_t planes = spec.is_block() ? spec.num_heads : 1;
-    std::vector<char> seen;
-    for (int64_t h = 0; h < planes; ++h) {
-      int64_t row = 0;
-      for (size_t s = 0; s < seqs.size(); ++s) {
-        for (int64_t i = 0; i < q_lens[s]; ++i, ++row) {
-          const int64_t visible = VisibleEntries(seqs[s]->len + i, spec.compress_ratio);
-          const int64_t bound =
-              spec.is_block() ? client::CausalBlocks(visible, spec.page_entries) : visible;
-          const int32_t* r = topk.data() + (h * rows + row) * k;
-          seen.assign(static_cast<size_t>(bound), 0);
-          int64_t valid = 0;
-          while (valid < k && r[valid] != -1) {
-            const int32_t x = r[valid];
-            if (x < 0 || x >= bound || seen[x]) {
-              return absl::InternalError(absl::StrCat(
-                  "layer ", spec.layer, " (", spec.role, ") head ", h, " row ", row, " of ",
-                  seqs[s]->name, ": index ", x, " at slot ", valid,
-                  x < 0 || x >= bound ? absl::StrCat(" outside [0, ", bound, ")") : " repeated"));
-            }
-            seen[x] = 1;
-            ++valid;
-          }
-          for (int64_t j = valid; j < k; ++j) {
-            if (r[j] != -1) {
-              return absl::InternalError(absl::StrCat("layer ", spec.layer, " head ", h, " row ", row,
-                                                      ": index ", r[j], " at slot ", j,
-                                                      " after a -1 at slot ", valid));
-            }
-          }
-          const int64_t want = std::min(k, bound);
-          if (spec.is_consumer() ? (valid > want || (bound > 0 && valid == 0)) : valid != want) {
-            return absl::InternalError(absl::StrCat(
-                "layer ", spec.layer, " (", spec.role, ") head ", h, " row ", row, " of ",
-                seqs[s]->name, ": ", valid, " indices, expected ",
-                spec.is_consumer() ? absl::StrCat("1 to ", want) : absl::StrCat(want),
-                " (bound ", bound, ", topk ", k, ")"));
-          }
-        }
-      }
+    std::vector<int64_t> old_tokens;
+    for (const Seq* s : seqs) old_tokens.push_back(s->len);
+    const client::RowVerdict v =
+        client::CheckReplyShape(spec, client::ReplyRowBounds(spec, old_tokens, q_lens), topk);
+    if (!v.ok) {
+      return absl::InternalError(
+          absl::StrCat("layer ", spec.layer, " (", spec.role, ") of step ", steps_, ": ", v.problem));
     }
     ++counts_->layers_checked;
     return absl::OkStatus();

@@ -94,12 +94,14 @@ TEST(CheckReplyShape, RejectsEachBreach) {
   const LayerSpec dense = ShapeSpec(kRoleDense, 3);
   const std::vector<int64_t> bounds = {2, 5};
   auto problem = [&](std::vector<int32_t> got) { return CheckReplyShape(dense, bounds, got).problem; };
-  EXPECT_NE(problem({1, 2, -1, 4, 0, 2}).find("row 0: index 2 at slot 1 outside [0, 2)"), std::string::npos);
-  EXPECT_NE(problem({1, 0, -1, 4, 4, 2}).find("row 1: index 4 repeated at slot 1"), std::string::npos);
-  EXPECT_NE(problem({1, 0, -1, 4, -1, 2}).find("row 1: index 2 at slot 2 after -1 at slot 1"),
+  EXPECT_NE(problem({1, 2, -1, 4, 0, 2}).find("row 0: slot 1 holds 2, expected entry in [0, 2)"),
             std::string::npos);
-  EXPECT_NE(problem({1, -1, -1, 4, 0, 2}).find("row 0: 1 indices, expected 2"), std::string::npos);
-  EXPECT_NE(problem({1, 0, -1, 4, 0, -1}).find("row 1: 2 indices, expected 3"), std::string::npos);
+  EXPECT_NE(problem({1, 0, -1, 4, 4, 2}).find("row 1: entry 4 returned twice"), std::string::npos);
+  EXPECT_NE(problem({1, -1, 0, 4, 0, 2}).find("row 0: -1 at slot 1 before the last index"), std::string::npos);
+  EXPECT_NE(problem({1, -1, -1, 4, 0, 2}).find("row 0: expected 2 indices (topk 3, visible 2), got 1"),
+            std::string::npos);
+  EXPECT_NE(problem({1, 0, -1, 4, 0, -1}).find("row 1: expected 3 indices (topk 3, visible 5), got 2"),
+            std::string::npos);
   EXPECT_NE(problem({1, 0, -1, 4, 0}).find("reply holds 5 indices, expected 1 x 2 x 3"), std::string::npos);
 }
 
@@ -117,7 +119,8 @@ TEST(CheckReplyShape, BlockLayersCheckEveryHeadsRows) {
   const std::vector<int64_t> bounds = {1, 3};  // causal blocks of rows 0, 1
   EXPECT_TRUE(CheckReplyShape(block, bounds, std::vector<int32_t>{0, -1, 2, 0, 0, -1, 1, 2}).ok);
   const RowVerdict v = CheckReplyShape(block, bounds, std::vector<int32_t>{0, -1, 2, 0, 0, -1, 1, 3});
-  EXPECT_NE(v.problem.find("head 1 row 1: index 3 at slot 1 outside [0, 3)"), std::string::npos) << v.problem;
+  EXPECT_NE(v.problem.find("head 1 row 1: slot 1 holds 3, expected block in [0, 3)"), std::string::npos)
+      << v.problem;
 }
 
 TEST(ReplyRowBounds, VisibleEntriesOrCausalBlocksPerRow) {

@@ -532,49 +532,6 @@ int64_t CausalBlocks(int64_t visible, int32_t page_entries) {
 
 // --------------------------------------------------------------- checker --
 
-RowVerdict CheckReplyShape(const LayerSpec& spec, absl::Span<const int64_t> bounds,
-                           absl::Span<const int32_t> topk) {
-  const int64_t k = spec.topk, rows = static_cast<int64_t>(bounds.size());
-  const int64_t planes = spec.is_block() ? spec.num_heads : 1;
-  auto fail = [](std::string problem) { return RowVerdict{false, std::move(problem)}; };
-  if (k <= 0 || static_cast<int64_t>(topk.size()) != planes * rows * k) {
-    return fail(absl::StrCat("reply holds ", topk.size(), " indices, expected ", planes, " x ", rows,
-                             " x ", k));
-  }
-  std::vector<char> seen;
-  for (int64_t h = 0; h < planes; ++h) {
-    for (int64_t r = 0; r < rows; ++r) {
-      const std::string where =
-          spec.is_block() ? absl::StrCat("head ", h, " row ", r) : absl::StrCat("row ", r);
-      const int64_t bound = bounds[r];
-      const absl::Span<const int32_t> got = topk.subspan((h * rows + r) * k, k);
-      seen.assign(static_cast<size_t>(std::max<int64_t>(bound, 0)), 0);
-      int64_t valid = 0;
-      for (; valid < k && got[valid] != -1; ++valid) {
-        const int32_t x = got[valid];
-        if (x < 0 || x >= bound) {
-          return fail(absl::StrCat(where, ": index ", x, " at slot ", valid, " outside [0, ", bound, ")"));
-        }
-        if (seen[x]) return fail(absl::StrCat(where, ": index ", x, " repeated at slot ", valid));
-        seen[x] = 1;
-      }
-      for (int64_t j = valid + 1; j < k; ++j) {
-        if (got[j] != -1) {
-          return fail(absl::StrCat(where, ": index ", got[j], " at slot ", j, " after -1 at slot ", valid));
-        }
-      }
-      const int64_t want = std::min(k, bound);
-      const bool count_ok = spec.is_consumer() ? valid <= want && (bound == 0 || valid > 0) : valid == want;
-      if (!count_ok) {
-        return fail(absl::StrCat(where, ": ", valid, " indices, expected ",
-                                 spec.is_consumer() ? absl::StrCat("1 to ", want) : absl::StrCat(want),
-                                 " (bound ", bound, ", k ", k, ")"));
-      }
-    }
-  }
-  return {};
-}
-
 std::vector<int64_t> ReplyRowBounds(const LayerSpec& spec, absl::Span<const int64_t> old_tokens,
                                     absl::Span<const int64_t> q_lens) {
   std::vector<int64_t> bounds;
@@ -693,6 +650,32 @@ RowVerdict CheckTopkRowWithSlack(absl::Span<const float> scores,
 }
 
 }  // namespace
+
+RowVerdict CheckReplyShape(const LayerSpec& spec, absl::Span<const int64_t> bounds,
+                           absl::Span<const int32_t> topk) {
+  const int64_t k = spec.topk, rows = static_cast<int64_t>(bounds.size());
+  const int64_t planes = spec.is_block() ? spec.num_heads : 1;
+  if (k <= 0 || static_cast<int64_t>(topk.size()) != planes * rows * k) {
+    return Fail(absl::StrCat("reply holds ", topk.size(), " indices, expected ", planes, " x ", rows,
+                             " x ", k));
+  }
+  const char* noun = spec.is_block() ? "block" : "entry";
+  for (int64_t h = 0; h < planes; ++h) {
+    for (int64_t r = 0; r < rows; ++r) {
+      const int64_t want = std::min(k, bounds[r]);
+      // A consumer's pool may hold fewer, never none (its newest block).
+      const int64_t least = spec.is_consumer() ? std::min<int64_t>(want, 1) : want;
+      int64_t count = 0;
+      RowVerdict v = CheckIndices(topk.subspan((h * rows + r) * k, k), bounds[r], least, want, {}, noun, count);
+      if (!v.ok) {
+        v.problem = absl::StrCat(spec.is_block() ? absl::StrCat("head ", h, " ") : "", "row ", r, ": ", v.problem);
+        return v;
+      }
+    }
+  }
+  return RowVerdict{};
+}
+
 
 double TopkSlack(absl::Span<const float> logits,
                  const TopkTolerance& tolerance) {

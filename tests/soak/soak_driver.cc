@@ -182,9 +182,8 @@ class Worker {
       }
       int64_t rows = 0;
       for (int64_t q : q_lens) rows += q;
-      std::vector<int64_t> shape = {rows, spec.topk};
-      if (spec.is_block()) shape = {spec.num_heads, rows, spec.topk};
-      ASSIGN_OR_RETURN(std::vector<int32_t> topk, client::ReadInt32Tensor(reply->topk(), shape, "topk"));
+      ASSIGN_OR_RETURN(std::vector<int32_t> topk,
+                       client::ReadInt32Tensor(reply->topk(), spec.ReplyShape(rows), "topk"));
       RETURN_IF_ERROR(CheckRows(spec, seqs, q_lens, topk));
     }
     if (end == StepEnd::kAbort) {

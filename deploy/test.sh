@@ -16,7 +16,10 @@
 #   fuzz      libFuzzer targets (clang-19, ASan + UBSan) in build-fuzz/, each
 #             for FUZZ_SECONDS (default 60) from tests/fuzz/corpus
 #   soak      tests/soak/soak.sh for SOAK_SECONDS (default 60) against
-#             build/'s indexerd on the cpu backend
+#             build/'s indexerd on the cpu backend, then its long-context
+#             mode for SOAK_LONG_SECONDS (default 45): 4 clients x 4
+#             sequences of 8192 tokens imported in chunks of 3000 (odd
+#             offsets), a 56 MB cache (the pool fills), needles checked
 #   k8s       deploy/k8s/check.py --self-test: yamllint, each overlay rendered,
 #             every object against the Kubernetes API models, the deployment's
 #             invariants, and proof that each check can fail (seconds)
@@ -106,6 +109,8 @@ stage_soak() {
   # The test stage's build; built here too when that stage was skipped.
   [[ -x build/server/indexerd && -x build/tests/soak/soak_driver ]] || deploy/build.sh
   tests/soak/soak.sh build "${SOAK_SECONDS:-60}"
+  SOAK_LONG_TOKENS=8192 SOAK_IMPORT_CHUNK=3000 SOAK_CACHE_MB=56 \
+    tests/soak/soak.sh build "${SOAK_LONG_SECONDS:-45}"
 }
 
 stage_k8s() {

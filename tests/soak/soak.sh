@@ -9,6 +9,9 @@
 # Usage: tests/soak/soak.sh [BUILD_DIR=build] [SECONDS=600]
 # Env: SOAK_THREADS (4), SOAK_CACHE_MB (8), SOAK_PROFILE (demo), SOAK_DEVICE
 # (cpu; gpu:0 on the device machine: run.sh's soak stage), RSS_GROWTH_MB;
+# SOAK_LONG_TOKENS (0), SOAK_LONG_SEQS (4), SOAK_IMPORT_CHUNK (0): the
+# driver's long-context mode (--long-tokens ...: imported sequences of that
+# many tokens per thread, needles checked in every reply row);
 # INDEXERD and SOAK_DRIVER: the binaries, when not those of BUILD_DIR (a
 # device pack keeps them in dev/bin).
 set -euo pipefail
@@ -38,7 +41,9 @@ done
 [[ -s "$tmp/port" ]] || { echo "soak: indexerd wrote no port file in 30 s" >&2; exit 1; }
 rc=0
 "$driver" --addr "127.0.0.1:$(cat "$tmp/port")" --seconds "$secs" --pid "$pid" \
-  --threads "${SOAK_THREADS:-4}" --rss-growth-mb "${RSS_GROWTH_MB:-64}" || rc=$?
+  --threads "${SOAK_THREADS:-4}" --rss-growth-mb "${RSS_GROWTH_MB:-64}" \
+  --long-tokens "${SOAK_LONG_TOKENS:-0}" --long-seqs "${SOAK_LONG_SEQS:-4}" \
+  --import-chunk "${SOAK_IMPORT_CHUNK:-0}" || rc=$?
 if ! kill -0 "$pid" 2>/dev/null; then
   echo "soak: indexerd died during the run; its log:" >&2
   tail -n 50 "$tmp/daemon.log" >&2

@@ -11,12 +11,31 @@
 // step; with --pid, the daemon's VmRSS may grow at most --rss-growth-mb
 // between the end of the warm-up and the end.
 //
+// Long contexts (--long-tokens N): each thread instead keeps --long-seqs
+// sequences of N tokens, imported with WriteEntries in chunks of at most
+// max_q_len tokens and half the message limit (--import-chunk: a smaller
+// one, e.g. one that is no multiple of a page, so that imports append at
+// odd offsets), and runs committed, aborted and bad-layer decode steps over
+// them, releasing the oldest now and then and importing a fresh one, as an
+// engine serving long prompts from a prefix cache does. Their K carries
+// needles: three entries per sequence and layer (one in the first eighth,
+// one in the middle third, one in the last eighth of the context, at the
+// same token positions in every layer) equal to 16 u for a random unit
+// direction u, the rest N(0, 1) noise; every query row is u. A needle then
+// scores 16 where noise scores N(0, 1) (below 6 over a million entries), so
+// every needle a row sees must be in its top-k (its block, in every head,
+// for a block layer; pools take their blocks): a value check that holds
+// whatever the context length, where a page table, an import offset or a
+// gather that lost an entry of the far past shows up.
+//
 // Usage: soak_driver --addr HOST:PORT --seconds N [--threads 4] [--pid PID]
 //                    [--rss-growth-mb 64] [--seed 1]
+//                    [--long-tokens 0] [--long-seqs 4] [--import-chunk 0]
 // Exit status 0 when every check held. tests/soak/soak.sh runs it.
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
@@ -49,12 +68,22 @@ struct Options {
   long pid = 0;
   double rss_growth_mb = 64;
   uint64_t seed = 1;
+  int64_t long_tokens = 0;  // 0: short sequences (the default mix)
+  int long_seqs = 4;
+  int64_t import_chunk = 0;  // 0: as large as max_q_len and the message limit allow
+};
+
+// What the daemon accepts per call (ServerInfo).
+struct Limits {
+  int64_t max_q_len = 65536;
+  int64_t max_message_bytes = int64_t{64} << 20;
 };
 
 // Operation counts over all threads.
 struct Counts {
   std::atomic<long> prefill{0}, decode{0}, aborted{0}, bad_layer{0}, imports{0},
-      releases{0}, full{0}, decode_seqs{0}, layers_checked{0};
+      releases{0}, full{0}, decode_seqs{0}, layers_checked{0}, needles_found{0},
+      imported_tokens{0};
 };
 
 long RssKb(long pid) {
@@ -69,15 +98,16 @@ long RssKb(long pid) {
 class Worker {
  public:
   Worker(int id, const Options& opt, std::vector<LayerSpec> specs, uint32_t next_n,
-         Counts* counts)
-      : id_(id), opt_(opt), specs_(std::move(specs)), next_n_(next_n), counts_(counts),
-        rng_(opt.seed * 1000 + id) {}
+         const Limits& limits, Counts* counts)
+      : id_(id), opt_(opt), specs_(std::move(specs)), next_n_(next_n), limits_(limits),
+        counts_(counts), rng_(opt.seed * 1000 + id) {}
 
   // Runs until `deadline`; returns the first failure.
   absl::Status Run(Clock::time_point deadline) {
     auto c = IndexerClient::Connect(opt_.addr);
     if (!c.ok()) return c.status();
     client_ = *std::move(c);
+    if (opt_.long_tokens > 0) return RunLong(deadline);
     while (Clock::now() < deadline) {
       const uint64_t r = rng_.Next() % 100;
       absl::Status s;
@@ -112,6 +142,7 @@ class Worker {
   struct Seq {
     std::string name;
     int64_t len;
+    std::vector<int64_t> needles;  // token positions (long mode)
   };
 
   int64_t Between(int64_t lo, int64_t hi) { return lo + rng_.Next() % (hi - lo + 1); }
@@ -136,7 +167,7 @@ class Worker {
     v1::LayerRequest r;
     r.set_layer(spec.layer);
     *r.mutable_k() = Floats({n_new, spec.head_dim});
-    *r.mutable_q() = Floats({rows, spec.num_heads, spec.head_dim});
+    *r.mutable_q() = long_mode() ? NeedleQ(spec, rows) : Floats({rows, spec.num_heads, spec.head_dim});
     if (!spec.is_block()) {
       std::vector<float> w(rows * spec.num_heads, 1.0f / spec.num_heads);
       *r.mutable_weights() = client::MakeFp32Tensor(w, {rows, spec.num_heads});
@@ -185,6 +216,7 @@ class Worker {
       ASSIGN_OR_RETURN(std::vector<int32_t> topk,
                        client::ReadInt32Tensor(reply->topk(), spec.ReplyShape(rows), "topk"));
       RETURN_IF_ERROR(CheckRows(spec, seqs, q_lens, topk));
+      if (long_mode()) RETURN_IF_ERROR(CheckNeedles(spec, seqs, q_lens, topk));
     }
     if (end == StepEnd::kAbort) {
       step->Abort();
@@ -221,6 +253,201 @@ class Worker {
           absl::StrCat("layer ", spec.layer, " (", spec.role, ") of step ", steps_, ": ", v.problem));
     }
     ++counts_->layers_checked;
+    return absl::OkStatus();
+  }
+
+  // ---- long contexts (--long-tokens) ----
+  bool long_mode() const { return opt_.long_tokens > 0; }
+
+  absl::Status RunLong(Clock::time_point deadline) {
+    int full_in_a_row = 0;
+    while (Clock::now() < deadline) {
+      const uint64_t r = rng_.Next() % 100;
+      absl::Status s;
+      if (seqs_.size() < static_cast<size_t>(opt_.long_seqs)) {
+        s = ImportLong();
+      } else if (r < 60) {
+        s = Decode(StepEnd::kCommit);
+      } else if (r < 70) {
+        s = Decode(StepEnd::kAbort);
+      } else if (r < 78) {
+        s = Decode(StepEnd::kBadLayer);
+      } else {
+        s = ReleaseSome(1);  // the oldest; a fresh one is imported next
+      }
+      if (s.code() == absl::StatusCode::kResourceExhausted) {
+        ++counts_->full;
+        if (++full_in_a_row > 1000) {
+          return absl::ResourceExhaustedError(absl::StrCat(
+              "the pool was full 1000 times in a row: a cache this size cannot hold ",
+              opt_.threads, " threads' sequences of ", opt_.long_tokens, " tokens"));
+        }
+        // Other threads hold the pool: wait for them to turn over.
+        if (seqs_.empty()) std::this_thread::sleep_for(std::chrono::milliseconds(20));
+        s = ReleaseSome(std::max<size_t>(1, seqs_.size() / 2));
+      } else if (s.ok()) {
+        full_in_a_row = 0;
+      }
+      if (!s.ok()) return s;
+    }
+    return ReleaseSome(seqs_.size());
+  }
+
+  // Needles each sequence carries: three, fewer when a layer's top-k has
+  // fewer places free of forced entries (a block layer's init and local
+  // blocks, a pool's pinned block).
+  int NeedlesPerSeq() const {
+    int n = 3;
+    for (const LayerSpec& spec : specs_) {
+      int free = spec.topk;
+      if (spec.is_block()) free = spec.topk_blocks - spec.init_blocks - spec.local_blocks;
+      if (spec.is_source() || spec.is_consumer()) {
+        free = std::min(free, spec.candidate_topk_blocks - (spec.pin_newest_block ? 1 : 0));
+      }
+      n = std::min(n, std::max(free, 0));
+    }
+    return n;
+  }
+
+  // The unit direction every query row takes, for head dimension d.
+  const std::vector<float>& Direction(int32_t d) {
+    std::vector<float>& u = directions_[d];
+    if (u.empty()) {
+      u.resize(d);
+      for (float& x : u) x = (rng_.Next() & 1 ? 1.0f : -1.0f) / std::sqrt(static_cast<float>(d));
+    }
+    return u;
+  }
+
+  v1::Tensor NeedleQ(const LayerSpec& spec, int64_t rows) {
+    const std::vector<float>& u = Direction(spec.head_dim);
+    std::vector<float> q;
+    q.reserve(rows * spec.num_heads * spec.head_dim);
+    for (int64_t i = 0; i < rows * spec.num_heads; ++i) q.insert(q.end(), u.begin(), u.end());
+    return client::MakeFp32Tensor(q, {rows, spec.num_heads, spec.head_dim});
+  }
+
+  // Linear wire entries [first, first + n) of `spec` for a sequence with
+  // needles at token positions `needles`: 16 u at the needles' entries,
+  // else one of 4096 quantized N(0, 1) entries (drawn once per layer).
+  std::vector<uint8_t> LongEntries(const LayerSpec& spec, int64_t first, int64_t n,
+                                   const std::vector<int64_t>& needles, uint64_t salt) {
+    constexpr int64_t kNoise = 4096;
+    const int64_t eb = spec.entry_bytes();
+    std::vector<uint8_t>& noise = noise_[spec.layer];
+    if (noise.empty()) {
+      std::vector<float> k(kNoise * spec.head_dim);
+      rng_.FillNormal(absl::MakeSpan(k));
+      noise = client::QuantizeKEntries(spec, k);
+    }
+    std::vector<uint8_t>& needle = needle_[spec.layer];
+    if (needle.empty()) {
+      std::vector<float> k = Direction(spec.head_dim);
+      for (float& x : k) x *= 16.0f;
+      needle = client::QuantizeKEntries(spec, k);
+    }
+    std::vector<uint8_t> out(n * eb);
+    for (int64_t i = 0; i < n; ++i) {
+      const int64_t e = first + i;
+      const bool is_needle = std::any_of(needles.begin(), needles.end(), [&](int64_t t) {
+        return t / spec.compress_ratio == e;
+      });
+      const uint8_t* src =
+          is_needle ? needle.data()
+                    : noise.data() + static_cast<int64_t>((e * 2654435761u + salt) % kNoise) * eb;
+      std::copy(src, src + eb, out.data() + i * eb);
+    }
+    return out;
+  }
+
+  // A fresh sequence of --long-tokens tokens by WriteEntries, in chunks of
+  // at most max_q_len tokens and (at most 16 MiB of) half the message limit,
+  // or --import-chunk. A failed chunk releases what the sequence holds.
+  absl::Status ImportLong() {
+    const int64_t len = opt_.long_tokens;
+    Seq s{absl::StrCat("soak-", id_, "-", ++names_), 0, {}};
+    s.needles = {Between(0, len / 8 - 1), Between(len / 3, 2 * len / 3 - 1),
+                 Between(len - len / 8, len - 1)};
+    s.needles.resize(NeedlesPerSeq());
+    int64_t bytes_per_token = 1;
+    for (const LayerSpec& spec : specs_) {
+      bytes_per_token += spec.entry_bytes() / spec.compress_ratio + 1;
+    }
+    int64_t chunk = std::min<int64_t>(limits_.max_message_bytes / 2, int64_t{16} << 20) / bytes_per_token;
+    chunk = std::clamp<int64_t>(chunk, 1, limits_.max_q_len);
+    if (opt_.import_chunk > 0) chunk = std::min(chunk, opt_.import_chunk);
+    const uint64_t salt = rng_.Next();
+    while (s.len < len) {
+      const int64_t n = std::min(chunk, len - s.len);
+      v1::WriteEntriesRequest req;
+      *req.mutable_id() = client::NamedSequenceId(s.name);
+      req.set_create(s.len == 0);
+      req.set_num_tokens(n);
+      for (const LayerSpec& spec : specs_) {
+        v1::LayerEntries* e = req.add_layers();
+        e->set_layer(spec.layer);
+        const std::vector<uint8_t> bytes =
+            LongEntries(spec, EntriesFor(s.len, spec.compress_ratio),
+                        NewEntriesFor(s.len, n, spec.compress_ratio), s.needles, salt);
+        *e->mutable_k() = client::MakeKTensor(spec, {}, bytes, true);
+      }
+      absl::StatusOr<uint64_t> got = client_->WriteEntries(req);
+      if (!got.ok()) {
+        if (s.len > 0) {
+          if (absl::StatusOr<uint64_t> r = client_->Release({client::NamedSequenceId(s.name)});
+              !r.ok()) {
+            return r.status();
+          }
+        }
+        return got.status();
+      }
+      s.len += n;
+      counts_->imported_tokens += n;
+      if (*got != static_cast<uint64_t>(s.len)) {
+        return absl::InternalError(
+            absl::StrCat("import: ", s.name, " has length ", *got, ", expected ", s.len));
+      }
+    }
+    seqs_.push_back(std::move(s));
+    ++counts_->imports;
+    return absl::OkStatus();
+  }
+
+  // Every needle a row sees is in the row's top-k: its entry, or for a
+  // block layer its block in every head's row.
+  absl::Status CheckNeedles(const LayerSpec& spec, const std::vector<Seq*>& seqs,
+                            const std::vector<int64_t>& q_lens, const std::vector<int32_t>& topk) {
+    std::vector<int64_t> old_tokens;
+    int64_t rows = 0;
+    for (size_t i = 0; i < seqs.size(); ++i) {
+      old_tokens.push_back(seqs[i]->len);
+      rows += q_lens[i];
+    }
+    const std::vector<int64_t> bounds = client::ReplyRowBounds(spec, old_tokens, q_lens);
+    const int64_t k = spec.is_block() ? spec.topk_blocks : spec.topk;
+    const int heads = spec.is_block() ? spec.num_heads : 1;
+    int64_t row = 0;
+    for (size_t i = 0; i < seqs.size(); ++i) {
+      for (int64_t j = 0; j < q_lens[i]; ++j, ++row) {
+        for (int64_t t : seqs[i]->needles) {
+          const int64_t entry = t / spec.compress_ratio;
+          const int64_t id = spec.is_block() ? entry / spec.page_entries : entry;
+          if (id >= bounds[row]) continue;
+          for (int h = 0; h < heads; ++h) {
+            const int32_t* r = topk.data() + (h * rows + row) * k;
+            if (std::find(r, r + k, static_cast<int32_t>(id)) == r + k) {
+              return absl::InternalError(absl::StrCat(
+                  "layer ", spec.layer, " (", spec.role, ") of step ", steps_, ", row ", row,
+                  " (", seqs[i]->name, ", ", seqs[i]->len, " tokens", heads > 1 ? ", head " : "",
+                  heads > 1 ? absl::StrCat(h) : "", "): the needle at token ", t,
+                  spec.is_block() ? absl::StrCat(" (block ", id, ")") : absl::StrCat(" (entry ", id, ")"),
+                  " is not in its top-", k, " of ", bounds[row]));
+            }
+            ++counts_->needles_found;
+          }
+        }
+      }
+    }
     return absl::OkStatus();
   }
 
@@ -298,11 +525,16 @@ class Worker {
   const Options& opt_;
   const std::vector<LayerSpec> specs_;
   const uint32_t next_n_;
+  const Limits limits_;
   Counts* counts_;
   Rng rng_;
   std::unique_ptr<IndexerClient> client_;
   std::vector<Seq> seqs_;
   long names_ = 0, steps_ = 0;
+  // Long mode: per head dimension the query direction; per layer the
+  // quantized noise entries and the needle entry.
+  std::map<int32_t, std::vector<float>> directions_;
+  std::map<uint32_t, std::vector<uint8_t>> noise_, needle_;
 };
 
 absl::Status CheckDrained(IndexerClient& c) {
@@ -343,8 +575,15 @@ int Main(const Options& opt) {
     std::fprintf(stderr, "soak: %s\n", specs.status().ToString().c_str());
     return 1;
   }
+  Limits limits;
+  if (info->max_q_len() > 0) limits.max_q_len = info->max_q_len();
+  if (info->max_message_bytes() > 0) limits.max_message_bytes = info->max_message_bytes();
   std::printf("soak: %s, profile %s on %s, %d threads, %.0f s\n", opt.addr.c_str(),
               info->profile().c_str(), info->device().c_str(), opt.threads, opt.seconds);
+  if (opt.long_tokens > 0) {
+    std::printf("soak: long contexts: %d sequences of %lld tokens per thread, needles checked\n",
+                opt.long_seqs, static_cast<long long>(opt.long_tokens));
+  }
   std::fflush(stdout);
 
   Counts counts;
@@ -354,7 +593,7 @@ int Main(const Options& opt) {
   std::vector<std::thread> threads;
   for (int t = 0; t < opt.threads; ++t) {
     threads.emplace_back([&, t] {
-      Worker w(t, opt, *specs, info->next_n(), &counts);
+      Worker w(t, opt, *specs, info->next_n(), limits, &counts);
       results[t] = w.Run(deadline);
     });
   }
@@ -376,19 +615,25 @@ int Main(const Options& opt) {
   }
   std::printf(
       "soak: %.0f s: %ld prefill, %ld committed decode (%ld sequence-steps), %ld aborted, "
-      "%ld bad-layer, %ld imports, %ld releases, %ld pool-full; %ld layer replies checked row by row\n",
+      "%ld bad-layer, %ld imports (%ld tokens), %ld releases, %ld pool-full; %ld layer replies "
+      "checked row by row, %ld needles found\n",
       std::chrono::duration<double>(Clock::now() - start).count(), counts.prefill.load(),
       counts.decode.load(), counts.decode_seqs.load(), counts.aborted.load(),
-      counts.bad_layer.load(), counts.imports.load(), counts.releases.load(),
-      counts.full.load(), counts.layers_checked.load());
+      counts.bad_layer.load(), counts.imports.load(), counts.imported_tokens.load(),
+      counts.releases.load(), counts.full.load(), counts.layers_checked.load(),
+      counts.needles_found.load());
   if (absl::Status s = CheckDrained(**c); !s.ok()) {
     std::fprintf(stderr, "soak: %s\n", s.ToString().c_str());
     ++failures;
   } else {
     std::printf("soak: drained: every page free, 0 sequences, 0 open steps\n");
   }
-  if (counts.decode.load() == 0 || counts.prefill.load() == 0) {
+  if (counts.decode.load() == 0 || (opt.long_tokens == 0 && counts.prefill.load() == 0)) {
     std::fprintf(stderr, "soak: no committed step ran\n");
+    ++failures;
+  }
+  if (opt.long_tokens > 0 && counts.needles_found.load() == 0) {
+    std::fprintf(stderr, "soak: long contexts, but no needle was checked\n");
     ++failures;
   }
   if (opt.pid > 0) {
@@ -429,12 +674,20 @@ int main(int argc, char** argv) {
     else if (a == "--pid") opt.pid = std::stol(next());
     else if (a == "--rss-growth-mb") opt.rss_growth_mb = std::stod(next());
     else if (a == "--seed") opt.seed = std::stoull(next());
+    else if (a == "--long-tokens") opt.long_tokens = std::stoll(next());
+    else if (a == "--long-seqs") opt.long_seqs = std::stoi(next());
+    else if (a == "--import-chunk") opt.import_chunk = std::stoll(next());
     else {
       std::fprintf(stderr,
                    "usage: soak_driver --addr HOST:PORT --seconds N [--threads 4] [--pid PID] "
-                   "[--rss-growth-mb 64] [--seed 1]\n");
+                   "[--rss-growth-mb 64] [--seed 1] [--long-tokens 0] [--long-seqs 4] "
+                   "[--import-chunk 0]\n");
       return 2;
     }
+  }
+  if (opt.long_tokens != 0 && (opt.long_tokens < 1024 || opt.long_seqs < 1)) {
+    std::fprintf(stderr, "soak: --long-tokens: expected 0 or at least 1024, --long-seqs at least 1\n");
+    return 2;
   }
   return indexer::soak::Main(opt);
 }

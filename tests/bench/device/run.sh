@@ -62,7 +62,11 @@
 #             several clients, committed batches of 10-40 sequences, aborts,
 #             bad layers, imports, releases; every reply's rows checked
 #             against SPEC §5's shape; drained and RSS-bounded at the end
-#             (SOAK_SECONDS each, default 60)
+#             (SOAK_SECONDS each, default 60); then the long-context mode,
+#             one run per SOAK_LONG entry PROFILE:TOKENS (default
+#             deepseek-v4.1-fp8:131072 minimax-m3-mxfp4:131072; empty: none),
+#             4 clients x SOAK_LONG_SEQS (2) imported sequences, cache
+#             SOAK_LONG_MB (8192), needles checked in every reply row
 #   env       GPU, driver, SOURCE.txt, python/torch (printed first by every run)
 # Aliases kept for older notes and results files: gpu-tests and integration
 # (parts of suite), memcheck (= sanitize), committed and python (parts of
@@ -581,6 +585,17 @@ stage_soak() {
       SOAK_CACHE_MB=$mb INDEXERD_CONFIG_DIR=$ROOT/deploy/configs \
       timeout "$TO" "$ROOT/tests/soak/soak.sh" "$DEV" "${SOAK_SECONDS:-60}" 2>&1
     echo "soak $prof (gpu:0) rc $?"
+  done
+  # Long contexts with several clients: imported sequences, needles checked.
+  local spec tokens
+  for spec in ${SOAK_LONG-deepseek-v4.1-fp8:131072 minimax-m3-mxfp4:131072}; do
+    prof=${spec%%:*} tokens=${spec#*:} mb=${SOAK_LONG_MB:-8192}
+    echo "== soak: $prof on gpu:0, long contexts: 4 clients x ${SOAK_LONG_SEQS:-2} x $tokens tokens, cache $mb MB, ${SOAK_SECONDS:-60} s"
+    INDEXERD=$DEV/bin/indexerd SOAK_DRIVER=$DEV/bin/soak_driver SOAK_DEVICE=gpu:0 SOAK_PROFILE=$prof \
+      SOAK_CACHE_MB=$mb SOAK_LONG_TOKENS=$tokens SOAK_LONG_SEQS=${SOAK_LONG_SEQS:-2} \
+      INDEXERD_CONFIG_DIR=$ROOT/deploy/configs \
+      timeout "$TO" "$ROOT/tests/soak/soak.sh" "$DEV" "${SOAK_SECONDS:-60}" 2>&1
+    echo "soak $prof long (gpu:0) rc $?"
   done
 }
 stage_gpu_tests() { part_gpu_tests; }

@@ -58,14 +58,15 @@
 #             with tests/bench/device/ncu_top.py)
 #   soak      tests/soak/soak.sh against gpu:0, one run per SOAK_PROFILES
 #             entry (default: demo, a small cache, so that the pool fills,
-#             and deepseek-v4.1-fp8 and minimax-m3-mxfp4 with SOAK_BIG_MB):
+#             and deepseek-v4.1-fp8 and minimax-m3-mxfp4 with SOAK_BIG_MB; empty: none):
 #             several clients, committed batches of 10-40 sequences, aborts,
 #             bad layers, imports, releases; every reply's rows checked
 #             against SPEC §5's shape; drained and RSS-bounded at the end
 #             (SOAK_SECONDS each, default 60); then the long-context mode,
-#             one run per SOAK_LONG entry PROFILE:TOKENS (default
+#             one run per SOAK_LONG entry PROFILE:TOKENS[:SEQS] (default
 #             deepseek-v4.1-fp8:131072 minimax-m3-mxfp4:131072; empty: none),
-#             4 clients x SOAK_LONG_SEQS (2) imported sequences, cache
+#             SOAK_THREADS (4) clients x SEQS (SOAK_LONG_SEQS, 2) imported
+#             sequences, cache
 #             SOAK_LONG_MB (8192), needles checked in every reply row
 #   env       GPU, driver, SOURCE.txt, python/torch (printed first by every run)
 # Aliases kept for older notes and results files: gpu-tests and integration
@@ -578,7 +579,7 @@ stage_ncu() {
 }
 stage_soak() {
   local prof mb
-  for prof in ${SOAK_PROFILES:-demo deepseek-v4.1-fp8 minimax-m3-mxfp4}; do
+  for prof in ${SOAK_PROFILES-demo deepseek-v4.1-fp8 minimax-m3-mxfp4}; do
     mb=8; [[ $prof == demo ]] || mb=${SOAK_BIG_MB:-4096}
     echo "== soak: $prof on gpu:0, cache $mb MB, ${SOAK_SECONDS:-60} s"
     INDEXERD=$DEV/bin/indexerd SOAK_DRIVER=$DEV/bin/soak_driver SOAK_DEVICE=gpu:0 SOAK_PROFILE=$prof \
@@ -587,12 +588,13 @@ stage_soak() {
     echo "soak $prof (gpu:0) rc $?"
   done
   # Long contexts with several clients: imported sequences, needles checked.
-  local spec tokens
+  local spec tokens seqs
   for spec in ${SOAK_LONG-deepseek-v4.1-fp8:131072 minimax-m3-mxfp4:131072}; do
-    prof=${spec%%:*} tokens=${spec#*:} mb=${SOAK_LONG_MB:-8192}
-    echo "== soak: $prof on gpu:0, long contexts: 4 clients x ${SOAK_LONG_SEQS:-2} x $tokens tokens, cache $mb MB, ${SOAK_SECONDS:-60} s"
+    IFS=: read -r prof tokens seqs <<< "$spec"
+    seqs=${seqs:-${SOAK_LONG_SEQS:-2}} mb=${SOAK_LONG_MB:-8192}
+    echo "== soak: $prof on gpu:0, long contexts: ${SOAK_THREADS:-4} clients x $seqs x $tokens tokens, cache $mb MB, ${SOAK_SECONDS:-60} s"
     INDEXERD=$DEV/bin/indexerd SOAK_DRIVER=$DEV/bin/soak_driver SOAK_DEVICE=gpu:0 SOAK_PROFILE=$prof \
-      SOAK_CACHE_MB=$mb SOAK_LONG_TOKENS=$tokens SOAK_LONG_SEQS=${SOAK_LONG_SEQS:-2} \
+      SOAK_CACHE_MB=$mb SOAK_LONG_TOKENS=$tokens SOAK_LONG_SEQS=$seqs \
       INDEXERD_CONFIG_DIR=$ROOT/deploy/configs \
       timeout "$TO" "$ROOT/tests/soak/soak.sh" "$DEV" "${SOAK_SECONDS:-60}" 2>&1
     echo "soak $prof long (gpu:0) rc $?"

@@ -214,17 +214,11 @@ v1::LayerRequest Bench::QueryTemplate(const LayerSpec& spec, int32_t rows,
 }
 
 absl::Status Bench::ImportWithWriteEntries(int32_t s) {
-  int64_t bytes_per_token = 1;
-  for (const LayerSpec& spec : specs_) {
-    bytes_per_token += spec.entry_bytes() / spec.compress_ratio + 1;
-  }
   // An import carries at most max_q_len tokens (older daemons do not say:
   // their default, 65536).
   const int64_t max_q_len = info_.max_q_len() > 0 ? info_.max_q_len() : 65536;
-  const int64_t chunk = std::max<int64_t>(
-      1, std::min<int64_t>(std::min<int64_t>(RequestBudget(info_, global_), 32 << 20) /
-                               bytes_per_token,
-                           max_q_len));
+  const int64_t chunk = ImportChunkTokens(
+      specs_, max_q_len, std::min<int64_t>(RequestBudget(info_, global_), 32 << 20));
   ProgressLine progress;
   while (tokens_[s] < flags_.context) {
     const int64_t n = std::min<int64_t>(chunk, flags_.context - tokens_[s]);

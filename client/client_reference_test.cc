@@ -23,6 +23,19 @@ TEST(TokenArithmetic, CompressRatioFour) {
   EXPECT_EQ(VisibleEntries(999, 1), 1000);
 }
 
+TEST(ImportChunkTokens, BudgetOverEveryLayerThenMaxQLen) {
+  LayerSpec fp8;  // FP8 D 128: 132 bytes an entry
+  fp8.compress_ratio = 4;
+  LayerSpec mx;
+  mx.format = KvFormat::kMxfp4;  // 64 + 4 bytes an entry
+  const std::vector<LayerSpec> specs{fp8, fp8, mx};
+  // 1 + 2 * (132 / 4 + 1) + (68 + 1) = 138 bytes a token.
+  EXPECT_EQ(ImportChunkTokens(specs, 65536, 138 * 1000), 1000);
+  EXPECT_EQ(ImportChunkTokens(specs, 65536, 138 * 1000 + 137), 1000);
+  EXPECT_EQ(ImportChunkTokens(specs, 500, 138 * 1000), 500);  // max_q_len caps
+  EXPECT_EQ(ImportChunkTokens(specs, 65536, 10), 1);          // never 0
+}
+
 // ---------------------------------------------------------------- checker --
 
 TEST(CheckTopkRow, AcceptsExactTopkInAnyOrder) {

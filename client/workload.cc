@@ -1,5 +1,6 @@
 #include "client/workload.h"
 
+#include <algorithm>
 #include <cmath>
 
 #include "absl/strings/str_cat.h"
@@ -178,6 +179,16 @@ std::vector<float> SetBlockQueries(const LayerSpec& spec, int32_t rows,
 
 int64_t ReplyBytesPerRow(const LayerSpec& spec) {
   return 4 * NumElements(spec.ReplyShape(1));
+}
+
+int64_t ImportChunkTokens(const std::vector<LayerSpec>& specs,
+                          int64_t max_q_len, int64_t budget_bytes) {
+  int64_t bytes_per_token = 1;
+  for (const LayerSpec& spec : specs) {
+    bytes_per_token += spec.entry_bytes() / spec.compress_ratio + 1;
+  }
+  return std::clamp<int64_t>(budget_bytes / bytes_per_token, 1,
+                             std::max<int64_t>(max_q_len, 1));
 }
 
 int64_t LayerRequestBytes(const LayerSpec& spec, int64_t rows,

@@ -83,4 +83,12 @@ int64_t LayerRequestBytes(const LayerSpec& spec, int64_t rows,
 // Bytes of the layer's reply tensor per row.
 int64_t ReplyBytesPerRow(const LayerSpec& spec);
 
+// Tokens per WriteEntries message when importing a long sequence: as many
+// as fit `budget_bytes` of prequantized K over every layer of `specs` (with
+// a byte per token and layer for framing), at least 1 and at most
+// `max_q_len` (what the daemon accepts per import). The caller picks the
+// budget under the daemon's max_message_bytes.
+int64_t ImportChunkTokens(const std::vector<LayerSpec>& specs,
+                          int64_t max_q_len, int64_t budget_bytes);
+
 }  // namespace indexer::client

@@ -113,12 +113,8 @@ class Worker {
       absl::Status s;
       if (seqs_.size() < 12 || r < 12) {
         s = Prefill();
-      } else if (r < 60) {
-        s = Decode(StepEnd::kCommit);
-      } else if (r < 70) {
-        s = Decode(StepEnd::kAbort);
       } else if (r < 78) {
-        s = Decode(StepEnd::kBadLayer);
+        s = DecodeMix(r);
       } else if (r < 90) {
         s = Import();
       } else {
@@ -266,12 +262,8 @@ class Worker {
       absl::Status s;
       if (seqs_.size() < static_cast<size_t>(opt_.long_seqs)) {
         s = ImportLong();
-      } else if (r < 60) {
-        s = Decode(StepEnd::kCommit);
-      } else if (r < 70) {
-        s = Decode(StepEnd::kAbort);
       } else if (r < 78) {
-        s = Decode(StepEnd::kBadLayer);
+        s = DecodeMix(r);
       } else {
         s = ReleaseSome(1);  // the oldest; a fresh one is imported next
       }
@@ -369,12 +361,8 @@ class Worker {
     s.needles = {Between(0, len / 8 - 1), Between(len / 3, 2 * len / 3 - 1),
                  Between(len - len / 8, len - 1)};
     s.needles.resize(NeedlesPerSeq());
-    int64_t bytes_per_token = 1;
-    for (const LayerSpec& spec : specs_) {
-      bytes_per_token += spec.entry_bytes() / spec.compress_ratio + 1;
-    }
-    int64_t chunk = std::min<int64_t>(limits_.max_message_bytes / 2, int64_t{16} << 20) / bytes_per_token;
-    chunk = std::clamp<int64_t>(chunk, 1, limits_.max_q_len);
+    int64_t chunk = client::ImportChunkTokens(
+        specs_, limits_.max_q_len, std::min<int64_t>(limits_.max_message_bytes / 2, int64_t{16} << 20));
     if (opt_.import_chunk > 0) chunk = std::min(chunk, opt_.import_chunk);
     const uint64_t salt = rng_.Next();
     while (s.len < len) {
@@ -467,6 +455,12 @@ class Worker {
     return absl::OkStatus();
   }
 
+  // The decode mix of both modes, for r in [0, 78): committed below 60,
+  // aborted below 70, else a step with a bad layer.
+  absl::Status DecodeMix(uint64_t r) {
+    return Decode(r < 60 ? StepEnd::kCommit : r < 70 ? StepEnd::kAbort : StepEnd::kBadLayer);
+  }
+
   // A batch of 10..40 of this thread's sequences (all when fewer).
   absl::Status Decode(StepEnd end) {
     std::vector<Seq*> batch;
@@ -500,6 +494,7 @@ class Worker {
     }
     ASSIGN_OR_RETURN(uint64_t len, client_->WriteEntries(req));
     s->len += n;
+    counts_->imported_tokens += n;
     if (len != static_cast<uint64_t>(s->len)) {
       return absl::InternalError(
           absl::StrCat("import: ", s->name, " has length ", len, ", expected ", s->len));
@@ -616,12 +611,14 @@ int Main(const Options& opt) {
   std::printf(
       "soak: %.0f s: %ld prefill, %ld committed decode (%ld sequence-steps), %ld aborted, "
       "%ld bad-layer, %ld imports (%ld tokens), %ld releases, %ld pool-full; %ld layer replies "
-      "checked row by row, %ld needles found\n",
+      "checked row by row%s\n",
       std::chrono::duration<double>(Clock::now() - start).count(), counts.prefill.load(),
       counts.decode.load(), counts.decode_seqs.load(), counts.aborted.load(),
       counts.bad_layer.load(), counts.imports.load(), counts.imported_tokens.load(),
       counts.releases.load(), counts.full.load(), counts.layers_checked.load(),
-      counts.needles_found.load());
+      opt.long_tokens > 0
+          ? absl::StrCat(", ", counts.needles_found.load(), " needles found").c_str()
+          : "");
   if (absl::Status s = CheckDrained(**c); !s.ok()) {
     std::fprintf(stderr, "soak: %s\n", s.ToString().c_str());
     ++failures;

@@ -26,7 +26,12 @@
 // every needle a row sees must be in its top-k (its block, in every head,
 // for a block layer; pools take their blocks): a value check that holds
 // whatever the context length, where a page table, an import offset or a
-// gather that lost an entry of the far past shows up.
+// gather that lost an entry of the far past shows up. Now and then a
+// sequence is handed over: exported (ExportEntries) and imported under a
+// new name, every exported entry of its imported prefix compared with the
+// bytes the thread sent (the cache holds exactly them), the copy stepped
+// like the others. After a failed import (a full pool) ListSequences must
+// show the sequence as it was before.
 //
 // Usage: soak_driver --addr HOST:PORT --seconds N [--threads 4] [--pid PID]
 //                    [--rss-growth-mb 64] [--seed 1]
@@ -83,7 +88,7 @@ struct Limits {
 struct Counts {
   std::atomic<long> prefill{0}, decode{0}, aborted{0}, bad_layer{0}, imports{0},
       releases{0}, full{0}, decode_seqs{0}, layers_checked{0}, needles_found{0},
-      imported_tokens{0};
+      imported_tokens{0}, copies{0}, entries_compared{0}, failed_imports_checked{0};
 };
 
 long RssKb(long pid) {
@@ -138,7 +143,11 @@ class Worker {
   struct Seq {
     std::string name;
     int64_t len;
-    std::vector<int64_t> needles;  // token positions (long mode)
+    // Long mode: needle token positions; the noise's salt and the tokens
+    // imported at creation (the prefix whose bytes the thread knows).
+    std::vector<int64_t> needles = {};
+    uint64_t salt = 0;
+    int64_t imported = 0;
   };
 
   int64_t Between(int64_t lo, int64_t hi) { return lo + rng_.Next() % (hi - lo + 1); }
@@ -264,6 +273,10 @@ class Worker {
         s = ImportLong();
       } else if (r < 78) {
         s = DecodeMix(r);
+      } else if (r < 86) {
+        s = CopyLong();
+        // Back to --long-seqs: the oldest goes.
+        if (s.ok() && seqs_.size() > static_cast<size_t>(opt_.long_seqs)) s = ReleaseSome(1);
       } else {
         s = ReleaseSome(1);  // the oldest; a fresh one is imported next
       }
@@ -357,14 +370,15 @@ class Worker {
   // or --import-chunk. A failed chunk releases what the sequence holds.
   absl::Status ImportLong() {
     const int64_t len = opt_.long_tokens;
-    Seq s{absl::StrCat("soak-", id_, "-", ++names_), 0, {}};
+    Seq s{absl::StrCat("soak-", id_, "-", ++names_), 0};
     s.needles = {Between(0, len / 8 - 1), Between(len / 3, 2 * len / 3 - 1),
                  Between(len - len / 8, len - 1)};
     s.needles.resize(NeedlesPerSeq());
     int64_t chunk = client::ImportChunkTokens(
         specs_, limits_.max_q_len, std::min<int64_t>(limits_.max_message_bytes / 2, int64_t{16} << 20));
     if (opt_.import_chunk > 0) chunk = std::min(chunk, opt_.import_chunk);
-    const uint64_t salt = rng_.Next();
+    s.salt = rng_.Next();
+    s.imported = len;
     while (s.len < len) {
       const int64_t n = std::min(chunk, len - s.len);
       v1::WriteEntriesRequest req;
@@ -376,17 +390,13 @@ class Worker {
         e->set_layer(spec.layer);
         const std::vector<uint8_t> bytes =
             LongEntries(spec, EntriesFor(s.len, spec.compress_ratio),
-                        NewEntriesFor(s.len, n, spec.compress_ratio), s.needles, salt);
+                        NewEntriesFor(s.len, n, spec.compress_ratio), s.needles, s.salt);
         *e->mutable_k() = client::MakeKTensor(spec, {}, bytes, true);
       }
       absl::StatusOr<uint64_t> got = client_->WriteEntries(req);
       if (!got.ok()) {
-        if (s.len > 0) {
-          if (absl::StatusOr<uint64_t> r = client_->Release({client::NamedSequenceId(s.name)});
-              !r.ok()) {
-            return r.status();
-          }
-        }
+        // A failed import adds nothing: the sequence keeps what it held.
+        RETURN_IF_ERROR(CheckHeldThenRelease(s));
         return got.status();
       }
       s.len += n;
@@ -398,6 +408,96 @@ class Worker {
     }
     seqs_.push_back(std::move(s));
     ++counts_->imports;
+    return absl::OkStatus();
+  }
+
+  // The length the daemon holds for `s` (ListSequences) must be s.len (not
+  // listed at all when 0: a failed first import creates nothing); then `s`
+  // is released. For a sequence whose last import failed.
+  absl::Status CheckHeldThenRelease(const Seq& s) {
+    std::string token;
+    int64_t held = -1;
+    do {
+      ASSIGN_OR_RETURN(v1::ListSequencesResponse page, client_->ListSequences(0, token));
+      for (const v1::SequenceInfo& info : page.sequences()) {
+        if (info.id().name() == s.name) held = static_cast<int64_t>(info.length());
+      }
+      token = page.next_page_token();
+    } while (!token.empty() && held < 0);
+    if (s.len == 0 ? held != -1 : held != s.len) {
+      return absl::InternalError(absl::StrCat(
+          "after a failed import ", s.name, held < 0 ? " is not listed" : " holds ",
+          held < 0 ? "" : absl::StrCat(held, " tokens"), ", expected ",
+          s.len == 0 ? "no sequence" : absl::StrCat(s.len, " tokens (what it held before)")));
+    }
+    ++counts_->failed_imports_checked;
+    if (s.len == 0) return absl::OkStatus();
+    ASSIGN_OR_RETURN(uint64_t pages, client_->Release({client::NamedSequenceId(s.name)}));
+    (void)pages;
+    return absl::OkStatus();
+  }
+
+  // A handover: one of the thread's sequences exported (ExportEntries) and
+  // imported under a new name, as between two daemons (here the same one).
+  // Every exported entry of the imported prefix must be the bytes the
+  // thread imported, whatever steps ran since: the cache holds exactly
+  // them. The copy then joins the thread's sequences (and its needles).
+  absl::Status CopyLong() {
+    const Seq from = seqs_[rng_.Next() % seqs_.size()];
+    Seq copy{absl::StrCat("soak-", id_, "-", ++names_), 0, from.needles, from.salt, from.imported};
+    v1::ExportEntriesRequest req;
+    *req.mutable_id() = client::NamedSequenceId(from.name);
+    req.set_max_message_bytes(std::min<int64_t>(limits_.max_message_bytes, int64_t{16} << 20));
+    absl::Status s = client_->ExportEntries(req, [&](v1::WriteEntriesRequest& m) -> absl::Status {
+      if (m.layers_size() != static_cast<int>(specs_.size())) {
+        return absl::InternalError(absl::StrCat("export of ", from.name, ": ", m.layers_size(),
+                                                " layers in a message, expected ", specs_.size()));
+      }
+      const int64_t pos = copy.len;
+      for (size_t li = 0; li < specs_.size(); ++li) {
+        const LayerSpec& spec = specs_[li];
+        const v1::LayerEntries& layer = m.layers(static_cast<int>(li));
+        const int64_t eb = spec.entry_bytes();
+        const int64_t first = EntriesFor(pos, spec.compress_ratio);
+        const int64_t n = NewEntriesFor(pos, static_cast<int64_t>(m.num_tokens()), spec.compress_ratio);
+        if (layer.layer() != spec.layer || static_cast<int64_t>(layer.k().data().size()) != n * eb) {
+          return absl::InternalError(absl::StrCat(
+              "export of ", from.name, " at token ", pos, ": layer ", layer.layer(), " with ",
+              layer.k().data().size(), " bytes, expected layer ", spec.layer, " with ", n * eb));
+        }
+        const int64_t known = std::clamp<int64_t>(
+            EntriesFor(from.imported, spec.compress_ratio) - first, 0, n);
+        if (known == 0) continue;
+        const std::vector<uint8_t> want = LongEntries(spec, first, known, from.needles, from.salt);
+        const auto* got = reinterpret_cast<const uint8_t*>(layer.k().data().data());
+        for (int64_t i = 0; i < known; ++i) {
+          if (!std::equal(want.begin() + i * eb, want.begin() + (i + 1) * eb, got + i * eb)) {
+            return absl::InternalError(absl::StrCat("export of ", from.name, ": layer ", spec.layer,
+                                                    " entry ", first + i,
+                                                    " differs from the bytes imported"));
+          }
+        }
+        counts_->entries_compared += known;
+      }
+      *m.mutable_id() = client::NamedSequenceId(copy.name);
+      ASSIGN_OR_RETURN(uint64_t len, client_->WriteEntries(m));
+      copy.len = pos + static_cast<int64_t>(m.num_tokens());
+      if (len != static_cast<uint64_t>(copy.len)) {
+        return absl::InternalError(
+            absl::StrCat("import of ", copy.name, ": length ", len, ", expected ", copy.len));
+      }
+      return absl::OkStatus();
+    });
+    if (!s.ok()) {
+      RETURN_IF_ERROR(CheckHeldThenRelease(copy));
+      return s;
+    }
+    if (copy.len != from.len) {
+      return absl::InternalError(absl::StrCat("copy of ", from.name, " (", from.len,
+                                              " tokens) holds ", copy.len));
+    }
+    seqs_.push_back(std::move(copy));
+    ++counts_->copies;
     return absl::OkStatus();
   }
 
@@ -617,7 +717,12 @@ int Main(const Options& opt) {
       counts.bad_layer.load(), counts.imports.load(), counts.imported_tokens.load(),
       counts.releases.load(), counts.full.load(), counts.layers_checked.load(),
       opt.long_tokens > 0
-          ? absl::StrCat(", ", counts.needles_found.load(), " needles found").c_str()
+          ? absl::StrCat(", ", counts.needles_found.load(), " needles found; ",
+                         counts.copies.load(), " handovers (", counts.entries_compared.load(),
+                         " exported entries equal to those imported); ",
+                         counts.failed_imports_checked.load(),
+                         " failed imports that changed nothing")
+                .c_str()
           : "");
   if (absl::Status s = CheckDrained(**c); !s.ok()) {
     std::fprintf(stderr, "soak: %s\n", s.ToString().c_str());

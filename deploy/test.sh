@@ -16,7 +16,8 @@
 #   fuzz      libFuzzer targets (clang-19, ASan + UBSan) in build-fuzz/, each
 #             for FUZZ_SECONDS (default 60) from tests/fuzz/corpus
 #   soak      tests/soak/soak.sh for SOAK_SECONDS (default 60) against
-#             build/'s indexerd on the cpu backend, then its long-context
+#             build/'s indexerd on the cpu backend (4 clients and one whose
+#             calls time out after 0.3-100 ms), then its long-context
 #             mode for SOAK_LONG_SECONDS (default 45): 4 clients x 4
 #             sequences of 8192 tokens imported in chunks of 3000 (odd
 #             offsets), a 56 MB cache (the pool fills), needles checked

@@ -12,6 +12,8 @@
 # SOAK_LONG_TOKENS (0), SOAK_LONG_SEQS (4), SOAK_IMPORT_CHUNK (0): the
 # driver's long-context mode (--long-tokens ...: imported sequences of that
 # many tokens per thread, needles checked in every reply row);
+# SOAK_IMPATIENT (1): more client threads whose calls have deadlines of
+# 0.3-100 ms, every timed-out step or import reconciled (--impatient);
 # INDEXERD and SOAK_DRIVER: the binaries, when not those of BUILD_DIR (a
 # device pack keeps them in dev/bin).
 set -euo pipefail
@@ -43,7 +45,7 @@ rc=0
 "$driver" --addr "127.0.0.1:$(cat "$tmp/port")" --seconds "$secs" --pid "$pid" \
   --threads "${SOAK_THREADS:-4}" --rss-growth-mb "${RSS_GROWTH_MB:-64}" \
   --long-tokens "${SOAK_LONG_TOKENS:-0}" --long-seqs "${SOAK_LONG_SEQS:-4}" \
-  --import-chunk "${SOAK_IMPORT_CHUNK:-0}" || rc=$?
+  --import-chunk "${SOAK_IMPORT_CHUNK:-0}" --impatient "${SOAK_IMPATIENT:-1}" || rc=$?
 if ! kill -0 "$pid" 2>/dev/null; then
   echo "soak: indexerd died during the run; its log:" >&2
   tail -n 50 "$tmp/daemon.log" >&2

@@ -33,9 +33,24 @@
 // like the others. After a failed import (a full pool) ListSequences must
 // show the sequence as it was before.
 //
+// Impatient clients (--impatient N): N more threads that do the same, but
+// through clients whose Step streams and unary calls give up after 0.3 to
+// 100 ms (one call in seven through a patient one, so that they hold
+// sequences), as an engine's timed-out requests do: calls are cancelled
+// while the daemon works on them. Every timed-out step is reconciled
+// (ListSequences, once none of its sequences is in an open step): each
+// sequence as before, or, when the deadline struck during the commit,
+// every one grown by its q_len; never part of a batch. A timed-out import
+// may apply after the client gave up (the daemon runs a call whose
+// deadline passed in transit), so its sequence leaves the working set and
+// is checked 2 s later: as before or grown by the import, nothing else.
+// Such late calls also hold a sequence in a step for a moment; an
+// impatient thread that finds one "in an open step" waits and tries again.
+//
 // Usage: soak_driver --addr HOST:PORT --seconds N [--threads 4] [--pid PID]
 //                    [--rss-growth-mb 64] [--seed 1]
 //                    [--long-tokens 0] [--long-seqs 4] [--import-chunk 0]
+//                    [--impatient 0]
 // Exit status 0 when every check held. tests/soak/soak.sh runs it.
 #include <algorithm>
 #include <atomic>
@@ -51,6 +66,7 @@
 #include <thread>
 #include <vector>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "client/reference.h"
 #include "kernels/geometry/step_geometry.h"
@@ -76,6 +92,7 @@ struct Options {
   int64_t long_tokens = 0;  // 0: short sequences (the default mix)
   int long_seqs = 4;
   int64_t import_chunk = 0;  // 0: as large as max_q_len and the message limit allow
+  int impatient = 0;  // more threads whose steps and imports have deadlines of 0.3-100 ms
 };
 
 // What the daemon accepts per call (ServerInfo).
@@ -88,7 +105,8 @@ struct Limits {
 struct Counts {
   std::atomic<long> prefill{0}, decode{0}, aborted{0}, bad_layer{0}, imports{0},
       releases{0}, full{0}, decode_seqs{0}, layers_checked{0}, needles_found{0},
-      imported_tokens{0}, copies{0}, entries_compared{0}, failed_imports_checked{0};
+      imported_tokens{0}, copies{0}, entries_compared{0}, failed_imports_checked{0},
+      timeouts{0}, timeouts_applied{0}, impatient_commits{0}, late_steps{0};
 };
 
 long RssKb(long pid) {
@@ -103,15 +121,29 @@ long RssKb(long pid) {
 class Worker {
  public:
   Worker(int id, const Options& opt, std::vector<LayerSpec> specs, uint32_t next_n,
-         const Limits& limits, Counts* counts)
+         const Limits& limits, bool impatient, Counts* counts)
       : id_(id), opt_(opt), specs_(std::move(specs)), next_n_(next_n), limits_(limits),
-        counts_(counts), rng_(opt.seed * 1000 + id) {}
+        impatient_(impatient), counts_(counts), rng_(opt.seed * 1000 + id) {}
 
   // Runs until `deadline`; returns the first failure.
   absl::Status Run(Clock::time_point deadline) {
     auto c = IndexerClient::Connect(opt_.addr);
     if (!c.ok()) return c.status();
     client_ = *std::move(c);
+    if (impatient_) {
+      // Clients whose Step streams and unary calls give up after 0.3 to
+      // 100 ms: many steps and imports die mid-flight, cancelled while the
+      // daemon works on them, as an engine's timed-out requests do.
+      for (double ms : {0.3, 1.0, 3.0, 10.0, 30.0, 100.0}) {
+        client::ClientOptions o;
+        o.step_timeout = absl::Microseconds(ms * 1000);
+        o.rpc_timeout = absl::Microseconds(ms * 1000);
+        o.abort_grace = absl::Microseconds(ms * 1000);
+        auto h = IndexerClient::Connect(opt_.addr, o);
+        if (!h.ok()) return h.status();
+        hasty_.push_back(*std::move(h));
+      }
+    }
     if (opt_.long_tokens > 0) return RunLong(deadline);
     while (Clock::now() < deadline) {
       const uint64_t r = rng_.Next() % 100;
@@ -134,7 +166,9 @@ class Worker {
       if (!s.ok()) return s;
       // Keep each thread's working set bounded.
       if (seqs_.size() > 48) RETURN_IF_ERROR(ReleaseSome(8));
+      RETURN_IF_ERROR(ResolveRetired(false));
     }
+    RETURN_IF_ERROR(ResolveRetired(true));
     return ReleaseSome(seqs_.size());
   }
 
@@ -180,8 +214,115 @@ class Worker {
     return r;
   }
 
+  // The client of a step or an import: the thread's own, or for an
+  // impatient thread one of its hasty clients or (one call in seven, so
+  // that it holds sequences to step) its own.
+  IndexerClient& CallClient() {
+    if (!impatient_) return *client_;
+    const size_t i = rng_.Next() % (hasty_.size() + 1);
+    return i < hasty_.size() ? *hasty_[i] : *client_;
+  }
+
+  static bool TimedOut(const absl::Status& s) {
+    return s.code() == absl::StatusCode::kDeadlineExceeded || s.code() == absl::StatusCode::kCancelled;
+  }
+
+  // Runs one step (StepOnce). A step of an impatient thread that timed out
+  // is reconciled: the daemon must hold each sequence as before, or (when
+  // the deadline struck during the commit) every sequence of the batch
+  // grown by its q_len; never a mix, never anything else.
+  //
+  // A timed-out step's header may still reach the daemon's executor after
+  // the client reconciled (the call's deadline passed in transit): the
+  // daemon then opens the step and rolls it back when it finds the stream
+  // cancelled. Meanwhile the sequences are busy, so an impatient thread
+  // whose next step or release finds them "in an open step" waits until
+  // they are free (at most 30 s) and tries again, up to 3 times.
   absl::Status Step(std::vector<Seq*> seqs, std::vector<int64_t> q_lens,
                     std::vector<bool> create, StepEnd end) {
+    for (int attempt = 0;; ++attempt) {
+      bool committing = false;
+      absl::Status s = StepOnce(seqs, q_lens, create, end, &committing);
+      if (s.ok() && impatient_ && committing) ++counts_->impatient_commits;
+      if (s.ok() || !impatient_) return s;
+      if (TimedOut(s)) {
+        ++counts_->timeouts;
+        return Reconcile(seqs, q_lens, committing,
+                         absl::StrCat("step ", steps_, " (", s.message(), ")"));
+      }
+      if (!InOpenStep(s) || attempt == 3) return s;
+      ++counts_->late_steps;
+      RETURN_IF_ERROR(Settled(seqs, "a late step").status());
+    }
+  }
+
+  static bool InOpenStep(const absl::Status& s) {
+    return s.code() == absl::StatusCode::kFailedPrecondition &&
+           absl::StrContains(s.message(), "open step");
+  }
+
+  // Waits until none of `seqs` is in an open step (polling ListSequences),
+  // then returns their lengths; a sequence not listed is absent.
+  absl::StatusOr<std::map<std::string, int64_t>> Settled(const std::vector<Seq*>& seqs,
+                                                         const std::string& what) {
+    const auto give_up = Clock::now() + std::chrono::seconds(30);
+    while (true) {
+      std::map<std::string, int64_t> held;
+      bool busy = false;
+      std::string token;
+      do {
+        ASSIGN_OR_RETURN(v1::ListSequencesResponse page, client_->ListSequences(0, token));
+        for (const v1::SequenceInfo& info : page.sequences()) {
+          for (const Seq* q : seqs) {
+            if (info.id().name() != q->name) continue;
+            held[q->name] = static_cast<int64_t>(info.length());
+            busy = busy || info.busy();
+          }
+        }
+        token = page.next_page_token();
+      } while (!token.empty());
+      if (!busy) return held;
+      if (Clock::now() > give_up) {
+        return absl::InternalError(
+            absl::StrCat(what, ": its sequences are still in an open step after 30 s"));
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(2));
+    }
+  }
+
+  // After a call that timed out: waits until none of `seqs` is in an open
+  // step (a cancelled step is rolled back after the client left), then
+  // takes the daemon's lengths (ListSequences; a sequence not listed holds
+  // 0). All must be as before, or with `may_have_applied` all grown by
+  // their `adds`; updates the lengths to what the daemon holds.
+  absl::Status Reconcile(const std::vector<Seq*>& seqs, const std::vector<int64_t>& adds,
+                         bool may_have_applied, const std::string& what) {
+    ASSIGN_OR_RETURN(const auto held, Settled(seqs, what));
+    size_t applied = 0;
+    for (size_t i = 0; i < seqs.size(); ++i) {
+      const auto it = held.find(seqs[i]->name);
+      const int64_t now = it == held.end() ? 0 : it->second;
+      if (now == seqs[i]->len + adds[i] && adds[i] > 0 && may_have_applied) {
+        ++applied;
+      } else if (now != seqs[i]->len) {
+        return absl::InternalError(absl::StrCat(
+            what, ": ", seqs[i]->name, " holds ", now, " tokens, expected ", seqs[i]->len,
+            may_have_applied ? absl::StrCat(" or ", seqs[i]->len + adds[i]) : ""));
+      }
+    }
+    if (applied != 0 && applied != seqs.size()) {
+      return absl::InternalError(absl::StrCat(what, ": ", applied, " of ", seqs.size(),
+                                              " sequences grew: a commit applied in part"));
+    }
+    if (applied != 0) {
+      for (size_t i = 0; i < seqs.size(); ++i) seqs[i]->len += adds[i];
+      ++counts_->timeouts_applied;
+    }
+    return absl::OkStatus();
+  }
+
+  absl::Status StepOnce(const std::vector<Seq*>& seqs, const std::vector<int64_t>& q_lens,
+                        const std::vector<bool>& create, StepEnd end, bool* committing) {
     v1::StepHeader h;
     h.set_request_id(absl::StrCat("soak-", id_, "-", ++steps_));
     for (size_t i = 0; i < seqs.size(); ++i) {
@@ -190,7 +331,7 @@ class Worker {
       s->set_q_len(q_lens[i]);
       s->set_create(create[i]);
     }
-    ASSIGN_OR_RETURN(std::unique_ptr<client::StepSession> step, client_->OpenStep(h));
+    ASSIGN_OR_RETURN(std::unique_ptr<client::StepSession> step, CallClient().OpenStep(h));
     // Aborted steps stop after 0..L-1 layers; a bad layer is any layer.
     size_t stop_after = specs_.size();
     if (end == StepEnd::kAbort) stop_after = rng_.Next() % specs_.size();
@@ -200,8 +341,12 @@ class Worker {
       const bool bad = end == StepEnd::kBadLayer && li == stop_after - 1;
       auto reply = step->RunLayer(Layer(spec, seqs, q_lens, bad ? 1 : 0));
       if (bad) {
-        // Admission errors (a full pool) reach the client at its first layer.
-        if (!reply.ok() && reply.status().code() == absl::StatusCode::kResourceExhausted) {
+        // Header errors (a full pool; an impatient thread's late step, see
+        // Step) reach the client at its first layer; an impatient client's
+        // deadline may strike first.
+        if (!reply.ok() && (reply.status().code() == absl::StatusCode::kResourceExhausted ||
+                            (impatient_ && (TimedOut(reply.status()) ||
+                                            InOpenStep(reply.status()))))) {
           return reply.status();
         }
         if (reply.ok() || reply.status().code() != absl::StatusCode::kInvalidArgument) {
@@ -226,8 +371,12 @@ class Worker {
     if (end == StepEnd::kAbort) {
       step->Abort();
       ++counts_->aborted;
+      // A hasty client's abort may end in a cancel before the daemon rolled
+      // the step back: wait for that, and check it changed nothing.
+      if (impatient_) return Reconcile(seqs, q_lens, false, absl::StrCat("aborted step ", steps_));
       return absl::OkStatus();
     }
+    *committing = true;
     ASSIGN_OR_RETURN(v1::StepCommitted committed, step->Commit());
     if (committed.seq_lens_size() != static_cast<int>(seqs.size())) {
       return absl::InternalError(absl::StrCat("commit: ", committed.seq_lens_size(),
@@ -550,6 +699,7 @@ class Worker {
       q_lens.push_back(Between(next_n_ + 1, 96));
     }
     RETURN_IF_ERROR(Step(ptrs, q_lens, std::vector<bool>(n, true), StepEnd::kCommit));
+    if (fresh[0].len == 0) return absl::OkStatus();  // timed out and rolled back
     for (Seq& s : fresh) seqs_.push_back(s);
     ++counts_->prefill;
     return absl::OkStatus();
@@ -592,7 +742,25 @@ class Worker {
       *e->mutable_k() =
           Floats({NewEntriesFor(s->len, n, spec.compress_ratio), spec.head_dim});
     }
-    ASSIGN_OR_RETURN(uint64_t len, client_->WriteEntries(req));
+    absl::StatusOr<uint64_t> got = CallClient().WriteEntries(req);
+    for (int attempt = 0; impatient_ && !create && InOpenStep(got.status()) && attempt < 3;
+         ++attempt) {
+      ++counts_->late_steps;  // as in Step
+      RETURN_IF_ERROR(Settled({s}, "import").status());
+      got = CallClient().WriteEntries(req);
+    }
+    if (impatient_ && TimedOut(got.status())) {
+      // The import may have happened, or may still happen: the daemon runs
+      // a call whose deadline passed in transit (its check of the call's
+      // cancellation comes first). The sequence leaves the working set and
+      // is checked once that call must have ended (ResolveRetired).
+      ++counts_->timeouts;
+      retired_.push_back({*s, n, Clock::now()});
+      if (!create) seqs_.erase(seqs_.begin() + (s - seqs_.data()));
+      return absl::OkStatus();
+    }
+    if (!got.ok()) return got.status();
+    const uint64_t len = *got;
     s->len += n;
     counts_->imported_tokens += n;
     if (len != static_cast<uint64_t>(s->len)) {
@@ -604,13 +772,51 @@ class Worker {
     return absl::OkStatus();
   }
 
+  // Sequences of timed-out imports whose calls have had kRetireGrace to end
+  // (all of them, waiting, with `all`): each must hold what it held before
+  // or that plus the import, never anything else; then it is released.
+  // The grace assumes the daemon runs a queued call within 2 s or not at all.
+  absl::Status ResolveRetired(bool all) {
+    constexpr auto kRetireGrace = std::chrono::seconds(2);
+    while (!retired_.empty()) {
+      const auto ready = retired_.front().since + kRetireGrace;
+      if (Clock::now() < ready) {
+        if (!all) return absl::OkStatus();
+        std::this_thread::sleep_until(ready);
+      }
+      Seq s = retired_.front().seq;
+      const int64_t add = retired_.front().add;
+      retired_.erase(retired_.begin());
+      const int64_t before = s.len;
+      RETURN_IF_ERROR(Reconcile({&s}, {add}, true, absl::StrCat("a timed-out import of ", s.name)));
+      if (s.len != before) ++counts_->timeouts_applied;
+      if (s.len == 0) continue;  // a first import that never ran: nothing to release
+      seqs_.push_back(s);        // released with the working set's oldest
+      std::rotate(seqs_.begin(), seqs_.end() - 1, seqs_.end());
+      RETURN_IF_ERROR(ReleaseSome(1));
+    }
+    return absl::OkStatus();
+  }
+
   absl::Status ReleaseSome(size_t n) {
     n = std::min(n, seqs_.size());
     if (n == 0) return absl::OkStatus();
     std::vector<v1::SequenceId> ids;
-    for (size_t i = 0; i < n; ++i) ids.push_back(client::NamedSequenceId(seqs_[i].name));
-    ASSIGN_OR_RETURN(uint64_t pages, client_->Release(ids));
-    if (pages == 0) return absl::InternalError("release: 0 pages returned for held sequences");
+    std::vector<Seq*> ptrs;
+    for (size_t i = 0; i < n; ++i) {
+      ids.push_back(client::NamedSequenceId(seqs_[i].name));
+      ptrs.push_back(&seqs_[i]);
+    }
+    absl::StatusOr<uint64_t> pages = client_->Release(ids);
+    // An impatient thread's late step (Step) may hold them for a moment.
+    for (int attempt = 0; impatient_ && !pages.ok() && InOpenStep(pages.status()) && attempt < 3;
+         ++attempt) {
+      ++counts_->late_steps;
+      RETURN_IF_ERROR(Settled(ptrs, "release").status());
+      pages = client_->Release(ids);
+    }
+    if (!pages.ok()) return pages.status();
+    if (*pages == 0) return absl::InternalError("release: 0 pages returned for held sequences");
     seqs_.erase(seqs_.begin(), seqs_.begin() + static_cast<long>(n));
     ++counts_->releases;
     return absl::OkStatus();
@@ -621,9 +827,17 @@ class Worker {
   const std::vector<LayerSpec> specs_;
   const uint32_t next_n_;
   const Limits limits_;
+  const bool impatient_;
   Counts* counts_;
   Rng rng_;
   std::unique_ptr<IndexerClient> client_;
+  std::vector<std::unique_ptr<IndexerClient>> hasty_;  // impatient threads' clients
+  struct Retired {
+    Seq seq;  // as before the import
+    int64_t add;
+    Clock::time_point since;
+  };
+  std::vector<Retired> retired_;  // timed-out imports, oldest first
   std::vector<Seq> seqs_;
   long names_ = 0, steps_ = 0;
   // Long mode: per head dimension the query direction; per layer the
@@ -673,8 +887,9 @@ int Main(const Options& opt) {
   Limits limits;
   if (info->max_q_len() > 0) limits.max_q_len = info->max_q_len();
   if (info->max_message_bytes() > 0) limits.max_message_bytes = info->max_message_bytes();
-  std::printf("soak: %s, profile %s on %s, %d threads, %.0f s\n", opt.addr.c_str(),
-              info->profile().c_str(), info->device().c_str(), opt.threads, opt.seconds);
+  std::printf("soak: %s, profile %s on %s, %d threads (+%d impatient), %.0f s\n", opt.addr.c_str(),
+              info->profile().c_str(), info->device().c_str(), opt.threads, opt.impatient,
+              opt.seconds);
   if (opt.long_tokens > 0) {
     std::printf("soak: long contexts: %d sequences of %lld tokens per thread, needles checked\n",
                 opt.long_seqs, static_cast<long long>(opt.long_tokens));
@@ -686,9 +901,11 @@ int Main(const Options& opt) {
   const auto deadline = start + std::chrono::milliseconds(static_cast<long>(opt.seconds * 1000));
   std::vector<absl::Status> results(opt.threads);
   std::vector<std::thread> threads;
-  for (int t = 0; t < opt.threads; ++t) {
+  const int workers = opt.threads + opt.impatient;
+  results.resize(workers);
+  for (int t = 0; t < workers; ++t) {
     threads.emplace_back([&, t] {
-      Worker w(t, opt, *specs, info->next_n(), limits, &counts);
+      Worker w(t, opt, *specs, info->next_n(), limits, t >= opt.threads, &counts);
       results[t] = w.Run(deadline);
     });
   }
@@ -702,7 +919,7 @@ int Main(const Options& opt) {
   }
   for (auto& th : threads) th.join();
   int failures = 0;
-  for (int t = 0; t < opt.threads; ++t) {
+  for (int t = 0; t < workers; ++t) {
     if (!results[t].ok()) {
       std::fprintf(stderr, "soak: thread %d: %s\n", t, results[t].ToString().c_str());
       ++failures;
@@ -724,6 +941,13 @@ int Main(const Options& opt) {
                          " failed imports that changed nothing")
                 .c_str()
           : "");
+  if (opt.impatient > 0) {
+    std::printf("soak: %d impatient clients: %ld steps committed in time; %ld steps and imports "
+                "timed out (%ld of them applied whole), each reconciled; %ld calls found a late "
+                "step and waited\n",
+                opt.impatient, counts.impatient_commits.load(), counts.timeouts.load(),
+                counts.timeouts_applied.load(), counts.late_steps.load());
+  }
   if (absl::Status s = CheckDrained(**c); !s.ok()) {
     std::fprintf(stderr, "soak: %s\n", s.ToString().c_str());
     ++failures;
@@ -779,11 +1003,12 @@ int main(int argc, char** argv) {
     else if (a == "--long-tokens") opt.long_tokens = std::stoll(next());
     else if (a == "--long-seqs") opt.long_seqs = std::stoi(next());
     else if (a == "--import-chunk") opt.import_chunk = std::stoll(next());
+    else if (a == "--impatient") opt.impatient = std::stoi(next());
     else {
       std::fprintf(stderr,
                    "usage: soak_driver --addr HOST:PORT --seconds N [--threads 4] [--pid PID] "
                    "[--rss-growth-mb 64] [--seed 1] [--long-tokens 0] [--long-seqs 4] "
-                   "[--import-chunk 0]\n");
+                   "[--import-chunk 0] [--impatient 0]\n");
       return 2;
     }
   }

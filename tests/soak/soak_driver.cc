@@ -73,6 +73,7 @@
 #include "client/workload.h"
 #include "indexer/client.h"
 #include "kernels/common/status_macros.h"
+#include "tests/soak/needles.h"
 
 namespace indexer::soak {
 namespace {
@@ -123,7 +124,8 @@ class Worker {
   Worker(int id, const Options& opt, std::vector<LayerSpec> specs, uint32_t next_n,
          const Limits& limits, bool impatient, Counts* counts)
       : id_(id), opt_(opt), specs_(std::move(specs)), next_n_(next_n), limits_(limits),
-        impatient_(impatient), counts_(counts), rng_(opt.seed * 1000 + id) {}
+        impatient_(impatient), counts_(counts), rng_(opt.seed * 1000 + id),
+        field_(opt.seed * 1000 + id + 500) {}
 
   // Runs until `deadline`; returns the first failure.
   absl::Status Run(Clock::time_point deadline) {
@@ -206,7 +208,8 @@ class Worker {
     v1::LayerRequest r;
     r.set_layer(spec.layer);
     *r.mutable_k() = Floats({n_new, spec.head_dim});
-    *r.mutable_q() = long_mode() ? NeedleQ(spec, rows) : Floats({rows, spec.num_heads, spec.head_dim});
+    *r.mutable_q() =
+        long_mode() ? field_.Queries(spec, rows) : Floats({rows, spec.num_heads, spec.head_dim});
     if (!spec.is_block()) {
       std::vector<float> w(rows * spec.num_heads, 1.0f / spec.num_heads);
       *r.mutable_weights() = client::MakeFp32Tensor(w, {rows, spec.num_heads});
@@ -447,82 +450,13 @@ class Worker {
     return ReleaseSome(seqs_.size());
   }
 
-  // Needles each sequence carries: three, fewer when a layer's top-k has
-  // fewer places free of forced entries (a block layer's init and local
-  // blocks, a pool's pinned block).
-  int NeedlesPerSeq() const {
-    int n = 3;
-    for (const LayerSpec& spec : specs_) {
-      int free = spec.topk;
-      if (spec.is_block()) free = spec.topk_blocks - spec.init_blocks - spec.local_blocks;
-      if (spec.is_source() || spec.is_consumer()) {
-        free = std::min(free, spec.candidate_topk_blocks - (spec.pin_newest_block ? 1 : 0));
-      }
-      n = std::min(n, std::max(free, 0));
-    }
-    return n;
-  }
-
-  // The unit direction every query row takes, for head dimension d.
-  const std::vector<float>& Direction(int32_t d) {
-    std::vector<float>& u = directions_[d];
-    if (u.empty()) {
-      u.resize(d);
-      for (float& x : u) x = (rng_.Next() & 1 ? 1.0f : -1.0f) / std::sqrt(static_cast<float>(d));
-    }
-    return u;
-  }
-
-  v1::Tensor NeedleQ(const LayerSpec& spec, int64_t rows) {
-    const std::vector<float>& u = Direction(spec.head_dim);
-    std::vector<float> q;
-    q.reserve(rows * spec.num_heads * spec.head_dim);
-    for (int64_t i = 0; i < rows * spec.num_heads; ++i) q.insert(q.end(), u.begin(), u.end());
-    return client::MakeFp32Tensor(q, {rows, spec.num_heads, spec.head_dim});
-  }
-
-  // Linear wire entries [first, first + n) of `spec` for a sequence with
-  // needles at token positions `needles`: 16 u at the needles' entries,
-  // else one of 4096 quantized N(0, 1) entries (drawn once per layer).
-  std::vector<uint8_t> LongEntries(const LayerSpec& spec, int64_t first, int64_t n,
-                                   const std::vector<int64_t>& needles, uint64_t salt) {
-    constexpr int64_t kNoise = 4096;
-    const int64_t eb = spec.entry_bytes();
-    std::vector<uint8_t>& noise = noise_[spec.layer];
-    if (noise.empty()) {
-      std::vector<float> k(kNoise * spec.head_dim);
-      rng_.FillNormal(absl::MakeSpan(k));
-      noise = client::QuantizeKEntries(spec, k);
-    }
-    std::vector<uint8_t>& needle = needle_[spec.layer];
-    if (needle.empty()) {
-      std::vector<float> k = Direction(spec.head_dim);
-      for (float& x : k) x *= 16.0f;
-      needle = client::QuantizeKEntries(spec, k);
-    }
-    std::vector<uint8_t> out(n * eb);
-    for (int64_t i = 0; i < n; ++i) {
-      const int64_t e = first + i;
-      const bool is_needle = std::any_of(needles.begin(), needles.end(), [&](int64_t t) {
-        return t / spec.compress_ratio == e;
-      });
-      const uint8_t* src =
-          is_needle ? needle.data()
-                    : noise.data() + static_cast<int64_t>((e * 2654435761u + salt) % kNoise) * eb;
-      std::copy(src, src + eb, out.data() + i * eb);
-    }
-    return out;
-  }
-
   // A fresh sequence of --long-tokens tokens by WriteEntries, in chunks of
   // at most max_q_len tokens and (at most 16 MiB of) half the message limit,
   // or --import-chunk. A failed chunk releases what the sequence holds.
   absl::Status ImportLong() {
     const int64_t len = opt_.long_tokens;
     Seq s{absl::StrCat("soak-", id_, "-", ++names_), 0};
-    s.needles = {Between(0, len / 8 - 1), Between(len / 3, 2 * len / 3 - 1),
-                 Between(len - len / 8, len - 1)};
-    s.needles.resize(NeedlesPerSeq());
+    s.needles = PlaceNeedles(rng_, len, NeedlesPerSeq(specs_));
     int64_t chunk = client::ImportChunkTokens(
         specs_, limits_.max_q_len, std::min<int64_t>(limits_.max_message_bytes / 2, int64_t{16} << 20));
     if (opt_.import_chunk > 0) chunk = std::min(chunk, opt_.import_chunk);
@@ -538,7 +472,7 @@ class Worker {
         v1::LayerEntries* e = req.add_layers();
         e->set_layer(spec.layer);
         const std::vector<uint8_t> bytes =
-            LongEntries(spec, EntriesFor(s.len, spec.compress_ratio),
+            field_.Entries(spec, EntriesFor(s.len, spec.compress_ratio),
                         NewEntriesFor(s.len, n, spec.compress_ratio), s.needles, s.salt);
         *e->mutable_k() = client::MakeKTensor(spec, {}, bytes, true);
       }
@@ -617,7 +551,7 @@ class Worker {
         const int64_t known = std::clamp<int64_t>(
             EntriesFor(from.imported, spec.compress_ratio) - first, 0, n);
         if (known == 0) continue;
-        const std::vector<uint8_t> want = LongEntries(spec, first, known, from.needles, from.salt);
+        const std::vector<uint8_t> want = field_.Entries(spec, first, known, from.needles, from.salt);
         const auto* got = reinterpret_cast<const uint8_t*>(layer.k().data().data());
         for (int64_t i = 0; i < known; ++i) {
           if (!std::equal(want.begin() + i * eb, want.begin() + (i + 1) * eb, got + i * eb)) {
@@ -650,41 +584,21 @@ class Worker {
     return absl::OkStatus();
   }
 
-  // Every needle a row sees is in the row's top-k: its entry, or for a
-  // block layer its block in every head's row.
+  // Every needle a row of this step sees is in its top-k (needles.h).
   absl::Status CheckNeedles(const LayerSpec& spec, const std::vector<Seq*>& seqs,
                             const std::vector<int64_t>& q_lens, const std::vector<int32_t>& topk) {
     std::vector<int64_t> old_tokens;
-    int64_t rows = 0;
-    for (size_t i = 0; i < seqs.size(); ++i) {
-      old_tokens.push_back(seqs[i]->len);
-      rows += q_lens[i];
+    std::vector<std::vector<int64_t>> needles;
+    std::vector<std::string> names;
+    for (const Seq* q : seqs) {
+      old_tokens.push_back(q->len);
+      needles.push_back(q->needles);
+      names.push_back(q->name);
     }
-    const std::vector<int64_t> bounds = client::ReplyRowBounds(spec, old_tokens, q_lens);
-    const int64_t k = spec.is_block() ? spec.topk_blocks : spec.topk;
-    const int heads = spec.is_block() ? spec.num_heads : 1;
-    int64_t row = 0;
-    for (size_t i = 0; i < seqs.size(); ++i) {
-      for (int64_t j = 0; j < q_lens[i]; ++j, ++row) {
-        for (int64_t t : seqs[i]->needles) {
-          const int64_t entry = t / spec.compress_ratio;
-          const int64_t id = spec.is_block() ? entry / spec.page_entries : entry;
-          if (id >= bounds[row]) continue;
-          for (int h = 0; h < heads; ++h) {
-            const int32_t* r = topk.data() + (h * rows + row) * k;
-            if (std::find(r, r + k, static_cast<int32_t>(id)) == r + k) {
-              return absl::InternalError(absl::StrCat(
-                  "layer ", spec.layer, " (", spec.role, ") of step ", steps_, ", row ", row,
-                  " (", seqs[i]->name, ", ", seqs[i]->len, " tokens", heads > 1 ? ", head " : "",
-                  heads > 1 ? absl::StrCat(h) : "", "): the needle at token ", t,
-                  spec.is_block() ? absl::StrCat(" (block ", id, ")") : absl::StrCat(" (entry ", id, ")"),
-                  " is not in its top-", k, " of ", bounds[row]));
-            }
-            ++counts_->needles_found;
-          }
-        }
-      }
-    }
+    int64_t found = 0;
+    absl::Status s = soak::CheckNeedles(spec, old_tokens, q_lens, needles, names, topk, &found);
+    counts_->needles_found += found;
+    if (!s.ok()) return absl::InternalError(absl::StrCat("step ", steps_, ": ", s.message()));
     return absl::OkStatus();
   }
 
@@ -840,10 +754,7 @@ class Worker {
   std::vector<Retired> retired_;  // timed-out imports, oldest first
   std::vector<Seq> seqs_;
   long names_ = 0, steps_ = 0;
-  // Long mode: per head dimension the query direction; per layer the
-  // quantized noise entries and the needle entry.
-  std::map<int32_t, std::vector<float>> directions_;
-  std::map<uint32_t, std::vector<uint8_t>> noise_, needle_;
+  NeedleField field_;  // long mode: the needles, the noise, the query direction
 };
 
 absl::Status CheckDrained(IndexerClient& c) {

@@ -676,7 +676,6 @@ RowVerdict CheckReplyShape(const LayerSpec& spec, absl::Span<const int64_t> boun
   return RowVerdict{};
 }
 
-
 double TopkSlack(absl::Span<const float> logits,
                  const TopkTolerance& tolerance) {
   double max_abs = 0;

@@ -82,14 +82,12 @@ std::vector<int64_t> PlaceNeedles(client::Rng& rng, int64_t len, int count) {
   return t;
 }
 
-absl::Status CheckNeedles(const LayerSpec& spec, absl::Span<const int64_t> old_tokens,
+absl::Status CheckNeedles(const LayerSpec& spec, absl::Span<const int64_t> bounds,
                           absl::Span<const int64_t> q_lens,
                           const std::vector<std::vector<int64_t>>& needles,
                           const std::vector<std::string>& names, absl::Span<const int32_t> topk,
                           int64_t* found) {
-  const std::vector<int64_t> bounds = client::ReplyRowBounds(spec, old_tokens, q_lens);
-  int64_t rows = 0;
-  for (int64_t q : q_lens) rows += q;
+  const int64_t rows = static_cast<int64_t>(bounds.size());
   const int64_t k = spec.is_block() ? spec.topk_blocks : spec.topk;
   const int heads = spec.is_block() ? spec.num_heads : 1;
   if (static_cast<int64_t>(topk.size()) != heads * rows * k) {
@@ -107,8 +105,8 @@ absl::Status CheckNeedles(const LayerSpec& spec, absl::Span<const int64_t> old_t
           const int32_t* r = topk.data() + (h * rows + row) * k;
           if (std::find(r, r + k, static_cast<int32_t>(id)) == r + k) {
             return absl::InternalError(absl::StrCat(
-                "layer ", spec.layer, " (", spec.role, "), row ", row, " (", names[i], ", ",
-                old_tokens[i], " tokens", heads > 1 ? absl::StrCat(", head ", h) : "",
+                "layer ", spec.layer, " (", spec.role, "), row ", row, " (", names[i],
+                heads > 1 ? absl::StrCat(", head ", h) : "",
                 "): the needle at token ", t,
                 spec.is_block() ? absl::StrCat(" (block ", id, ")") : absl::StrCat(" (entry ", id, ")"),
                 " is not in its top-", k, " of ", bounds[row]));

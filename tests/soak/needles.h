@@ -63,13 +63,13 @@ int NeedlesPerSeq(const std::vector<client::LayerSpec>& specs);
 std::vector<int64_t> PlaceNeedles(client::Rng& rng, int64_t len, int count);
 
 // Every needle a row sees is in the row's top-k: for each row of the
-// batch (`old_tokens` and `q_lens` per sequence, `needles` per sequence),
-// each needle whose entry (block, for a block layer) is below the row's
-// bound (client::ReplyRowBounds) must be in the row ([rows, topk]; block
+// batch (`q_lens`, `needles` and `names` per sequence; `bounds` per row,
+// client::ReplyRowBounds), each needle whose entry (block, for a block
+// layer) is below the row's bound must be in the row ([rows, topk]; block
 // layers [Hi, rows, topk_blocks]: in every head's row). INTERNAL naming
-// the layer, row, sequence `names[i]`, head and needle otherwise. Adds the
-// needles found to *found.
-absl::Status CheckNeedles(const client::LayerSpec& spec, absl::Span<const int64_t> old_tokens,
+// the layer, row, sequence, head and needle otherwise. Adds the needles
+// found to *found.
+absl::Status CheckNeedles(const client::LayerSpec& spec, absl::Span<const int64_t> bounds,
                           absl::Span<const int64_t> q_lens,
                           const std::vector<std::vector<int64_t>>& needles,
                           const std::vector<std::string>& names, absl::Span<const int32_t> topk,

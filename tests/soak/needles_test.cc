@@ -135,41 +135,42 @@ TEST(CheckNeedles, FindsThemAndNamesAMissingOne) {
   LayerSpec spec = Spec(KvFormat::kFp8);
   spec.topk = 4;
   // Two sequences: 100 tokens before one row, 50 before two rows.
-  const std::vector<int64_t> old_tokens = {100, 50};
   const std::vector<int64_t> q_lens = {1, 2};
+  const std::vector<int64_t> bounds = client::ReplyRowBounds(spec, {100, 50}, q_lens);
   const std::vector<std::vector<int64_t>> needles = {{3, 70}, {10, 60}};  // 60: unseen
   const std::vector<std::string> names = {"a", "b"};
   std::vector<int32_t> topk = {70, 3, 9, -1,  // row 0
                                10, 1, 2, 4,   // row 1 (sees 51 entries)
                                5, 6, 10, 7};  // row 2 (52)
   int64_t found = 0;
-  EXPECT_TRUE(CheckNeedles(spec, old_tokens, q_lens, needles, names, topk, &found).ok());
+  EXPECT_TRUE(CheckNeedles(spec, bounds, q_lens, needles, names, topk, &found).ok());
   EXPECT_EQ(found, 4);
   topk[1] = 8;  // row 0 loses the needle at token 3
-  const absl::Status s = CheckNeedles(spec, old_tokens, q_lens, needles, names, topk, &found);
+  const absl::Status s = CheckNeedles(spec, bounds, q_lens, needles, names, topk, &found);
   EXPECT_EQ(s.code(), absl::StatusCode::kInternal);
-  EXPECT_NE(s.message().find("row 0 (a, 100 tokens): the needle at token 3 (entry 3)"),
+  EXPECT_NE(s.message().find("row 0 (a): the needle at token 3 (entry 3) is not in its top-4 of 101"),
             std::string::npos)
       << s.message();
   // A reply of the wrong size.
   topk.pop_back();
-  EXPECT_FALSE(CheckNeedles(spec, old_tokens, q_lens, needles, names, topk, &found).ok());
+  EXPECT_FALSE(CheckNeedles(spec, bounds, q_lens, needles, names, topk, &found).ok());
 }
 
 TEST(CheckNeedles, BlockLayersNeedTheBlockInEveryHead) {
   LayerSpec spec = BlockSpec(64, 2);
   spec.num_heads = 2;
-  const std::vector<int64_t> old_tokens = {300};  // row 0 sees 301 entries: 5 blocks
   const std::vector<int64_t> q_lens = {1};
+  // Row 0 sees 301 entries: 5 blocks.
+  const std::vector<int64_t> bounds = client::ReplyRowBounds(spec, {300}, q_lens);
   const std::vector<std::vector<int64_t>> needles = {{130}};  // block 2
   const std::vector<std::string> names = {"s"};
   std::vector<int32_t> topk = {2, 4,   // head 0
                                4, 2};  // head 1
   int64_t found = 0;
-  EXPECT_TRUE(CheckNeedles(spec, old_tokens, q_lens, needles, names, topk, &found).ok());
+  EXPECT_TRUE(CheckNeedles(spec, bounds, q_lens, needles, names, topk, &found).ok());
   EXPECT_EQ(found, 2);
   topk[3] = 0;
-  const absl::Status s = CheckNeedles(spec, old_tokens, q_lens, needles, names, topk, &found);
+  const absl::Status s = CheckNeedles(spec, bounds, q_lens, needles, names, topk, &found);
   EXPECT_NE(s.message().find("head 1): the needle at token 130 (block 2)"), std::string::npos)
       << s.message();
 }

@@ -179,11 +179,11 @@ class Worker {
   struct Seq {
     std::string name;
     int64_t len;
-    // Long mode: needle token positions; the noise's salt and the tokens
-    // imported at creation (the prefix whose bytes the thread knows).
+    // Long mode: needle token positions and the noise's salt of the
+    // --long-tokens tokens imported at creation (whose bytes the thread
+    // knows; a handover's copy keeps its original's).
     std::vector<int64_t> needles = {};
     uint64_t salt = 0;
-    int64_t imported = 0;
   };
 
   int64_t Between(int64_t lo, int64_t hi) { return lo + rng_.Next() % (hi - lo + 1); }
@@ -328,7 +328,9 @@ class Worker {
                         const std::vector<bool>& create, StepEnd end, bool* committing) {
     v1::StepHeader h;
     h.set_request_id(absl::StrCat("soak-", id_, "-", ++steps_));
+    std::vector<int64_t> old_tokens;  // the rows' bounds, per layer, come from these
     for (size_t i = 0; i < seqs.size(); ++i) {
+      old_tokens.push_back(seqs[i]->len);
       v1::StepSequence* s = h.add_sequences();
       *s->mutable_id() = client::NamedSequenceId(seqs[i]->name);
       s->set_q_len(q_lens[i]);
@@ -364,12 +366,13 @@ class Worker {
         return absl::Status(reply.status().code(),
                             absl::StrCat("layer ", spec.layer, ": ", reply.status().message()));
       }
-      int64_t rows = 0;
-      for (int64_t q : q_lens) rows += q;
+      const std::vector<int64_t> bounds = client::ReplyRowBounds(spec, old_tokens, q_lens);
       ASSIGN_OR_RETURN(std::vector<int32_t> topk,
-                       client::ReadInt32Tensor(reply->topk(), spec.ReplyShape(rows), "topk"));
-      RETURN_IF_ERROR(CheckRows(spec, seqs, q_lens, topk));
-      if (long_mode()) RETURN_IF_ERROR(CheckNeedles(spec, seqs, q_lens, topk));
+                       client::ReadInt32Tensor(reply->topk(),
+                                               spec.ReplyShape(static_cast<int64_t>(bounds.size())),
+                                               "topk"));
+      RETURN_IF_ERROR(CheckRows(spec, bounds, topk));
+      if (long_mode()) RETURN_IF_ERROR(CheckNeedles(spec, seqs, q_lens, bounds, topk));
     }
     if (end == StepEnd::kAbort) {
       step->Abort();
@@ -396,15 +399,12 @@ class Worker {
     return absl::OkStatus();
   }
 
-  // SPEC §5's shape of every row of a layer's reply (client::CheckReplyShape:
-  // the soak keeps no K to score against, so values are the reference
-  // tests' job).
-  absl::Status CheckRows(const LayerSpec& spec, const std::vector<Seq*>& seqs,
-                         const std::vector<int64_t>& q_lens, const std::vector<int32_t>& topk) {
-    std::vector<int64_t> old_tokens;
-    for (const Seq* s : seqs) old_tokens.push_back(s->len);
-    const client::RowVerdict v =
-        client::CheckReplyShape(spec, client::ReplyRowBounds(spec, old_tokens, q_lens), topk);
+  // SPEC §5's shape of every row of a layer's reply (client::CheckReplyShape;
+  // `bounds` per row, client::ReplyRowBounds): values are the needles' job
+  // in the long mode, the reference tests' otherwise.
+  absl::Status CheckRows(const LayerSpec& spec, const std::vector<int64_t>& bounds,
+                         const std::vector<int32_t>& topk) {
+    const client::RowVerdict v = client::CheckReplyShape(spec, bounds, topk);
     if (!v.ok) {
       return absl::InternalError(
           absl::StrCat("layer ", spec.layer, " (", spec.role, ") of step ", steps_, ": ", v.problem));
@@ -461,7 +461,6 @@ class Worker {
         specs_, limits_.max_q_len, std::min<int64_t>(limits_.max_message_bytes / 2, int64_t{16} << 20));
     if (opt_.import_chunk > 0) chunk = std::min(chunk, opt_.import_chunk);
     s.salt = rng_.Next();
-    s.imported = len;
     while (s.len < len) {
       const int64_t n = std::min(chunk, len - s.len);
       v1::WriteEntriesRequest req;
@@ -497,16 +496,9 @@ class Worker {
   // The length the daemon holds for `s` (ListSequences) must be s.len (not
   // listed at all when 0: a failed first import creates nothing); then `s`
   // is released. For a sequence whose last import failed.
-  absl::Status CheckHeldThenRelease(const Seq& s) {
-    std::string token;
-    int64_t held = -1;
-    do {
-      ASSIGN_OR_RETURN(v1::ListSequencesResponse page, client_->ListSequences(0, token));
-      for (const v1::SequenceInfo& info : page.sequences()) {
-        if (info.id().name() == s.name) held = static_cast<int64_t>(info.length());
-      }
-      token = page.next_page_token();
-    } while (!token.empty() && held < 0);
+  absl::Status CheckHeldThenRelease(Seq& s) {
+    ASSIGN_OR_RETURN(const auto listed, Settled({&s}, "a failed import"));
+    const int64_t held = listed.empty() ? -1 : listed.begin()->second;
     if (s.len == 0 ? held != -1 : held != s.len) {
       return absl::InternalError(absl::StrCat(
           "after a failed import ", s.name, held < 0 ? " is not listed" : " holds ",
@@ -527,7 +519,7 @@ class Worker {
   // them. The copy then joins the thread's sequences (and its needles).
   absl::Status CopyLong() {
     const Seq from = seqs_[rng_.Next() % seqs_.size()];
-    Seq copy{absl::StrCat("soak-", id_, "-", ++names_), 0, from.needles, from.salt, from.imported};
+    Seq copy{absl::StrCat("soak-", id_, "-", ++names_), 0, from.needles, from.salt};
     v1::ExportEntriesRequest req;
     *req.mutable_id() = client::NamedSequenceId(from.name);
     req.set_max_message_bytes(std::min<int64_t>(limits_.max_message_bytes, int64_t{16} << 20));
@@ -549,7 +541,7 @@ class Worker {
               layer.k().data().size(), " bytes, expected layer ", spec.layer, " with ", n * eb));
         }
         const int64_t known = std::clamp<int64_t>(
-            EntriesFor(from.imported, spec.compress_ratio) - first, 0, n);
+            EntriesFor(opt_.long_tokens, spec.compress_ratio) - first, 0, n);
         if (known == 0) continue;
         const std::vector<uint8_t> want = field_.Entries(spec, first, known, from.needles, from.salt);
         const auto* got = reinterpret_cast<const uint8_t*>(layer.k().data().data());
@@ -586,17 +578,16 @@ class Worker {
 
   // Every needle a row of this step sees is in its top-k (needles.h).
   absl::Status CheckNeedles(const LayerSpec& spec, const std::vector<Seq*>& seqs,
-                            const std::vector<int64_t>& q_lens, const std::vector<int32_t>& topk) {
-    std::vector<int64_t> old_tokens;
+                            const std::vector<int64_t>& q_lens, const std::vector<int64_t>& bounds,
+                            const std::vector<int32_t>& topk) {
     std::vector<std::vector<int64_t>> needles;
     std::vector<std::string> names;
     for (const Seq* q : seqs) {
-      old_tokens.push_back(q->len);
       needles.push_back(q->needles);
       names.push_back(q->name);
     }
     int64_t found = 0;
-    absl::Status s = soak::CheckNeedles(spec, old_tokens, q_lens, needles, names, topk, &found);
+    absl::Status s = soak::CheckNeedles(spec, bounds, q_lens, needles, names, topk, &found);
     counts_->needles_found += found;
     if (!s.ok()) return absl::InternalError(absl::StrCat("step ", steps_, ": ", s.message()));
     return absl::OkStatus();

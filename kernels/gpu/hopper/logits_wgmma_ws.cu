@@ -440,6 +440,16 @@ __global__ void __launch_bounds__(C::kThreads, C::kMinBlocks)
   float* out0 = p.logits;         // row0's logits
   int32_t n_r[kRowsWg] = {};
   const int e0 = wwarp * 16 + gq;  // the thread's entries e0, e0 + 8 of a tile
+  // The thread's share of a tile's logits (QuadTransposedSums): row
+  // lane_row of the warpgroup's, entry e_lane (kBoth: e0 and e0 + 8); at
+  // one row lanes t < 2 write. lane_out and lane_n (0: nothing to write)
+  // are the row's, set at each stage.
+  constexpr bool kBoth = kRowsWg == 4;
+  const int lane_row = kRowsWg == 4 ? t : kRowsWg == 2 ? t >> 1 : 0;
+  const int e_lane = kBoth ? e0 : e0 + 8 * (t & 1);
+  const bool lane_writes = kRowsWg > 1 || t < 2;
+  float* lane_out = p.logits;
+  int32_t lane_n = 0;
   // kWReg: the thread's (halved) weights, columns 8 j + 2 t, + 1.
   float2 w_r[C::kWReg ? kN / 8 : 1];
 
@@ -497,10 +507,17 @@ __global__ void __launch_bounds__(C::kThreads, C::kMinBlocks)
       }
 #pragma unroll
       for (int r = 0; r < kRowsWg; ++r) n_r[r] = r < my_rows ? visible[p.row_base + row0 + r] : 0;
+      lane_n = 0;
+#pragma unroll
+      for (int r = 0; r < kRowsWg; ++r) {
+        if (r == lane_row && lane_writes) lane_n = n_r[r];  // 0 past my_rows
+      }
+      lane_out = lane_row < my_rows ? out0 + lane_row * p.stride : out0;
       CpAsyncWait<0>();
     } else {
 #pragma unroll
       for (int r = 0; r < kRowsWg; ++r) n_r[r] = 0;
+      lane_n = 0;
     }
     FenceProxyAsyncShared();            // Q stores before the wgmma reads
     NamedBarrierSync(1 + wg, kWgSize);
@@ -525,37 +542,44 @@ __global__ void __launch_bounds__(C::kThreads, C::kMinBlocks)
   // clean there and measured no slower (B=64 32k next_n 1: 93.1-93.5 us
   // vs 93.2-94.3; prefill 4k x 32k: 2772 vs 2837 us; next_n 2: 136.5 vs
   // 131.6).
-  // kWReg: the scales come loaded (ks0, ks1), before the wgmma wait.
-  auto epilogue = [&](const float (&acc)[kN / 2], int slot, int32_t pos0, float ks0, float ks1) {
+  // kWReg: the scales come loaded (ks0: entry e_lane's; kBoth: ks1, e0 +
+  // 8's), before the wgmma wait. The quad's partial sums are reduced
+  // transposed (QuadTransposedSums: each lane ends with its own share, not
+  // every sum), so that each lane writes its logits at a precomputed row
+  // with one scale. H100, same call, against every sum in every lane and
+  // two writing lanes per row (s29, three rounds): prefill 4k x 32k logits
+  // 2137 -> 2060 us (964.7 -> 1000.7 TFLOP/s), 16k x 32k 6857 -> 6611;
+  // decode within 1 us either way (bound by K's bytes).
+  auto epilogue = [&](const float (&acc)[kN / 2], int slot, int32_t tile0, float ks0, float ks1) {
     if constexpr (!C::kWReg) {
-      ks0 = ks_s[slot * kWsTile + e0];
-      ks1 = ks_s[slot * kWsTile + e0 + 8];
+      ks0 = ks_s[slot * kWsTile + e_lane];
+      if constexpr (kBoth) ks1 = ks_s[slot * kWsTile + e0 + 8];
     }
     MbarArrive(empty_a + 8 * slot);
+    float2 part[kRowsWg];
 #pragma unroll
     for (int r = 0; r < kRowsWg; ++r) {
-      float2 sums;
       if constexpr (C::kWReg) {
-        sums = ReluWeightedHeadSumsReg<kHeads>(acc, w_r);
+        part[r] = ReluWeightedHeadPartialsReg<kHeads>(acc, w_r);
       } else if constexpr (C::kW4) {
-        sums = ReluWeightedQuadSums<kHeads / 8>(acc + 4 * r * (kHeads / 8), [&](int j) {
+        part[r] = ReluWeightedPartials<kHeads / 8>(acc + 4 * r * (kHeads / 8), [&](int j) {
           // Column groups j and j + 1 (j even) in one 16-byte load.
           const float4 w4 = *reinterpret_cast<const float4*>(w_s + r * kHeads + (j / 2) * 16 + 4 * t);
           return j % 2 == 0 ? make_float2(w4.x, w4.y) : make_float2(w4.z, w4.w);
         });
       } else {
-        sums = ReluWeightedHeadSums<kHeads>(acc, w_s, r, t);
+        part[r] = ReluWeightedHeadPartials<kHeads>(acc, w_s, r, t);
       }
-      if (r < my_rows) {
-        // Every lane of the quad holds both sums: two lanes store.
-        float* out = out0 + r * p.stride;
-        const float v = t == 0 ? sums.x * ks0 : sums.y * ks1;
-        const int32_t pos = t == 0 ? pos0 : pos0 + 8;
-        if (t < 2 && pos < n_r[r]) {
-          out[pos] = v;
-          if (hist) atomicAdd(&hist_s[TopBin(OrderedKey(v))], 1u);
-        }
-      }
+    }
+    const float2 v = QuadTransposedSums<kRowsWg>(part, t);
+    const int32_t pos = tile0 + e_lane;
+    if (pos < lane_n) {
+      const float x = v.x * ks0;
+      lane_out[pos] = x;
+      if (hist) atomicAdd(&hist_s[TopBin(OrderedKey(x))], 1u);
+    }
+    if constexpr (kBoth) {
+      if (pos + 8 < lane_n) lane_out[pos + 8] = v.y * ks1;
     }
   };
   // Even a warpgroup with no rows in the group waits for the tile: its
@@ -590,11 +614,11 @@ __global__ void __launch_bounds__(C::kThreads, C::kMinBlocks)
       mma(acc, slot);
       float ks0 = 0.f, ks1 = 0.f;
       if constexpr (C::kWReg) {  // their loads in flight during the wgmma
-        ks0 = ks_s[slot * kWsTile + e0];
-        ks1 = ks_s[slot * kWsTile + e0 + 8];
+        ks0 = ks_s[slot * kWsTile + e_lane];
+        if constexpr (kBoth) ks1 = ks_s[slot * kWsTile + e0 + 8];
       }
       WgmmaWaitAll();
-      epilogue(acc, slot, ti.y + e0, ks0, ks1);
+      epilogue(acc, slot, ti.y, ks0, ks1);
     }
   }
   if (hist && staged >= 0) {

@@ -471,11 +471,12 @@ __device__ __forceinline__ bool NamedBarrierOr(int id, int threads, bool pred) {
 // Indexer epilogue over a wgmma fp32 accumulator of kH heads per query row
 // (row r holds the n8 column groups r * kH / 8 .. + kH / 8 - 1; lane quad t
 // holds columns 2t, 2t+1 of each group): sum_h w[h] * ReLU(q_h . k) for the
-// thread's two entries as (x + |x|) * w / 2 (halved weights), reduced over
-// the quad. acc: one row's 4 * kG values; wj(j): the thread's weight pair
-// {w[8 j + 2 t], w[8 j + 2 t + 1]} of the row's column group j.
+// thread's two entries as (x + |x|) * w / 2 (halved weights), over the
+// thread's own columns (the quad's four lanes then hold the row's four
+// partial sums). acc: one row's 4 * kG values; wj(j): the thread's weight
+// pair {w[8 j + 2 t], w[8 j + 2 t + 1]} of the row's column group j.
 template <int kG, class W>
-__device__ __forceinline__ float2 ReluWeightedQuadSums(const float* acc, W wj) {
+__device__ __forceinline__ float2 ReluWeightedPartials(const float* acc, W wj) {
   // Four FMA chains of kG (each entry's even and odd columns), not two of
   // 2 * kG: the chains are the epilogue's latency.
   float s0 = 0.f, s1 = 0.f, u0 = 0.f, u1 = 0.f;
@@ -487,13 +488,64 @@ __device__ __forceinline__ float2 ReluWeightedQuadSums(const float* acc, W wj) {
     s1 = fmaf(acc[4 * j + 2] + fabsf(acc[4 * j + 2]), w.x, s1);
     u1 = fmaf(acc[4 * j + 3] + fabsf(acc[4 * j + 3]), w.y, u1);
   }
-  s0 += u0;
-  s1 += u1;
-  s0 += ShflXor(s0, 1);
-  s0 += ShflXor(s0, 2);
-  s1 += ShflXor(s1, 1);
-  s1 += ShflXor(s1, 2);
-  return make_float2(s0, s1);
+  return make_float2(s0 + u0, s1 + u1);
+}
+
+// As ReluWeightedPartials, reduced over the quad: every lane holds both
+// entries' sums.
+template <int kG, class W>
+__device__ __forceinline__ float2 ReluWeightedQuadSums(const float* acc, W wj) {
+  float2 s = ReluWeightedPartials<kG>(acc, wj);
+  s.x += ShflXor(s.x, 1);
+  s.x += ShflXor(s.x, 2);
+  s.y += ShflXor(s.y, 1);
+  s.y += ShflXor(s.y, 2);
+  return s;
+}
+
+// The quad's sums of kR rows' partials p[r] = {entry e0, entry e0 + 8}
+// (ReluWeightedPartials), transposed: at each shuffle a lane sends the half
+// of its values its partner keeps and keeps the other half, so that lane t
+// of the quad ends with whole sums of its own share only:
+//   kR = 1: entry t & 1 (.x; lanes t and t ^ 2 alike);
+//   kR = 2: row t >> 1, entry t & 1 (.x);
+//   kR = 4: row t, both entries (.x: e0, .y: e0 + 8).
+// At kR = 2: 3 shuffles, 3 adds and 6 selects, against 8 shuffles and 8
+// adds for every sum in every lane (kR = 1: 2 + 2 + 2 against 4 + 4; kR = 4:
+// 6 + 6 + 12 against 16 + 16). The four partials pair up differently than
+// in ReluWeightedQuadSums: a change within fp32 summation order (SPEC §5).
+template <int kR>
+__device__ __forceinline__ float2 QuadTransposedSums(const float2 (&p)[kR], int t) {
+  static_assert(kR == 1 || kR == 2 || kR == 4, "one, two or four rows per warpgroup");
+  const bool hi = (t & 2) != 0, odd = (t & 1) != 0;
+  if constexpr (kR == 1) {
+    float k = odd ? p[0].y : p[0].x;
+    const float s = odd ? p[0].x : p[0].y;
+    k += ShflXor(s, 1);
+    k += ShflXor(k, 2);
+    return make_float2(k, 0.f);
+  } else if constexpr (kR == 2) {
+    // xor 2: lanes t & 2 keep row 1, the others row 0; xor 1: t & 1 keeps e0 + 8.
+    float ka = hi ? p[1].x : p[0].x, kb = hi ? p[1].y : p[0].y;
+    const float sa = hi ? p[0].x : p[1].x, sb = hi ? p[0].y : p[1].y;
+    ka += ShflXor(sa, 2);
+    kb += ShflXor(sb, 2);
+    const float k = odd ? kb : ka, s = odd ? ka : kb;
+    return make_float2(k + ShflXor(s, 1), 0.f);
+  } else {
+    // xor 2: lanes t & 2 keep rows 2, 3; xor 1: t & 1 keeps the pair's second.
+    float2 k0 = hi ? p[2] : p[0], k1 = hi ? p[3] : p[1];
+    const float2 s0 = hi ? p[0] : p[2], s1 = hi ? p[1] : p[3];
+    k0.x += ShflXor(s0.x, 2);
+    k0.y += ShflXor(s0.y, 2);
+    k1.x += ShflXor(s1.x, 2);
+    k1.y += ShflXor(s1.y, 2);
+    float2 k = odd ? k1 : k0;
+    const float2 s = odd ? k0 : k1;
+    k.x += ShflXor(s.x, 1);
+    k.y += ShflXor(s.y, 1);
+    return k;
+  }
 }
 
 // Row r's sums with the halved weights in shared memory. acc: [4 * (kH / 8)
@@ -508,12 +560,23 @@ __device__ __forceinline__ float2 ReluWeightedHeadSums(const float* acc, const f
   });
 }
 
-// One row's sums with the thread's halved weight pairs in registers (w[j]
-// for column group j).
+// Row r's partials (ReluWeightedPartials) with the halved weights in shared
+// memory, as ReluWeightedHeadSums.
 template <int kH>
-__device__ __forceinline__ float2 ReluWeightedHeadSumsReg(const float* acc, const float2* w) {
+__device__ __forceinline__ float2 ReluWeightedHeadPartials(const float* acc, const float* w_s, int r, int t) {
   static_assert(kH % 8 == 0, "whole n8 column groups per row");
-  return ReluWeightedQuadSums<kH / 8>(acc, [&](int j) { return w[j]; });
+  constexpr int kG = kH / 8;
+  return ReluWeightedPartials<kG>(acc + 4 * r * kG, [&](int j) {
+    return *reinterpret_cast<const float2*>(w_s + (r * kG + j) * 8 + 2 * t);
+  });
+}
+
+// One row's partials with the thread's halved weight pairs in registers
+// (w[j] for column group j).
+template <int kH>
+__device__ __forceinline__ float2 ReluWeightedHeadPartialsReg(const float* acc, const float2* w) {
+  static_assert(kH % 8 == 0, "whole n8 column groups per row");
+  return ReluWeightedPartials<kH / 8>(acc, [&](int j) { return w[j]; });
 }
 
 }  // namespace gpu

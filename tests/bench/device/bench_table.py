@@ -4,7 +4,7 @@
   bench_table.py [--metric logits|topk|layer|split|gbs] FILE.md...
 
 Each file's label is its name without the directory, the `.md`, a leading
-stage name (`kab-`, `gaps-`, `knob-`) and any round number (`-1`, `-2`): run.sh's
+stage name (`kab-`, `gaps-`, `knob-`, `table-`) and any round number (`-1`, `-2`): run.sh's
 `kab-1-base.md` and `kab-2-base.md` are both `base`, `gaps-1-clean.md` is
 `clean`. Prints one markdown row per shape (in the order the files first
 name them) and one column per label, a label's rounds as `r1 / r2 / ...`,
@@ -28,7 +28,7 @@ def label_of(path):
     stem = os.path.basename(path)
     stem = stem[:-3] if stem.endswith(".md") else stem
     parts = [p for p in stem.split("-") if p and not p.isdigit()]
-    if len(parts) > 1 and parts[0] in ("kab", "gaps", "knob"):
+    if len(parts) > 1 and parts[0] in ("kab", "gaps", "knob", "table"):
         parts = parts[1:]
     return "-".join(parts) or stem
 

@@ -40,6 +40,14 @@
 #             evict-first hint, alternated GAPS_ROUNDS times; the tables;
 #             then the bench's --stream-floor on the same shapes (a pure
 #             streaming kernel's time under both flushes: gaps-floor.md)
+#   table     the full kernel bench TABLE_ROUNDS times (default 3), beside
+#             the pack's base bench where pack.sh had BASE_BENCH (the two
+#             alternated), then the side-by-side tables: a session's table
+#             of record, and a change's A/B over every shape
+#   sass      cuobjdump of the pack's bench (and the base's): the kernels
+#             SASS_MATCH names (default the FP8 prefill configuration), their
+#             instructions by opcode, whole and in the tile loop
+#             (sass_summary.py), the base's counts beside
 #   knob      a knob A/B in one pack (KNOB: variants separated by ';', each
 #             "NAME=value ..." settings of kernels/gpu/knobs.h; KNOB_ONLY:
 #             the shapes, default KAB_ONLY's), alternated KNOB_ROUNDS times
@@ -453,6 +461,47 @@ stage_kab() {
   bench_tables "$OUT"/kab-*-base.md "$OUT"/kab-*-new.md
   return $rc
 }
+stage_table() {
+  # The full kernel bench (every shape beside the ceilings) TABLE_ROUNDS
+  # times (default 3): table-R-new.md; where the pack holds a base bench
+  # (pack.sh with BASE_BENCH: dev/base/, or TABLE_BASE) it runs beside, the
+  # two alternated (table-R-base.md); then the side-by-side tables (each
+  # round, the medians' difference). The session's table of record, and the
+  # A/B of a change over every shape.
+  local base=${TABLE_BASE:-$DEV/base/indexer_gpu_bench} r side bin rc=0 sides=(new) files=()
+  [[ -x $base ]] && sides=(base new)
+  echo "table: ${sides[*]} x ${TABLE_ROUNDS:-3}"
+  for r in $(seq "${TABLE_ROUNDS:-3}"); do
+    for side in "${sides[@]}"; do
+      bin=$DEV/bin/indexer_gpu_bench; [[ $side == base ]] && bin=$base
+      echo "== round $r: $side"
+      timeout "$TO" "$bin" --markdown "$OUT/table-$r-$side.md" > "$OUT/table-$r-$side.txt" 2>&1 ||
+        { rc=1; echo "table round $r $side rc 1"; tail -3 "$OUT/table-$r-$side.txt"; }
+    done
+  done
+  for side in "${sides[@]}"; do files+=("$OUT"/table-*-"$side".md); done
+  bench_tables "${files[@]}"
+  return $rc
+}
+stage_sass() {
+  # The SASS of the kernels whose mangled names match SASS_MATCH (a Python
+  # regex; default the FP8 prefill configuration of wgmma_ws), from the
+  # pack's bench and, where packed, the base's (dev/base/): per function
+  # its instructions and opcodes, whole and in its tile loop, the base's
+  # counts beside (sass_summary.py); the matching functions' listings in
+  # sass-new.txt and sass-base.txt (the whole listing stays in /tmp).
+  local cu match=${SASS_MATCH:-'WsConfigILi64ELi2ELi2ELi2ELi8ELi2ELb0ELb0EEELb0E'} side bin files=()
+  cu=$(command -v cuobjdump || echo /usr/local/cuda/bin/cuobjdump)
+  [[ -x $cu ]] || { echo "sass: no cuobjdump rc 1"; return 1; }
+  for side in new base; do
+    bin=$DEV/bin/indexer_gpu_bench; [[ $side == base ]] && bin=$DEV/base/indexer_gpu_bench
+    [[ -x $bin ]] || continue
+    "$cu" -sass "$bin" > "/tmp/sass-$side.txt" 2>&1 || echo "sass: cuobjdump of $bin rc 1"
+    awk -v m="$match" '/Function : /{on = ($0 ~ m)} on' "/tmp/sass-$side.txt" > "$OUT/sass-$side.txt"
+    files+=("/tmp/sass-$side.txt")
+  done
+  python3 "$ROOT/tests/bench/device/sass_summary.py" --match "$match" "${files[@]}" 2>&1 || echo "sass_summary rc 1"
+}
 stage_knob() {
   # A knob A/B in one pack: the bench under each variant of $KNOB (variants
   # separated by ';', each "NAME=value ..." of knobs.h) against none, on
@@ -619,13 +668,13 @@ failed=0
 # the A/B stages also return their status (a bench that failed, KNOB
 # unset), which counts too (the others end in commands whose status means
 # nothing).
-status_stages=" kab knob gaps "
+status_stages=" kab knob gaps table "
 for s in "${stages[@]}"; do
   t0=$(date +%s)
   "stage_${s//-/_}" > "$OUT/$s.log" 2>&1
   src=$?
   echo "### $s ($(( $(date +%s) - t0 )) s)"
-  grep -aE "PASSED|FAILED|ERROR SUMMARY|rc [0-9]|^soak: [0-9]|^== |rtt p50|backend host|step start|adds to its kernels|verdict|agree|torch|H200|round trip|alive|not SERVING|^knob: |^kab: " \
+  grep -aE "PASSED|FAILED|ERROR SUMMARY|rc [0-9]|^soak: [0-9]|^== |rtt p50|backend host|step start|adds to its kernels|verdict|agree|torch|H200|round trip|alive|not SERVING|^knob: |^kab: |^table: | instructions" \
     "$OUT/$s.log" | tail -40
   if grep -aqE "rc [1-9]|not SERVING" "$OUT/$s.log" || [[ $src != 0 && $status_stages == *" $s "* ]]; then
     failed=1; echo "### $s: FAILED"

@@ -1,10 +1,12 @@
 #!/usr/bin/env python3
-"""run.sh's knob stage without a GPU: a fake pack whose bench writes
-bench-shaped markdown from the knob it was given and whose test binary
-fails under one setting. Checks the variants (';'), their labels, that each
-variant's settings reach the bench and the tests, the tables against `off`,
-and that a failing test or an unset KNOB fails the stage; and that a
-changed compressed pack replaces the dev/ a warm machine kept."""
+"""run.sh's knob, table and sass stages without a GPU: a fake pack whose
+bench writes bench-shaped markdown from the knob it was given and whose
+test binary fails under one setting. Checks the variants (';'), their
+labels, that each variant's settings reach the bench and the tests, the
+tables against `off`, and that a failing test or an unset KNOB fails the
+stage; the table stage's rounds beside a packed base bench and without
+one; the sass stage's summary from a fake cuobjdump; and that a changed
+compressed pack replaces the dev/ a warm machine kept."""
 import os
 import shutil
 import stat
@@ -23,6 +25,7 @@ while (($#)); do
   shift
 done
 v=${INDEXER_GPU_BLOCK_STREAM:-4}
+only=${only:-every shape}
 {
   echo "| shape | kernel | logits us | floor us | GB/s (% copy) | TFLOP/s | top-k us | layer us | call us | target | split us |"
   echo "|---|---|---:|---:|---:|---:|---:|---:|---:|---|---:|"
@@ -180,6 +183,70 @@ class RunShKnobTest(unittest.TestCase):
         pack("B")
         self.assertIn("the GPU is 'GPU B'", card())
         self.assertFalse(os.path.exists(marker), "the old dev/ was not replaced")
+
+    def write_exe(self, path, text):
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        with open(path, "w") as f:
+            f.write(text)
+        os.chmod(path, os.stat(path).st_mode | stat.S_IXUSR)
+
+    def run_stage(self, stage, **env):
+        e = dict(os.environ, DEV=self.dev, OUT=self.out, OUT_TAR="0")
+        e.update(env)
+        res = subprocess.run(["bash", RUN, stage], env=e, capture_output=True, text=True, timeout=120)
+        log_path = os.path.join(self.out, f"{stage}.log")
+        log = ""
+        if os.path.exists(log_path):
+            with open(log_path) as f:
+                log = f.read()
+        return res.returncode, log, res.stdout
+
+    def test_table_beside_the_base(self):
+        # The base bench: logits 2 us above this pack's (its default knob 6).
+        self.write_exe(os.path.join(self.dev, "base", "indexer_gpu_bench"), BENCH.replace(":-4}", ":-6}"))
+        rc, log, out = self.run_stage("table", TABLE_ROUNDS="2")
+        self.assertEqual(rc, 0, log)
+        self.assertIn("table: base new x 2", out)
+        for r in (1, 2):
+            for side in ("base", "new"):
+                self.assertTrue(os.path.exists(os.path.join(self.out, f"table-{r}-{side}.md")), (r, side))
+        logits = log[log.index("logits (us"):log.index("== topk")]
+        self.assertIn("| shape | base | new | new - base |", logits)
+        self.assertIn("| every shape | 76.0 / 76.0 | 74.0 / 74.0 | -2.0 |", logits)
+
+    def test_table_alone_and_a_failing_bench(self):
+        rc, log, out = self.run_stage("table", TABLE_ROUNDS="1")
+        self.assertEqual(rc, 0, log)
+        self.assertIn("table: new x 1", out)
+        self.assertIn("| every shape | 74.0 |", log)
+        self.assertFalse(os.path.exists(os.path.join(self.out, "table-1-base.md")))
+        failing = os.path.join(self.tmp.name, "failing_bench")
+        self.write_exe(failing, "#!/usr/bin/env bash\necho 'bench: no GPU'\nexit 1\n")
+        rc, log, out = self.run_stage("table", TABLE_ROUNDS="1", TABLE_BASE=failing)
+        self.assertNotEqual(rc, 0, log)
+        self.assertIn("table round 1 base rc 1", log)
+        self.assertIn("### table: FAILED", out)
+
+    def test_sass_summary_beside_the_base(self):
+        # cuobjdump: the kernel has one more SHFL in the base's binary.
+        listing = (
+            "#!/usr/bin/env bash\n"
+            "shfl=''; [[ $2 == */base/* ]] && shfl='        /*0020*/ SHFL.BFLY PT, R1, R2, 0x1, 0x1f ;\n'\n"
+            "printf '\\t\\tFunction : _Z6KernelILi2EEvv\\n'\n"
+            "printf '        /*0000*/ S2R R0, SR_TID.X ;\\n        /*0010*/ QGMMA.64x128x32 R24, gdesc[UR8], RZ ;\\n'\n"
+            "printf \"$shfl\"\n"
+            "printf '\\t\\tFunction : _Z5Otherv\\n        /*0000*/ EXIT ;\\n'\n")
+        self.write_exe(os.path.join(self.dev, "bin", "cuobjdump"), listing)
+        self.write_exe(os.path.join(self.dev, "base", "indexer_gpu_bench"), BENCH)
+        rc, log, out = self.run_stage("sass", SASS_MATCH="Kernel")
+        self.assertEqual(rc, 0, log)
+        self.assertIn("_Z6KernelILi2EEvv whole: 2 instructions (base 3, -1)", log)
+        self.assertIn("SHFL 0 (base 1)", log)
+        self.assertIn("whole: 2 instructions", out)  # the console summary
+        with open(os.path.join(self.out, "sass-new.txt")) as f:
+            kept = f.read()
+        self.assertIn("_Z6KernelILi2EEvv", kept)
+        self.assertNotIn("_Z5Otherv", kept)
 
     def test_no_knob_fails(self):
         rc, log = self.run_knob(KNOB="")

@@ -30,10 +30,10 @@ def opcode(text):
     return words[0].split(".")[0] if words else ""
 
 
-def branch_target(text):
+def branch_target(op, text):
     # "BRA 0x1340" or "@!P0 BRA 0x2710": the target address, else None.
-    m = re.search(r"\bBRA(?:\.[A-Z0-9_.]+)?\s+(?:`\()?.*?0x([0-9a-f]+)", text)
-    return int(m.group(1), 16) if m and opcode(text) == "BRA" else None
+    m = re.search(r"0x([0-9a-f]+)", text) if op == "BRA" else None
+    return int(m.group(1), 16) if m else None
 
 
 def parse(path):
@@ -61,7 +61,7 @@ def tile_loop(insns):
         return []
     best = None
     for addr, op, text in insns:
-        t = branch_target(text)
+        t = branch_target(op, text)
         if t is not None and t <= first <= addr and (best is None or addr - t < best[1] - best[0]):
             best = (t, addr)
     if best is None:

@@ -285,13 +285,16 @@ INSTANTIATE_TEST_SUITE_P(
 // sm_90) and the portable one (0); odd sizes: rows of one entry, of a page
 // + 1, fewer causal blocks than the top-k, Hi 5 and 8 (two column tiles),
 // Hi 9 (portable), tiled pages, many rows of mixed lengths, a row over
-// more blocks than the block top-k takes.
+// more blocks than the block top-k takes; heads of very different sizes
+// (the streaming kernel scales Q by one exponent per row and block, over
+// every head).
 TEST(GpuBlockTest, BlockTopkMatchesReference) {
   SKIP_WITHOUT_GPU();
   struct Case {
     int32_t page_entries, heads, topk, init, local;
     std::vector<int32_t> hist, q_lens;
     bool tiled = false;
+    int head_spread = 0;  // head h's Q times 2^(-head_spread * h)
   };
   const std::vector<Case> cases = {
       {128, 4, 16, 0, 1, {5000, 300, 20000}, {1, 1, 1}},
@@ -315,6 +318,9 @@ TEST(GpuBlockTest, BlockTopkMatchesReference) {
       // the general top-k over every head at once (rows of 83-469 blocks,
       // next_n 2): head h's rows follow head h - 1's in one launch
       {64, 4, 16, 1, 1, {30000, 20000, 5300}, {1, 2, 1}},
+      // heads 2^5 apart (head 3: 2^-15 of head 0), and Hi 8 2^3 apart
+      {128, 4, 16, 0, 1, {20000, 3000, 129}, {1, 2, 1}, false, 5},
+      {128, 8, 16, 1, 1, {9000, 4100}, {1, 1}, false, 3},
   };
   for (const Case& c : cases) {
     for (int max_path : {2, 1, 0}) {
@@ -326,7 +332,10 @@ TEST(GpuBlockTest, BlockTopkMatchesReference) {
       const StepRows& rows = sc.rows;
       std::normal_distribution<float> nd(0.f, 1.f);
       std::vector<float> q(static_cast<size_t>(rows.num_rows) * c.heads * 128);
-      for (float& x : q) x = nd(rng);
+      for (size_t i = 0; i < q.size(); ++i) {
+        const int h = static_cast<int>(i / 128 % c.heads);
+        q[i] = std::ldexp(nd(rng), -c.head_spread * h);
+      }
       BlockQInput bq;
       bq.num_heads = c.heads;
       bq.q = q.data();

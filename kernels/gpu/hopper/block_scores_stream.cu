@@ -30,18 +30,20 @@
 // normal parts). An e2m1 nibble s.e1e0.m placed at fp16 bits 15 and 11..9
 // is exactly its value times 2^-14, so one mma chain per block gives
 // P_j = sum (hi + lo) * k * 2^-14 = 2^-E_j sum q k_e2m1 with fp32
-// accumulation; dot = sum_j P_j * 2^(ek_j - 127) * 2^E_j.
+// accumulation; dot = sum_j P_j * 2^(ek_j - 127) * 2^E_j. With head_lanes
+// (below) E_j is the row's, over every head (SwLoadQ), and each page's
+// scale pass multiplies 2^E_j into the entries' block scales.
 //
 // Columns: n8 tile nt holds heads 4 nt .. 4 nt + 3, columns 0-3 their hi
 // parts and 4-7 their lo parts; lanes t and t ^ 2 add a head's parts.
 // Shapes with head_lanes (the default for Hi <= 4) put head 4 nt + i in
 // columns 2i (hi) and 2i + 1 (lo) instead, so that lane (g, t) holds both
-// parts of head 4 nt + t: one Q factor per (row, block) instead of two
-// (8 FMUL fewer per tile), the parts added in the lane (4 shuffles fewer
-// per tile) and one maximum per head to combine, not two. Lane
-// (g, t) holds the bytes 4t..4t+3 of each block j of rows g and g + 8 (its
-// 8 elements 32 j + 8 t + i): the even elements i feed k-step 2 j, the odd
-// ones k-step 2 j + 1, with Q's B fragments in the same order.
+// parts of head 4 nt + t: the parts added in the lane (4 shuffles fewer
+// per tile), one maximum per head to combine, not two, and the Q factors
+// one per (row, block), folded into the scales (no multiply in the tile).
+// Lane (g, t) holds the bytes 4t..4t+3 of each block j of rows g and g + 8
+// (its 8 elements 32 j + 8 t + i): the even elements i feed k-step 2 j, the
+// odd ones k-step 2 j + 1, with Q's B fragments in the same order.
 //
 // Work: the step's work map (BlockWorkMap) splits the flat (row, page) items
 // of the launch evenly over the CTAs; group w of a CTA (page_warps warps)
@@ -55,6 +57,7 @@
 
 #include <algorithm>
 #include <cstdlib>
+#include <type_traits>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -155,9 +158,16 @@ __host__ __device__ inline SwGroupSmem SwSmemOf(int64_t page_bytes, int32_t page
 
 #if INDEXER_GPU_WGMMA
 // 2^(x - 127) of an e8m0 byte x < 255 (checked at input), as the float's
-// bits: normal for x >= 1, the subnormal 2^-127 for 0.
-__device__ __forceinline__ float SwE8m0(uint32_t x) {
-  return __uint_as_float(x != 0u ? x << 23 : 0x00400000u);
+// bits, from a word holding x at bits 23..30 (other bits anything): normal
+// for x >= 1, the subnormal 2^-127 (0x00400000) for 0, which is what the
+// unsigned maximum gives. Three instructions a byte (shift, mask, max);
+// each byte of a scale word shifted into place, not extracted first.
+__device__ __forceinline__ float SwE8m0At23(uint32_t w) {
+  return __uint_as_float(max(w & 0x7f800000u, 0x00400000u));
+}
+// The four e8m0 bytes of s (block j in byte j) as floats.
+__device__ __forceinline__ float4 SwE8m0x4(uint32_t s) {
+  return make_float4(SwE8m0At23(s << 23), SwE8m0At23(s << 15), SwE8m0At23(s << 7), SwE8m0At23(s >> 1));
 }
 
 // One row's walk state: the row holding flat item f and its geometry.
@@ -195,32 +205,69 @@ __device__ __forceinline__ float SwForced(int32_t b, int32_t causal, int32_t ini
 // Row lr's Q in this lane's B fragments (column g of each tile, every
 // k-step) and the Q factors 2^E_j of its accumulator columns 2t, 2t + 1
 // (kHeadLanes: both are head 4 nt + t's, f1 = f0).
+//
+// kHeadLanes: E_j is the exponent of block j's largest |q| over every head
+// of the row, not per head, so that 2^E_j is one factor per (row, block),
+// the same in every lane: the page's scale pass folds it into the entries'
+// block scales once per entry, instead of one multiply per head, block and
+// row a tile (8 a tile). A head whose block j is 2^k times smaller than the
+// row's largest keeps its hi + lo split exact to 2^-22 of its own values
+// for k <= 17 (below that lo turns subnormal in fp16: an error of at most
+// 2^-39 of the row's largest |q| a value, still far inside SPEC §5's
+// summation-order tolerance unless heads differ by more than 2^20).
 template <int kNT, bool kHeadLanes>
 __device__ __forceinline__ void SwLoadQ(const BlockScoreParams& p, int32_t lr, int g, int t,
                                         uint2 (&bq)[kNT][8], float (&f0)[kNT][4],
                                         float (&f1)[kNT][4]) {
   const bool lo_part = kHeadLanes ? (g & 1) != 0 : g >= 4;
+  // The lane's 8 values of head h, block j (0 for a head past num_heads).
+  auto load = [&](int h, int j, float (&x)[8]) {
+    if (h < p.num_heads) {
+      const float4* src = reinterpret_cast<const float4*>(
+          p.q + (static_cast<int64_t>(lr) * p.num_heads + h) * kSwDim + 32 * j + 8 * t);
+      const float4 a = src[0], b = src[1];
+      x[0] = a.x, x[1] = a.y, x[2] = a.z, x[3] = a.w, x[4] = b.x, x[5] = b.y, x[6] = b.z, x[7] = b.w;
+    } else {
+#pragma unroll
+      for (int i = 0; i < 8; ++i) x[i] = 0.f;
+    }
+  };
+  auto head_of = [&](int nt) { return nt * 4 + (kHeadLanes ? g >> 1 : g & 3); };
+  // kHeadLanes: block j's largest |q| over every head of the row (every
+  // lane's values, every n8 tile).
+  float row_max[4] = {0.f, 0.f, 0.f, 0.f};
+  if constexpr (kHeadLanes) {
+#pragma unroll
+    for (int nt = 0; nt < kNT; ++nt) {
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        float x[8];
+        load(head_of(nt), j, x);
+#pragma unroll
+        for (int i = 0; i < 8; ++i) row_max[j] = fmaxf(row_max[j], fabsf(x[i]));
+      }
+    }
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+#pragma unroll
+      for (int o = 1; o < 32; o <<= 1) row_max[j] = fmaxf(row_max[j], ShflXor(row_max[j], o));
+    }
+  }
 #pragma unroll
   for (int nt = 0; nt < kNT; ++nt) {
-    const int h = nt * 4 + (kHeadLanes ? g >> 1 : g & 3);
+    const int h = head_of(nt);
     float ef[4];
 #pragma unroll
     for (int j = 0; j < 4; ++j) {
       float x[8];
-      if (h < p.num_heads) {
-        const float4* src = reinterpret_cast<const float4*>(
-            p.q + (static_cast<int64_t>(lr) * p.num_heads + h) * kSwDim + 32 * j + 8 * t);
-        const float4 a = src[0], b = src[1];
-        x[0] = a.x, x[1] = a.y, x[2] = a.z, x[3] = a.w, x[4] = b.x, x[5] = b.y, x[6] = b.z, x[7] = b.w;
-      } else {
+      load(h, j, x);
+      float m = row_max[j];
+      if constexpr (!kHeadLanes) {
 #pragma unroll
-        for (int i = 0; i < 8; ++i) x[i] = 0.f;
+        for (int i = 0; i < 8; ++i) m = fmaxf(m, fabsf(x[i]));
+        m = fmaxf(m, ShflXor(m, 1));
+        m = fmaxf(m, ShflXor(m, 2));
       }
-      float m = 0.f;
-#pragma unroll
-      for (int i = 0; i < 8; ++i) m = fmaxf(m, fabsf(x[i]));
-      m = fmaxf(m, ShflXor(m, 1));
-      m = fmaxf(m, ShflXor(m, 2));
       // E: the exponent of the block's largest |q| (0 for an all-zero
       // block), in [-126, 127] so that 2^E and 2^-E are exact floats.
       const int32_t biased = static_cast<int32_t>((__float_as_uint(m) >> 23) & 0xffu);
@@ -237,12 +284,12 @@ __device__ __forceinline__ void SwLoadQ(const BlockScoreParams& p, int32_t lr, i
       bq[nt][2 * j + 1] = make_uint2(part[1] | part[3] << 16, part[5] | part[7] << 16);
       ef[j] = format_internal::ExactPow2(e);
     }
-    // Column c's Q is held by the lanes g = c (kHeadLanes: head 4 nt + t's
-    // columns 2t and 2t + 1 by lanes g = 2t, 2t + 1 alike).
+    // Column c's Q is held by the lanes g = c (kHeadLanes: the row's factor,
+    // the same in every lane).
 #pragma unroll
     for (int j = 0; j < 4; ++j) {
-      f0[nt][j] = ShflIdx(ef[j], 8 * t);
-      f1[nt][j] = kHeadLanes ? f0[nt][j] : ShflIdx(ef[j], 8 * t + 4);
+      f0[nt][j] = kHeadLanes ? ef[j] : ShflIdx(ef[j], 8 * t);
+      f1[nt][j] = kHeadLanes ? ef[j] : ShflIdx(ef[j], 8 * t + 4);
     }
   }
 }
@@ -430,8 +477,10 @@ __global__ void __launch_bounds__(kSwShapes[kShape].warps * 32, kSwShapes[kShape
 #pragma unroll
             for (int j = 0; j < 4; ++j) s |= static_cast<uint32_t>(page[l.ScaleOffset(e, j)]) << (8 * j);
           }
-          f = make_float4(SwE8m0(s & 0xffu), SwE8m0((s >> 8) & 0xffu), SwE8m0((s >> 16) & 0xffu),
-                          SwE8m0(s >> 24));
+          f = SwE8m0x4(s);
+          if constexpr (kHL) {  // the row's Q factors (SwLoadQ), exact powers of 2
+            f.x *= f0[0][0], f.y *= f0[0][1], f.z *= f0[0][2], f.w *= f0[0][3];
+          }
         }
         sc[e] = f;
       }
@@ -441,9 +490,12 @@ __global__ void __launch_bounds__(kSwShapes[kShape].warps * 32, kSwShapes[kShape
       float mx[kNT][2];
 #pragma unroll
       for (int nt = 0; nt < kNT; ++nt) mx[nt][0] = mx[nt][1] = -INFINITY;
-      // Two tiles at a time: independent chains for the scheduler.
-#pragma unroll 2
-      for (int32_t e0 = lo; e0 < hi; e0 += 16) {
+      // One 16-entry tile at e0. kMasked: the tile may end past the page's
+      // visible entries (those rows must not count); only a row's last page
+      // has such a tile, so the others skip the checks (4 instructions a
+      // tile).
+      auto tile = [&](int32_t e0, auto masked) {
+        constexpr bool kMasked = decltype(masked)::value;
         const int32_t ea = e0 + g, eb = e0 + g + 8;
         uint32_t wa[4], wb[4];
         if constexpr (kTma) {
@@ -487,12 +539,11 @@ __global__ void __launch_bounds__(kSwShapes[kShape].warps * 32, kSwShapes[kShape
             float d[4] = {0.f, 0.f, 0.f, 0.f};
             MmaF16(d, a0, a1, a2, a3, bq[nt][2 * j].x, bq[nt][2 * j].y);
             MmaF16(d, c0, c1, c2, c3, bq[nt][2 * j + 1].x, bq[nt][2 * j + 1].y);
-            if constexpr (kHL) {  // one factor for both parts
-              const float sa = ska_j[j] * f0[nt][j], sb = skb_j[j] * f0[nt][j];
-              acc[nt][0] = fmaf(d[0], sa, acc[nt][0]);
-              acc[nt][1] = fmaf(d[1], sa, acc[nt][1]);
-              acc[nt][2] = fmaf(d[2], sb, acc[nt][2]);
-              acc[nt][3] = fmaf(d[3], sb, acc[nt][3]);
+            if constexpr (kHL) {  // the scales carry the row's Q factors (the scale pass)
+              acc[nt][0] = fmaf(d[0], ska_j[j], acc[nt][0]);
+              acc[nt][1] = fmaf(d[1], ska_j[j], acc[nt][1]);
+              acc[nt][2] = fmaf(d[2], skb_j[j], acc[nt][2]);
+              acc[nt][3] = fmaf(d[3], skb_j[j], acc[nt][3]);
             } else {
               acc[nt][0] = fmaf(d[0], ska_j[j] * f0[nt][j], acc[nt][0]);
               acc[nt][1] = fmaf(d[1], ska_j[j] * f1[nt][j], acc[nt][1]);
@@ -502,8 +553,8 @@ __global__ void __launch_bounds__(kSwShapes[kShape].warps * 32, kSwShapes[kShape
           }
         }
         // hi + lo (lanes t, t ^ 2); rows past the page's visible entries
-        // do not count.
-        const bool oka = ea < count, okb = eb < count;
+        // do not count (their scales are 0, their products 0, not -inf).
+        const bool oka = !kMasked || ea < count, okb = !kMasked || eb < count;
 #pragma unroll
         for (int nt = 0; nt < kNT; ++nt) {
           if constexpr (kHL) {  // hi + lo in the lane; mx[nt][0]: head 4 nt + t
@@ -516,7 +567,14 @@ __global__ void __launch_bounds__(kSwShapes[kShape].warps * 32, kSwShapes[kShape
             mx[nt][1] = fmaxf(mx[nt][1], fmaxf(oka ? acc[nt][1] : -INFINITY, okb ? acc[nt][3] : -INFINITY));
           }
         }
-      }
+      };
+      // The warp's whole tiles, two at a time (independent chains for the
+      // scheduler), then the partial one if the visible entries end inside
+      // a tile.
+      const int32_t whole_end = lo + max(hi - lo, 0) / 16 * 16;
+#pragma unroll 2
+      for (int32_t e0 = lo; e0 < whole_end; e0 += 16) tile(e0, std::false_type{});
+      if (whole_end < hi) tile(whole_end, std::true_type{});
       // Maxima over the 8 row lanes; lanes g = 0, t < 2 hold heads
       // 4 nt + 2t, + 1 (kHL: lanes g = 0 hold head 4 nt + t; -inf for a
       // warp past the visible entries). The scale is positive: applied to

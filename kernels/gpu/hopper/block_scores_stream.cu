@@ -105,13 +105,22 @@ namespace {
 // tiles, not a shipped profile) keeps shape 2: shape 4 spills ~250 bytes
 // there. The INDEXER_GPU_BLOCK_STREAM knob (knobs.h) picks a shape for
 // comparison.
+//
+// Waves (shapes 6-9, for comparison): the grid holds `waves` times the CTAs
+// the SMs hold at once, each an equal share of the items, so that an SM
+// whose pages come slower runs fewer CTAs: the hardware hands the later
+// waves to the SMs that are done (ncu, H100, B=64 x 32k: the SMs' active
+// cycles span 84.5k to 104k, average 92k, with one wave).
 struct SwShape {
   int warps, stages, ctas_per_sm;
   int page_warps;  // warps scoring one page together (a group)
   bool head_lanes = false;  // a head's hi and lo columns in one lane (above)
+  int waves = 1;            // CTAs of the grid: SMs x ctas_per_sm x waves
 };
-constexpr SwShape kSwShapes[] = {{4, 3, 2, 1},  {5, 2, 2, 1},  {11, 2, 1, 1}, {16, 3, 1, 2},
-                                 {20, 2, 1, 2}, {20, 2, 1, 2, true}};
+constexpr SwShape kSwShapes[] = {{4, 3, 2, 1},           {5, 2, 2, 1},           {11, 2, 1, 1},
+                                 {16, 3, 1, 2},          {20, 2, 1, 2},          {20, 2, 1, 2, true},
+                                 {10, 2, 2, 2, true, 1}, {10, 2, 2, 2, true, 2}, {10, 2, 2, 2, true, 4},
+                                 {20, 2, 1, 2, true, 2}};
 constexpr int kSwShapeCount = static_cast<int>(sizeof(kSwShapes) / sizeof(kSwShapes[0]));
 constexpr int kSwDefaultShape = 5, kSwDefaultShapeTwoTiles = 2;
 static_assert(kSwShapes[kSwDefaultShape].ctas_per_sm == kSwShapes[kSwDefaultShapeTwoTiles].ctas_per_sm,
@@ -698,7 +707,8 @@ bool BlockScoresStreamSupported(const BlockScoreParams& p, int cc_major, int cc_
 
 int32_t BlockScoresStreamCtas(int32_t num_sms) {
   // Either default shape (the static_assert above): the count before Hi is known.
-  return std::max(num_sms, 1) * kSwShapes[SwShapeIndex(1)].ctas_per_sm;
+  const SwShape& sh = kSwShapes[SwShapeIndex(1)];
+  return std::max(num_sms, 1) * sh.ctas_per_sm * sh.waves;
 }
 
 // LaunchShape<i> for a shape index known at run time: one entry per

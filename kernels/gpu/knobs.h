@@ -23,8 +23,8 @@
 //   INDEXER_GPU_MFMA_MODEL=gfx942|gfx950  CUDA: the default logits choice runs
 //                                    the MFMA kernels through the instruction
 //                                    model
-//   INDEXER_GPU_BLOCK_STREAM=0..9   block_stream's launch shape (default 5,
-//                                    2 for Hi > 4; 6-9 launch in waves)
+//   INDEXER_GPU_BLOCK_STREAM=0..5   block_stream's launch shape (default 5,
+//                                    2 for Hi > 4)
 //   INDEXER_GPU_BLOCK_TMA=0          block_stream copies whole pages (no
 //                                    tensor map, no swizzle) on linear pages
 //   INDEXER_GPU_TOPK_BLOCKS_PER_SM=1|3|4  the cooperative top-k's stage B

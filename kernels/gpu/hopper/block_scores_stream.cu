@@ -101,26 +101,22 @@ namespace {
 // counting itself done with an item in shared memory and the last one
 // combining and refilling the slot (ad8ef28, reverted), logits moved -3.4 to
 // +1.1 us on decode and +70 us on prefill (H100, s24, three rounds), and
-// racecheck reported 15 hazards on the counter handoff. Hi 5-8 (two n8
-// tiles, not a shipped profile) keeps shape 2: shape 4 spills ~250 bytes
-// there. The INDEXER_GPU_BLOCK_STREAM knob (knobs.h) picks a shape for
-// comparison.
-//
-// Waves (shapes 6-9, for comparison): the grid holds `waves` times the CTAs
-// the SMs hold at once, each an equal share of the items, so that an SM
-// whose pages come slower runs fewer CTAs: the hardware hands the later
-// waves to the SMs that are done (ncu, H100, B=64 x 32k: the SMs' active
-// cycles span 84.5k to 104k, average 92k, with one wave).
+// racecheck reported 15 hazards on the counter handoff. Nor do waves pay
+// (04044d1, reverted): ncu puts the SMs' active cycles at 84.5k to 104k
+// (average 92k) at B=64 x 32k with every CTA holding the same pages, but a
+// grid of 2 or 4 times the resident CTAs, so that slower SMs would run
+// fewer, moved logits -1.9 to +2.8 us at B >= 64 and +2 to +4 at B = 1
+// (H100, s30, two rounds; 10-warp CTAs two per SM, or shape 5's CTAs in
+// two waves). Hi 5-8 (two n8 tiles, not a shipped profile) keeps shape 2:
+// shape 4 spills ~250 bytes there. The INDEXER_GPU_BLOCK_STREAM knob
+// (knobs.h) picks a shape for comparison.
 struct SwShape {
   int warps, stages, ctas_per_sm;
   int page_warps;  // warps scoring one page together (a group)
   bool head_lanes = false;  // a head's hi and lo columns in one lane (above)
-  int waves = 1;            // CTAs of the grid: SMs x ctas_per_sm x waves
 };
-constexpr SwShape kSwShapes[] = {{4, 3, 2, 1},           {5, 2, 2, 1},           {11, 2, 1, 1},
-                                 {16, 3, 1, 2},          {20, 2, 1, 2},          {20, 2, 1, 2, true},
-                                 {10, 2, 2, 2, true, 1}, {10, 2, 2, 2, true, 2}, {10, 2, 2, 2, true, 4},
-                                 {20, 2, 1, 2, true, 2}};
+constexpr SwShape kSwShapes[] = {{4, 3, 2, 1},  {5, 2, 2, 1},  {11, 2, 1, 1}, {16, 3, 1, 2},
+                                 {20, 2, 1, 2}, {20, 2, 1, 2, true}};
 constexpr int kSwShapeCount = static_cast<int>(sizeof(kSwShapes) / sizeof(kSwShapes[0]));
 constexpr int kSwDefaultShape = 5, kSwDefaultShapeTwoTiles = 2;
 static_assert(kSwShapes[kSwDefaultShape].ctas_per_sm == kSwShapes[kSwDefaultShapeTwoTiles].ctas_per_sm,
@@ -707,8 +703,7 @@ bool BlockScoresStreamSupported(const BlockScoreParams& p, int cc_major, int cc_
 
 int32_t BlockScoresStreamCtas(int32_t num_sms) {
   // Either default shape (the static_assert above): the count before Hi is known.
-  const SwShape& sh = kSwShapes[SwShapeIndex(1)];
-  return std::max(num_sms, 1) * sh.ctas_per_sm * sh.waves;
+  return std::max(num_sms, 1) * kSwShapes[SwShapeIndex(1)].ctas_per_sm;
 }
 
 // LaunchShape<i> for a shape index known at run time: one entry per

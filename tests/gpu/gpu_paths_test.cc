@@ -318,8 +318,11 @@ TEST(GpuBlockTest, BlockTopkMatchesReference) {
       // the general top-k over every head at once (rows of 83-469 blocks,
       // next_n 2): head h's rows follow head h - 1's in one launch
       {64, 4, 16, 1, 1, {30000, 20000, 5300}, {1, 2, 1}},
-      // heads 2^5 apart (head 3: 2^-15 of head 0), and Hi 8 2^3 apart
+      // heads 2^5 apart (head 3: 2^-15 of head 0), 2^7 apart (head 3 at
+      // 2^-21: past the range where its fp16 lo part stays normal), and
+      // Hi 8 2^3 apart
       {128, 4, 16, 0, 1, {20000, 3000, 129}, {1, 2, 1}, false, 5},
+      {128, 4, 16, 0, 1, {6000, 130}, {1, 1}, false, 7},
       {128, 8, 16, 1, 1, {9000, 4100}, {1, 1}, false, 3},
   };
   for (const Case& c : cases) {

@@ -57,7 +57,9 @@
 #   kcheck    a kernel change's checks: gpu_backend_test in KCHECK_SHARDS
 #             (default 4) gtest shards side by side, then memcheck and
 #             racecheck over the tests KCHECK_FILTER names (a gtest filter;
-#             default the gather, route, top-k, MXFP4 and small FP8 cases)
+#             default the gather, route, top-k, MXFP4 and small FP8 cases);
+#             KCHECK_SHARDS=0 runs only the filter's tests (plainly, then
+#             under the sanitizers)
 #   ncu       Nsight Compute on one warmed launch per NCU_CASES entry
 #             ("kernel regex@bench shape;..."; NCU_BENCH: another bench
 #             binary): speed of light, warp states and stall reasons,
@@ -256,9 +258,18 @@ stage_kcheck() {
   # gpu_backend_test (every GPU path against the cpu backend) as
   # KCHECK_SHARDS gtest shards side by side, then compute-sanitizer
   # memcheck and racecheck over KCHECK_FILTER's tests of it.
+  # KCHECK_SHARDS=0: a change to one kernel (e.g. KCHECK_FILTER=
+  # 'GpuBlockTest.*' for the block path): only the filter's tests, once
+  # plainly, then under the sanitizers.
   local n=${KCHECK_SHARDS:-4}
   local filter=${KCHECK_FILTER:-'Cases/*:Scales/*:Routes/*:Heads/*mxfp4*:Shapes/*fp8_E64_B3_*:Shapes/*mxfp4_E64_B24*'}
-  run_sharded gpu_backend_test X=1 -- gpu_backend_test
+  if ((n > 0)); then
+    run_sharded gpu_backend_test X=1 -- gpu_backend_test
+  else
+    timeout "$TO" gpu_backend_test --gtest_filter="$filter" > /tmp/kcheck-plain.log 2>&1
+    echo "gpu_backend_test --gtest_filter=$filter rc $?; $(grep -E '^\[  (PASSED|FAILED)  \]' /tmp/kcheck-plain.log | tr '\n' ' ')"
+    grep -m5 -E "Failure|FAILED  \] [A-Z]" /tmp/kcheck-plain.log
+  fi
   echo "sanitizers on gpu_backend_test --gtest_filter=$filter"
   sanitizers kcheck -- gpu_backend_test --gtest_filter="$filter"
 }

@@ -5,8 +5,9 @@ test binary fails under one setting. Checks the variants (';'), their
 labels, that each variant's settings reach the bench and the tests, the
 tables against `off`, and that a failing test or an unset KNOB fails the
 stage; the table stage's rounds beside a packed base bench and without
-one; the sass stage's summary from a fake cuobjdump; and that a changed
-compressed pack replaces the dev/ a warm machine kept."""
+one; the sass stage's summary from a fake cuobjdump; kcheck on a filter
+alone; and that a changed compressed pack replaces the dev/ a warm machine
+kept."""
 import os
 import shutil
 import stat
@@ -247,6 +248,23 @@ class RunShKnobTest(unittest.TestCase):
             kept = f.read()
         self.assertIn("_Z6KernelILi2EEvv", kept)
         self.assertNotIn("_Z5Otherv", kept)
+
+    def test_kcheck_the_filter_only(self):
+        # KCHECK_SHARDS=0: the filter's tests once, then both sanitizers;
+        # no shards of the whole binary.
+        self.write_exe(os.path.join(self.dev, "bin", "gpu_backend_test"), TEST)
+        rc, log, out = self.run_stage("kcheck", KCHECK_SHARDS="0", KCHECK_FILTER="GpuBlockTest.*")
+        self.assertEqual(rc, 0, log)
+        self.assertIn("gpu_backend_test --gtest_filter=GpuBlockTest.* rc 0; [  PASSED  ] 1 test.", log)
+        for tool in ("memcheck", "racecheck"):
+            self.assertIn(f"{tool} kcheck rc 0; [  PASSED  ] 1 test. ========= {tool} ERROR SUMMARY", log)
+        self.assertNotIn("shard", log)
+        # A failing test fails the stage.
+        rc, log, out = self.run_stage("kcheck", KCHECK_SHARDS="0", KCHECK_FILTER="GpuBlockTest.*",
+                                      INDEXER_GPU_BLOCK_STREAM="6")
+        self.assertNotEqual(rc, 0, log)
+        self.assertIn("gpu_backend_test --gtest_filter=GpuBlockTest.* rc 1; [  FAILED  ] 1 test", log)
+        self.assertIn("### kcheck: FAILED", out)
 
     def test_no_knob_fails(self):
         rc, log = self.run_knob(KNOB="")

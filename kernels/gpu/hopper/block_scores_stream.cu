@@ -218,8 +218,9 @@ __device__ __forceinline__ float SwForced(int32_t b, int32_t causal, int32_t ini
 // row a tile (8 a tile). A head whose block j is 2^k times smaller than the
 // row's largest keeps its hi + lo split exact to 2^-22 of its own values
 // for k <= 17 (below that lo turns subnormal in fp16: an error of at most
-// 2^-39 of the row's largest |q| a value, still far inside SPEC §5's
-// summation-order tolerance unless heads differ by more than 2^20).
+// 2^-39 of the row's largest |q| a value, by that bound inside SPEC §5's
+// summation-order tolerance for heads up to 2^20 apart; gpu_paths_test
+// also has heads 2^21 apart).
 template <int kNT, bool kHeadLanes>
 __device__ __forceinline__ void SwLoadQ(const BlockScoreParams& p, int32_t lr, int g, int t,
                                         uint2 (&bq)[kNT][8], float (&f0)[kNT][4],

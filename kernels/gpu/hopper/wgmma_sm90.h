@@ -491,11 +491,9 @@ __device__ __forceinline__ float2 ReluWeightedPartials(const float* acc, W wj) {
   return make_float2(s0 + u0, s1 + u1);
 }
 
-// As ReluWeightedPartials, reduced over the quad: every lane holds both
-// entries' sums.
-template <int kG, class W>
-__device__ __forceinline__ float2 ReluWeightedQuadSums(const float* acc, W wj) {
-  float2 s = ReluWeightedPartials<kG>(acc, wj);
+// Partials (ReluWeightedPartials) reduced over the quad: every lane holds
+// both entries' sums.
+__device__ __forceinline__ float2 QuadSums(float2 s) {
   s.x += ShflXor(s.x, 1);
   s.x += ShflXor(s.x, 2);
   s.y += ShflXor(s.y, 1);
@@ -513,7 +511,7 @@ __device__ __forceinline__ float2 ReluWeightedQuadSums(const float* acc, W wj) {
 // At kR = 2: 3 shuffles, 3 adds and 6 selects, against 8 shuffles and 8
 // adds for every sum in every lane (kR = 1: 2 + 2 + 2 against 4 + 4; kR = 4:
 // 6 + 6 + 12 against 16 + 16). The four partials pair up differently than
-// in ReluWeightedQuadSums: a change within fp32 summation order (SPEC §5).
+// in QuadSums: a change within fp32 summation order (SPEC §5).
 template <int kR>
 __device__ __forceinline__ float2 QuadTransposedSums(const float2 (&p)[kR], int t) {
   static_assert(kR == 1 || kR == 2 || kR == 4, "one, two or four rows per warpgroup");
@@ -548,20 +546,8 @@ __device__ __forceinline__ float2 QuadTransposedSums(const float2 (&p)[kR], int 
   }
 }
 
-// Row r's sums with the halved weights in shared memory. acc: [4 * (kH / 8)
-// * rows] per thread; w_s: [rows * kH].
-template <int kH>
-__device__ __forceinline__ float2 ReluWeightedHeadSums(const float* acc, const float* w_s,
-                                                       int r, int t) {
-  static_assert(kH % 8 == 0, "whole n8 column groups per row");
-  constexpr int kG = kH / 8;
-  return ReluWeightedQuadSums<kG>(acc + 4 * r * kG, [&](int j) {
-    return *reinterpret_cast<const float2*>(w_s + (r * kG + j) * 8 + 2 * t);
-  });
-}
-
 // Row r's partials (ReluWeightedPartials) with the halved weights in shared
-// memory, as ReluWeightedHeadSums.
+// memory. acc: [4 * (kH / 8) * rows] per thread; w_s: [rows * kH].
 template <int kH>
 __device__ __forceinline__ float2 ReluWeightedHeadPartials(const float* acc, const float* w_s, int r, int t) {
   static_assert(kH % 8 == 0, "whole n8 column groups per row");
@@ -569,6 +555,12 @@ __device__ __forceinline__ float2 ReluWeightedHeadPartials(const float* acc, con
   return ReluWeightedPartials<kG>(acc + 4 * r * kG, [&](int j) {
     return *reinterpret_cast<const float2*>(w_s + (r * kG + j) * 8 + 2 * t);
   });
+}
+
+// Row r's sums, every lane of the quad holding both.
+template <int kH>
+__device__ __forceinline__ float2 ReluWeightedHeadSums(const float* acc, const float* w_s, int r, int t) {
+  return QuadSums(ReluWeightedHeadPartials<kH>(acc, w_s, r, t));
 }
 
 // One row's partials with the thread's halved weight pairs in registers

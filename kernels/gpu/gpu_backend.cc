@@ -199,6 +199,11 @@ void GpuBackend::set_max_logits_path(int v) {
   max_path_ = v;
 }
 
+void GpuBackend::set_block_tail(BlockTailRule rule) {
+  absl::MutexLock lock(&mu_);
+  block_tail_ = rule;
+}
+
 void GpuBackend::set_split_timing(bool split) {
   absl::MutexLock lock(&mu_);
   split_timing_ = split;

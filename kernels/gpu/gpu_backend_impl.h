@@ -158,6 +158,10 @@ class GpuBackend : public Backend {
   // Caps the logits path: 0 portable, 1 mma.sync, 2 wgmma (default); tests
   // compare the paths.
   void set_max_logits_path(int v);
+  // The block path's claimed tail for work maps made after the call
+  // (plan.h: BlockTailRule; default: INDEXER_GPU_BLOCK_TAIL's percent, else
+  // kBlockTailPercent); tests run every tail, short launches included.
+  void set_block_tail(BlockTailRule rule);
   // Timing of a layer's logits and its top-k. Split (true): an event
   // between the two kernels, each timed alone (LayerTimings::logits_us and
   // topk_us); that event holds the top-k's launch ~3 us (H100, s26). Joint
@@ -408,6 +412,7 @@ class GpuBackend : public Backend {
   std::string last_path_ ABSL_GUARDED_BY(mu_);
   bool topk_hist_ready_ ABSL_GUARDED_BY(mu_) = false;
   int max_path_ ABSL_GUARDED_BY(mu_) = 2;
+  BlockTailRule block_tail_ ABSL_GUARDED_BY(mu_) = DefaultBlockTail();
 };
 
 }  // namespace gpu

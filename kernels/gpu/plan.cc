@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "absl/strings/str_cat.h"
+#include "kernels/gpu/knobs.h"
 
 namespace indexer {
 namespace gpu {
@@ -112,12 +113,18 @@ void PlanGather(const StepRows& rows, int32_t row_begin, int32_t row_end, int64_
   }
 }
 
+BlockTailRule DefaultBlockTail() {
+  BlockTailRule rule;
+  rule.percent = Knobs().block_tail_percent >= 0 ? Knobs().block_tail_percent : kBlockTailPercent;
+  return rule;
+}
+
 absl::Status PlanBlockWork(const StepRows& rows, int32_t page_entries,
-                           const std::vector<SubChunk>& chunks, int32_t ctas,
-                           std::vector<int32_t>* starts, std::vector<int32_t>* cta,
-                           std::vector<int64_t>* cta_offsets) {
+                           const std::vector<SubChunk>& chunks, int32_t ctas, BlockTailRule tail,
+                           BlockWorkPlan* out) {
   const int32_t nr = rows.num_rows;
-  starts->assign(static_cast<size_t>(nr) + 1, 0);
+  std::vector<int32_t>& starts = out->starts;
+  starts.assign(static_cast<size_t>(nr) + 1, 0);
   int64_t total = 0;
   for (int32_t r = 0; r < nr; ++r) {
     total += (static_cast<int64_t>(rows.row_visible[r]) + page_entries - 1) / page_entries;
@@ -125,22 +132,37 @@ absl::Status PlanBlockWork(const StepRows& rows, int32_t page_entries,
       return absl::ResourceExhaustedError(absl::StrCat(
           "block path: the step's causal pages exceed ", INT32_MAX, " (row ", r, ")"));
     }
-    (*starts)[r + 1] = static_cast<int32_t>(total);
+    starts[r + 1] = static_cast<int32_t>(total);
   }
-  cta->clear();
-  cta_offsets->clear();
+  out->cta.clear();
+  out->cta_offsets.clear();
+  out->tails.clear();
+  out->hints.clear();
+  const int64_t percent = std::clamp<int64_t>(tail.percent, 0, 100);
   for (const SubChunk& sc : chunks) {
-    cta_offsets->push_back(static_cast<int64_t>(cta->size()));
-    const int64_t lo = (*starts)[sc.row_begin], span = (*starts)[sc.row_end] - lo;
+    out->cta_offsets.push_back(static_cast<int64_t>(out->cta.size()));
+    const int64_t lo = starts[sc.row_begin], span = starts[sc.row_end] - lo;
+    int64_t claimed = span * percent / 100;
+    if (span - claimed < int64_t{tail.min_items_per_cta} * ctas) claimed = 0;
+    const int64_t split = span - claimed;
     int32_t r = sc.row_begin;
     for (int32_t c = 0; c <= ctas; ++c) {
-      const int64_t f = lo + span * c / ctas;
+      const int64_t f = lo + split * c / ctas;
       // The row holding f (starts[r] <= f < starts[r + 1]); the range's end
       // stays on the sub-chunk's last row.
-      while (r + 1 < sc.row_end && (*starts)[r + 1] <= f) ++r;
-      cta->push_back(static_cast<int32_t>(f));
-      cta->push_back(r);
+      while (r + 1 < sc.row_end && starts[r + 1] <= f) ++r;
+      out->cta.push_back(static_cast<int32_t>(f));
+      out->cta.push_back(r);
     }
+    BlockWorkPlan::Tail t;
+    t.begin = static_cast<int32_t>(lo + split);
+    t.end = static_cast<int32_t>(lo + span);
+    t.hint_offset = static_cast<int64_t>(out->hints.size());
+    for (int64_t f = t.begin; f < t.end; f += int64_t{1} << kBlockTailHintShift) {
+      while (r + 1 < sc.row_end && starts[r + 1] <= f) ++r;
+      out->hints.push_back(r);
+    }
+    out->tails.push_back(t);
   }
   return absl::OkStatus();
 }

@@ -93,18 +93,51 @@ absl::StatusOr<StepPlan> PlanStep(const StepRows& rows,
 void PlanGather(const StepRows& rows, int32_t row_begin, int32_t row_end, int64_t pool_entries,
                 int32_t num_sms, std::vector<LogitsGroup>* groups, std::vector<LogitsUnit>* units);
 
+// The block path's claimed tail. The streaming block kernel's CTAs do not
+// run equally fast (ncu, H100, B=64 x 32k: SM active cycles 84.5k to 104k
+// with equal pages), so an even split ends with the slowest. The last
+// `percent` % of a sub-chunk's flat range is therefore not split: a group of
+// warps that ends its static share claims those items one at a time from a
+// counter (params.h: BlockWorkMap). No tail when the static share would be
+// under `min_items_per_cta` items a CTA (short launches: the claims' setup
+// costs more than a balance can win).
+struct BlockTailRule {
+  int32_t percent = 0;  // 0..100
+  int32_t min_items_per_cta = 16;
+};
+// The default percent (INDEXER_GPU_BLOCK_TAIL=N overrides it, knobs.h).
+inline constexpr int32_t kBlockTailPercent = 20;
+BlockTailRule DefaultBlockTail();
+// A row hint every 2^kBlockTailHintShift tail items (a claimed item's cursor
+// starts at its hint's row, not at the CTA's).
+inline constexpr int32_t kBlockTailHintShift = 4;
+
+struct BlockWorkPlan {
+  // [rows + 1]: starts[r] = sum over rows before r of their causal pages.
+  std::vector<int32_t> starts;
+  // Per sub-chunk ctas + 1 pairs {first flat index, its row}: the even split
+  // of its static range [starts[row_begin], tail begin) over the CTAs (an
+  // empty CTA repeats its neighbour's pair; its row is always a row of the
+  // sub-chunk); cta_offsets[i]: where sub-chunk i's pairs begin.
+  std::vector<int32_t> cta;
+  std::vector<int64_t> cta_offsets;
+  // Per sub-chunk its claimed items [begin, end) (begin == end: none; end is
+  // the sub-chunk's end) and where its row hints begin in `hints`: hint j is
+  // the row of item begin + j * 2^kBlockTailHintShift.
+  struct Tail {
+    int32_t begin = 0, end = 0;
+    int64_t hint_offset = 0;
+  };
+  std::vector<Tail> tails;
+  std::vector<int32_t> hints;
+};
+
 // The block path's work map (params.h: BlockWorkMap) for pages of
-// `page_entries`: starts[r] = sum over rows before r of their causal pages
-// (num_rows + 1 values), and per sub-chunk [row_begin, row_end) of `chunks`
-// the even split of its flat range [starts[row_begin], starts[row_end])
-// over `ctas` CTAs as ctas + 1 pairs {first flat index, its row} (an empty
-// CTA repeats its neighbour's pair; its row is always a row of the
-// sub-chunk). cta_offsets[i] is where sub-chunk i's pairs begin in *cta.
-// RESOURCE_EXHAUSTED when the flat range does not fit int32.
+// `page_entries` over `ctas` CTAs, per sub-chunk of `chunks`, with the tail
+// `tail` asks for. RESOURCE_EXHAUSTED when the flat range does not fit int32.
 absl::Status PlanBlockWork(const StepRows& rows, int32_t page_entries,
-                           const std::vector<SubChunk>& chunks, int32_t ctas,
-                           std::vector<int32_t>* starts, std::vector<int32_t>* cta,
-                           std::vector<int64_t>* cta_offsets);
+                           const std::vector<SubChunk>& chunks, int32_t ctas, BlockTailRule tail,
+                           BlockWorkPlan* out);
 
 }  // namespace gpu
 }  // namespace indexer

@@ -145,6 +145,8 @@ absl::Status GpuBackend::Init() {
   GPU_RETURN_IF_ERROR(MemsetAsync(topk_state_, 0, int64_t{ws_.max_rows} * kTopkStateWords * 4, stream_));
   GPU_RETURN_IF_ERROR(StreamSynchronize(stream_));
   RETURN_IF_ERROR(take(int64_t{ws_.max_rows} * 64 * 4, &aux_));
+  RETURN_IF_ERROR(take(2 * 4, &ws_claims_));
+  GPU_RETURN_IF_ERROR(MemsetAsync(ws_claims_, 0, 2 * 4, stream_));
   // The checks' state starts as every launch leaves it (CheckParams::state).
   RETURN_IF_ERROR(take((kCheckSlots + 1) * 4, &check_state_));
   GPU_RETURN_IF_ERROR(MemsetAsync(check_state_, 0xff, kCheckSlots * 4, stream_));
@@ -199,9 +201,14 @@ void GpuBackend::set_max_logits_path(int v) {
   max_path_ = v;
 }
 
-void GpuBackend::set_block_tail(BlockTailRule rule) {
+void GpuBackend::set_block_tail(TailRule rule) {
   absl::MutexLock lock(&mu_);
   block_tail_ = rule;
+}
+
+void GpuBackend::set_ws_tail(TailRule rule) {
+  absl::MutexLock lock(&mu_);
+  ws_tail_ = rule;
 }
 
 void GpuBackend::set_split_timing(bool split) {
@@ -713,6 +720,8 @@ absl::Status GpuBackend::DenseWalk(
     lp.logits = logits_;
     lp.stride = sc.stride;
     lp.l2_bytes = props_.l2CacheSize;
+    lp.claims = ws_claims_;
+    lp.tail = ws_tail_;
     if (fuse_topk > 0 && gather == nullptr && TopkWantsHist(nr, sc.max_visible, fuse_topk)) {
       lp.topk_hist = topk_state_;
       lp.topk_min_visible = fuse_topk;

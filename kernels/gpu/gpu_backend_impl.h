@@ -159,9 +159,11 @@ class GpuBackend : public Backend {
   // compare the paths.
   void set_max_logits_path(int v);
   // The block path's claimed tail for work maps made after the call
-  // (plan.h: BlockTailRule; default: INDEXER_GPU_BLOCK_TAIL's percent, else
+  // (plan.h: TailRule; default: INDEXER_GPU_BLOCK_TAIL's percent, else
   // kBlockTailPercent); tests run every tail, short launches included.
-  void set_block_tail(BlockTailRule rule);
+  void set_block_tail(TailRule rule);
+  // wgmma_ws's claimed tail (LogitsParams::tail; default DefaultWsTail()).
+  void set_ws_tail(TailRule rule);
   // Timing of a layer's logits and its top-k. Split (true): an event
   // between the two kernels, each timed alone (LayerTimings::logits_us and
   // topk_us); that event holds the top-k's launch ~3 us (H100, s26). Joint
@@ -399,6 +401,9 @@ class GpuBackend : public Backend {
   // Per-call row scratch of the candidate and block paths: [max_rows x 64]
   // int32 (block counts, slot counts, causal pages per head and row).
   int32_t* aux_ = nullptr;
+  // The ws logits kernel's claim counters (LogitsParams::claims), 0 between
+  // launches.
+  int32_t* ws_claims_ = nullptr;
   // The device checks' state (CheckParams::state: [kCheckSlots + 1] words).
   uint32_t* check_state_ = nullptr;
   // Their verdict: first bad element of the call's device inputs (k,
@@ -412,7 +417,8 @@ class GpuBackend : public Backend {
   std::string last_path_ ABSL_GUARDED_BY(mu_);
   bool topk_hist_ready_ ABSL_GUARDED_BY(mu_) = false;
   int max_path_ ABSL_GUARDED_BY(mu_) = 2;
-  BlockTailRule block_tail_ ABSL_GUARDED_BY(mu_) = DefaultBlockTail();
+  TailRule block_tail_ ABSL_GUARDED_BY(mu_) = DefaultBlockTail();
+  TailRule ws_tail_ ABSL_GUARDED_BY(mu_) = DefaultWsTail();
 };
 
 }  // namespace gpu

@@ -12,6 +12,7 @@ namespace {
 constexpr const char* kNames[] = {
     "INDEXER_GPU_WGMMA_WS",        "INDEXER_GPU_WGMMA_MXFP4",      "INDEXER_GPU_TOPK_FUSE",
     "INDEXER_GPU_WS_EVICT_FIRST",  "INDEXER_GPU_WS_UNIT",          "INDEXER_GPU_WS_BLOCKS_PER_SM",
+    "INDEXER_GPU_WS_TAIL",
     "INDEXER_GPU_MXFP4_WARPGROUPS", "INDEXER_GPU_MFMA_MODEL",      "INDEXER_GPU_LOGITS_MB",
     "INDEXER_GPU_BLOCK_STREAM",    "INDEXER_GPU_BLOCK_TMA",        "INDEXER_GPU_BLOCK_TAIL",
     "INDEXER_GPU_TOPK_BLOCKS_PER_SM",
@@ -42,6 +43,8 @@ GpuKnobs Read() {
   k.ws_unit_entries = unit >= 64 && unit % 64 == 0 && unit <= (1 << 20) ? static_cast<int32_t>(unit) : 0;
   const int64_t per_sm = Number("INDEXER_GPU_WS_BLOCKS_PER_SM");
   k.ws_blocks_per_sm = per_sm > 0 && per_sm <= 64 ? static_cast<int32_t>(per_sm) : 0;
+  const int64_t ws_tail = Number("INDEXER_GPU_WS_TAIL");
+  k.ws_tail_percent = ws_tail > 0 && ws_tail <= 50 ? static_cast<int32_t>(ws_tail) : 0;
   const int64_t wg = Number("INDEXER_GPU_MXFP4_WARPGROUPS");
   k.mxfp4_warpgroups = wg > 0 && wg <= 8 ? static_cast<int32_t>(wg) : 0;
   if (const char* v = std::getenv("INDEXER_GPU_MFMA_MODEL"); v != nullptr) {

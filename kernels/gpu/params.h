@@ -139,6 +139,17 @@ struct LogitsParams {
   // once the block has set up, rather than at the grid's end; the top-k
   // waits for the logits before it reads them (GridDependencyWait).
   bool launch_dependents = false;
+  // The ws kernel's claimed tail (dense walk; plan.h: TailRule): the last
+  // tail_units units of [unit_begin, unit_end) are not split over the
+  // blocks; each block's producer, its share done, claims claim_units of
+  // them at a time from claims[0], until a claim comes back past the end.
+  // claims ([2]: claims, blocks done) are the backend's, 0 between
+  // launches: the launch's last block sets them back. The launcher sets
+  // tail_units and claim_units by `tail` where claims is not null.
+  int32_t* claims = nullptr;
+  TailRule tail;
+  int32_t tail_units = 0;
+  int32_t claim_units = 0;
 };
 
 // The fastest path the device, format, layout and H allow: "wgmma_ws" or
@@ -364,7 +375,7 @@ struct BlockWorkMap {
   const int32_t* cta;        // [ctas + 1][2] {first flat index, its row}; the
                              // last pair ends the sub-chunk's static range
   int32_t ctas;              // grid of the launch
-  // The sub-chunk's claimed tail (plan.h: BlockTailRule), items
+  // The sub-chunk's claimed tail (plan.h: TailRule), items
   // [tail_begin, tail_end) after the static range; none when equal. Groups
   // that end their static share claim them one at a time from counters[0];
   // tail_rows[j] is the row of item tail_begin + (j << kBlockTailHintShift).

@@ -113,14 +113,21 @@ void PlanGather(const StepRows& rows, int32_t row_begin, int32_t row_end, int64_
   }
 }
 
-BlockTailRule DefaultBlockTail() {
-  BlockTailRule rule;
+TailRule DefaultBlockTail() {
+  TailRule rule;
   rule.percent = Knobs().block_tail_percent >= 0 ? Knobs().block_tail_percent : kBlockTailPercent;
   return rule;
 }
 
+TailRule DefaultWsTail() {
+  TailRule rule;
+  rule.percent = Knobs().ws_tail_percent;
+  rule.min_items_per_cta = 4;
+  return rule;
+}
+
 absl::Status PlanBlockWork(const StepRows& rows, int32_t page_entries,
-                           const std::vector<SubChunk>& chunks, int32_t ctas, BlockTailRule tail,
+                           const std::vector<SubChunk>& chunks, int32_t ctas, TailRule tail,
                            BlockWorkPlan* out) {
   const int32_t nr = rows.num_rows;
   std::vector<int32_t>& starts = out->starts;

@@ -93,21 +93,25 @@ absl::StatusOr<StepPlan> PlanStep(const StepRows& rows,
 void PlanGather(const StepRows& rows, int32_t row_begin, int32_t row_end, int64_t pool_entries,
                 int32_t num_sms, std::vector<LogitsGroup>* groups, std::vector<LogitsUnit>* units);
 
-// The block path's claimed tail. The streaming block kernel's CTAs do not
-// run equally fast (ncu, H100, B=64 x 32k: SM active cycles 84.5k to 104k
-// with equal pages), so an even split ends with the slowest. The last
-// `percent` % of a sub-chunk's flat range is therefore not split: a group of
-// warps that ends its static share claims those items one at a time from a
-// counter (params.h: BlockWorkMap). No tail when the static share would be
-// under `min_items_per_cta` items a CTA (short launches: the claims' setup
-// costs more than a balance can win).
-struct BlockTailRule {
+// A persistent kernel's claimed tail. The SMs do not run equally fast
+// (ncu, H100, the block kernel at B=64 x 32k: active cycles 84.5k to 104k
+// per SM with equal pages), so an even split ends with the slowest. The
+// last `percent` % of a launch's work items is therefore not split: a CTA
+// (or a group of its warps) that ends its static share claims those items
+// from a counter, a few at a time (params.h: BlockWorkMap for the block
+// kernel, LogitsParams::claims for wgmma_ws). No tail where the static
+// share would be under `min_items_per_cta` items a CTA (short launches: the
+// claims' set-up costs more than a balance can win).
+struct TailRule {
   int32_t percent = 0;  // 0..100
   int32_t min_items_per_cta = 16;
 };
-// The default percent (INDEXER_GPU_BLOCK_TAIL=N overrides it, knobs.h).
+// The block kernel's default percent (INDEXER_GPU_BLOCK_TAIL=N overrides
+// it, knobs.h); wgmma_ws's is INDEXER_GPU_WS_TAIL's (default 0), at least 4
+// units a block.
 inline constexpr int32_t kBlockTailPercent = 20;
-BlockTailRule DefaultBlockTail();
+TailRule DefaultBlockTail();
+TailRule DefaultWsTail();
 // A row hint every 2^kBlockTailHintShift tail items (a claimed item's cursor
 // starts at its hint's row, not at the CTA's).
 inline constexpr int32_t kBlockTailHintShift = 4;
@@ -136,7 +140,7 @@ struct BlockWorkPlan {
 // `page_entries` over `ctas` CTAs, per sub-chunk of `chunks`, with the tail
 // `tail` asks for. RESOURCE_EXHAUSTED when the flat range does not fit int32.
 absl::Status PlanBlockWork(const StepRows& rows, int32_t page_entries,
-                           const std::vector<SubChunk>& chunks, int32_t ctas, BlockTailRule tail,
+                           const std::vector<SubChunk>& chunks, int32_t ctas, TailRule tail,
                            BlockWorkPlan* out);
 
 }  // namespace gpu

@@ -51,6 +51,7 @@ struct Shape {
   bool ue8m0 = true;
   int32_t chunk_rows = 0;         // server chunks of this many rows (0: one)
   Fp8Variant fp8 = Fp8Variant::kE4m3fn;  // FP8 caches: e4m3fn or e4m3fnuz
+  int32_t ws_tail = 0;            // wgmma_ws's claimed tail, percent (no minimum share)
 };
 
 
@@ -65,7 +66,8 @@ std::string Name(const Shape& s) {
          (s.k_kind == KInput::Kind::kQuantized ? "_quantized" : "") +
          (s.ue8m0 ? "" : "_plain") +
          (s.chunk_rows ? "_chunk" + std::to_string(s.chunk_rows) : "") +
-         (s.fp8 == Fp8Variant::kE4m3fnuz ? "_fnuz" : "");
+         (s.fp8 == Fp8Variant::kE4m3fnuz ? "_fnuz" : "") +
+         (s.ws_tail ? "_wstail" + std::to_string(s.ws_tail) : "");
 }
 
 PageLayout MakeLayout(const Shape& s) {
@@ -109,6 +111,7 @@ TEST_P(GpuDenseTest, WritesBitExactAndTopkMatchesCpu) {
   Pair p = MakePair(layout, pool_pages);
   ASSERT_NE(p.gpu_pool.base, nullptr);
   static_cast<gpu::GpuBackend*>(p.gpu.get())->set_max_logits_path(sh.max_path);
+  if (sh.ws_tail > 0) static_cast<gpu::GpuBackend*>(p.gpu.get())->set_ws_tail({sh.ws_tail, 0});
 
   // ---- history: entries [0, old) of every sequence, no rows ---------------
   const StepRows hist_rows = MakeStep(zeros, old_e, std::vector<int32_t>(sh.seqs, 0),
@@ -144,6 +147,15 @@ TEST_P(GpuDenseTest, WritesBitExactAndTopkMatchesCpu) {
     EXPECT_EQ(path.find("mma"), std::string::npos) << "e4m3fnuz cache on an e4m3fn tensor-core path: " << path;
   }
   std::printf("[   path   ] logits kernel: %s\n", path.c_str());
+  if (sh.ws_tail > 0) {
+    // The claimed tail: the same blocks again on the counters the first
+    // launch's last block set back.
+    EXPECT_EQ(path, "wgmma_ws");
+    std::vector<int32_t> again(got.size(), -7);
+    t = p.gpu->DenseTopk(layout, p.gpu_pool, rows, ctx->get(), q.input, sh.topk, again.data());
+    ASSERT_TRUE(t.ok()) << t.status();
+    EXPECT_EQ(again, got) << "the second launch with the claimed tail";
+  }
   ExpectMfmaPath(sh.max_path, sh.format, path, sh.fp8 == Fp8Variant::kE4m3fnuz);
   // Each against the reference under its own arithmetic's tolerance.
   const PathTolerance cpu_t = ToleranceFor("cpu", sh.format), gpu_t = ToleranceFor(path, sh.format);
@@ -258,6 +270,17 @@ std::vector<Shape> Shapes() {
       {f8, 128, false, 2, 40, 40, 19000, 20000, 16, 512, 2},
       {f8, 64, true, 5, 1, 3, 0, 2000, 32, 256, 2},
       {f8, 16, true, 3, 5, 70, 0, 3000, 16, 256, 2, K::kFloat32, true, 37},
+      // wgmma_ws with a claimed tail (every launch claims: no minimum
+      // share): one row, two rows (a team), groups of up to four, the fused
+      // histogram with ring slots reused, H 32, a prefill chunk, server
+      // chunks
+      {f8, 64, false, 23, 1, 1, 0, 5000, 64, 512, 2, K::kFloat32, true, 0, Fp8Variant::kE4m3fn, 25},
+      {f8, 64, false, 8, 2, 2, 28000, 32000, 64, 2048, 2, K::kFloat32, true, 0, Fp8Variant::kE4m3fn, 25},
+      {f8, 128, false, 7, 1, 4, 100, 6000, 64, 512, 2, K::kFloat32, true, 0, Fp8Variant::kE4m3fn, 25},
+      {f8, 64, false, 23, 1, 2, 0, 30000, 64, 2048, 2, K::kFloat32, true, 0, Fp8Variant::kE4m3fn, 50},
+      {f8, 64, false, 23, 1, 1, 0, 5000, 32, 512, 2, K::kFloat32, true, 0, Fp8Variant::kE4m3fn, 25},
+      {f8, 64, false, 1, 40, 40, 19000, 20000, 64, 1024, 2, K::kFloat32, true, 0, Fp8Variant::kE4m3fn, 25},
+      {f8, 64, false, 3, 5, 70, 0, 3000, 64, 256, 2, K::kFloat32, true, 37, Fp8Variant::kE4m3fn, 50},
       {f8, 64, false, 23, 1, 4, 0, 5000, 32, 512, 1},
       {f8, 16, true, 3, 5, 70, 0, 3000, 16, 256, 1, K::kFloat32, true, 37},
       {mx, 64, false, 23, 1, 1, 0, 5000, 32, 512, 2},

@@ -288,7 +288,7 @@ INSTANTIATE_TEST_SUITE_P(
 // more blocks than the block top-k takes; heads of very different sizes
 // (the streaming kernel scales Q by one exponent per row and block, over
 // every head). The streaming kernel runs with no claimed tail, a fifth of
-// the pages claimed and every page claimed (plan.h: BlockTailRule, short
+// the pages claimed and every page claimed (plan.h: TailRule, short
 // launches included), each twice on one step (the second on the counters
 // the first's last CTA set back): the same blocks every time.
 TEST(GpuBlockTest, BlockTopkMatchesReference) {

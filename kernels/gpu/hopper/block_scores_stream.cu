@@ -397,7 +397,7 @@ __global__ void __launch_bounds__(kSwShapes[kShape].warps * 32, kSwShapes[kShape
   // The group's items, in order ("positions"): its static share, items
   // first, first + kGroups, ... below the CTA's end (the work map's pairs),
   // then tail items it claims one at a time from wm.counters[0] (plan.h:
-  // BlockTailRule), until a claim comes back past the tail. The first warp's
+  // TailRule), until a claim comes back past the tail. The first warp's
   // lane 0 claims, one claim ahead: the claim a step needs was sent an
   // iteration before, and comes to the group's warps through shared memory
   // (claim_box) at the group's barrier. Positions 0 .. kSwStages + 1 (the

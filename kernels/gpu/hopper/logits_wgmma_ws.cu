@@ -320,11 +320,13 @@ __global__ void __launch_bounds__(C::kThreads, C::kMinBlocks)
   uint64_t* empty = ring.empty;
   int4* tinfo = ring.tinfo;
 
-  // ---- this block's share of the units ----------------------------------
-  const int64_t units = p.unit_end - p.unit_begin;
+  // ---- this block's share of the units (with a claimed tail: of those
+  // before it; the launcher leaves every block some) -----------------------
+  const int64_t units = p.unit_end - p.unit_begin - p.tail_units;
   const int32_t u_first = p.unit_begin + static_cast<int32_t>(units * blockIdx.x / gridDim.x);
   const int32_t u_last = p.unit_begin + static_cast<int32_t>(units * (blockIdx.x + 1) / gridDim.x);
-  if (u_first == u_last) return;
+  // (With a tail every block claims, its own share empty or not.)
+  if (u_first == u_last && p.tail_units == 0) return;
   const int tid = threadIdx.x, warp = WarpId(), lane = LaneId();
   if (tid == 0) {
     for (int s = 0; s < kSlots; ++s) {
@@ -365,7 +367,6 @@ __global__ void __launch_bounds__(C::kThreads, C::kMinBlocks)
     // 32k.) Pages hold whole tiles and units start at multiples of 64
     // entries, so a tile is one box of one page.
     const PageLayout& l = p.layout;
-    TileWalk walk(p, u_first, u_last);
     int32_t n = 0;  // the next tile to issue
     // Tile n from its page and entry (lane 0).
     auto copy = [&](int32_t page, int32_t e, const void* sc, const int4& ti) {
@@ -408,7 +409,34 @@ __global__ void __launch_bounds__(C::kThreads, C::kMinBlocks)
         if (lane == 0) copy(page, e, sc, ti);
       }
     };
-    WalkWindows(walk, lead, rest);
+    if (u_first < u_last) {
+      TileWalk walk(p, u_first, u_last);
+      WalkWindows(walk, lead, rest);
+    }
+    // The claimed tail: claim_units at a time, the next claim sent before
+    // the claimed units are walked (its answer waits in lane 0's register).
+    if (p.tail_units > 0) {
+      const int32_t t0 = p.unit_end - p.tail_units;
+      int32_t sent = 0;
+      if (lane == 0) sent = atomicAdd(p.claims, 1);
+      for (;;) {
+        const int64_t ub = t0 + int64_t{ShflIdx(sent, 0)} * p.claim_units;
+        if (ub >= p.unit_end) break;
+        if (lane == 0) sent = atomicAdd(p.claims, 1);
+        const int64_t ue = ub + p.claim_units < p.unit_end ? ub + p.claim_units : p.unit_end;
+        TileWalk more(p, static_cast<int32_t>(ub), static_cast<int32_t>(ue));
+        WalkWindows(more, lead, rest);
+      }
+      // The launch's last block sets the counters back for the next launch
+      // (every block's claims came back before it counts itself done).
+      if (lane == 0) {
+        __threadfence();
+        if (atomicAdd(p.claims + 1, 1) == static_cast<int32_t>(gridDim.x) - 1) {
+          atomicExch(p.claims, 0);
+          atomicExch(p.claims + 1, 0);
+        }
+      }
+    }
     finish(n);
     return;
   }
@@ -590,7 +618,7 @@ __global__ void __launch_bounds__(C::kThreads, C::kMinBlocks)
   // The team's first tile: when it lies in the share's first unit its group
   // is staged before the wait (its Q load beside the tile's); every later
   // group change is staged from the slot's facts, the tile waiting in it.
-  {
+  if (u_first < u_last) {
     const LogitsUnit u = p.step.units[u_first];
     if ((u.e_end - u.e_begin + kWsTile - 1) / kWsTile > team) stage(u.group, u.row_begin, u.num_rows);
   }
@@ -634,6 +662,10 @@ bool TopkFuseEnabled() { return Knobs().topk_fuse; }
 
 // kGather: the gather walk over the pool's 8-entry tensor map `rows8`
 // (the dense walk passes its own map, unused).
+// Units per claim of the claimed tail (LogitsParams::claims): two of the
+// plan's 256-entry units, 8 tiles, where the tail matters.
+constexpr int32_t kWsClaimUnits = 2;
+
 template <class C, bool kGather = false>
 absl::Status LaunchWs(const LogitsParams& p_in, Stream stream, const TensorMap& rows8) {
   auto* kernel = &DenseLogitsWgmmaWsKernel<C, kGather>;
@@ -677,7 +709,18 @@ absl::Status LaunchWs(const LogitsParams& p_in, Stream stream, const TensorMap& 
   // Persistent: as many blocks as fit at once, each an equal share. (A floor
   // of 2 or 4 units per block, to amortize a block's set-up at small batch,
   // measured no better: B=1 n=128k 17.2-18.9 us at 1, 17.2-17.3 at 2, 21.5 at 4.)
-  const int64_t grid = std::min<int64_t>(p.unit_end - p.unit_begin, static_cast<int64_t>(*per_sm) * p.num_sms);
+  const int64_t units = p.unit_end - p.unit_begin;
+  const int64_t grid = std::min<int64_t>(units, static_cast<int64_t>(*per_sm) * p.num_sms);
+  // The claimed tail (dense walk): p.tail's share of the units, where every
+  // block keeps at least its minimum of its own.
+  p.tail_units = 0;
+  if (!kGather && p.claims != nullptr && p.tail.percent > 0) {
+    const int64_t tail = units * std::min(p.tail.percent, 100) / 100;
+    if (tail > 0 && units - tail >= grid * p.tail.min_items_per_cta) {
+      p.tail_units = static_cast<int32_t>(tail);
+      p.claim_units = kWsClaimUnits;
+    }
+  }
   GPU_LAUNCH(kernel, static_cast<int>(grid), C::kThreads, C::kSmem, stream, p, rows8);
   return absl::OkStatus();
 }

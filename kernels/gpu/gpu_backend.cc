@@ -201,11 +201,6 @@ void GpuBackend::set_max_logits_path(int v) {
   max_path_ = v;
 }
 
-void GpuBackend::set_block_tail(TailRule rule) {
-  absl::MutexLock lock(&mu_);
-  block_tail_ = rule;
-}
-
 void GpuBackend::set_ws_tail(TailRule rule) {
   absl::MutexLock lock(&mu_);
   ws_tail_ = rule;

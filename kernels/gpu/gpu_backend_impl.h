@@ -158,11 +158,9 @@ class GpuBackend : public Backend {
   // Caps the logits path: 0 portable, 1 mma.sync, 2 wgmma (default); tests
   // compare the paths.
   void set_max_logits_path(int v);
-  // The block path's claimed tail for work maps made after the call
-  // (plan.h: TailRule; default: INDEXER_GPU_BLOCK_TAIL's percent, else
-  // kBlockTailPercent); tests run every tail, short launches included.
-  void set_block_tail(TailRule rule);
-  // wgmma_ws's claimed tail (LogitsParams::tail; default DefaultWsTail()).
+  // wgmma_ws's claimed tail (plan.h: TailRule; LogitsParams::claims) for
+  // later calls (default DefaultWsTail(): the knob's, else none); tests run
+  // it on every launch.
   void set_ws_tail(TailRule rule);
   // Timing of a layer's logits and its top-k. Split (true): an event
   // between the two kernels, each timed alone (LayerTimings::logits_us and
@@ -417,7 +415,6 @@ class GpuBackend : public Backend {
   std::string last_path_ ABSL_GUARDED_BY(mu_);
   bool topk_hist_ready_ ABSL_GUARDED_BY(mu_) = false;
   int max_path_ ABSL_GUARDED_BY(mu_) = 2;
-  TailRule block_tail_ ABSL_GUARDED_BY(mu_) = DefaultBlockTail();
   TailRule ws_tail_ ABSL_GUARDED_BY(mu_) = DefaultWsTail();
 };
 

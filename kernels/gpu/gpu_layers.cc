@@ -364,27 +364,17 @@ absl::Status GpuBackend::BlockImpl(const PageLayout& layout, PoolHandle pool_h,
   if (ctas > 0) {
     Step::BlockMap* m = step->MutableBlockMap(layout.page_entries);
     if (m->mem == nullptr) {
-      BlockWorkPlan plan;
-      RETURN_IF_ERROR(PlanBlockWork(rows, layout.page_entries, step->plan().chunks, ctas,
-                                    block_tail_, &plan));
-      // starts | pairs | hints | counters (2 per sub-chunk, 0)
-      const int64_t nstarts = static_cast<int64_t>(plan.starts.size());
-      const int64_t npairs = static_cast<int64_t>(plan.cta.size());
-      const int64_t nhints = static_cast<int64_t>(plan.hints.size());
-      m->host = std::move(plan.starts);
-      m->host.insert(m->host.end(), plan.cta.begin(), plan.cta.end());
-      m->host.insert(m->host.end(), plan.hints.begin(), plan.hints.end());
-      m->host.resize(m->host.size() + 2 * plan.tails.size(), 0);
+      std::vector<int32_t> starts, pairs;
+      RETURN_IF_ERROR(PlanBlockWork(rows, layout.page_entries, step->plan().chunks, ctas, &starts,
+                                    &pairs, &m->cta_offsets));
+      m->host = std::move(starts);
+      const int64_t nstarts = static_cast<int64_t>(m->host.size());
+      m->host.insert(m->host.end(), pairs.begin(), pairs.end());
       const int64_t bytes = static_cast<int64_t>(m->host.size()) * 4;
       ASSIGN_OR_RETURN(m->mem, step->arena()->Allocate(bytes, "block work map"));
-      int32_t* const dev = reinterpret_cast<int32_t*>(m->mem);
-      m->starts = dev;
-      m->cta = dev + nstarts;
-      m->hints = dev + nstarts + npairs;
-      m->counters = dev + nstarts + npairs + nhints;
+      m->starts = reinterpret_cast<const int32_t*>(m->mem);
+      m->cta = m->starts + nstarts;
       m->ctas = ctas;
-      m->cta_offsets = std::move(plan.cta_offsets);
-      m->tails = std::move(plan.tails);
       RETURN_IF_ERROR(Upload(m->mem, m->host.data(), bytes));
     }
     map = m;
@@ -417,16 +407,7 @@ absl::Status GpuBackend::BlockImpl(const PageLayout& layout, PoolHandle pool_h,
     bp.use_tma = p.has_block_tmap;
     bp.tmap = p.block_tmap;
     BlockWorkMap wm{};
-    if (map != nullptr) {
-      const BlockWorkPlan::Tail& tail = map->tails[ci];
-      wm.starts = map->starts;
-      wm.cta = map->cta + map->cta_offsets[ci];
-      wm.ctas = map->ctas;
-      wm.tail_begin = tail.begin;
-      wm.tail_end = tail.end;
-      wm.tail_rows = map->hints + tail.hint_offset;
-      wm.counters = map->counters + 2 * ci;
-    }
+    if (map != nullptr) wm = {map->starts, map->cta + map->cta_offsets[ci], map->ctas};
     // The kernel choice: logits_dispatch.cc (set_max_logits_path 0 keeps
     // the portable kernel, 1 the mma.sync one, for tests).
     const char* which = "block_portable";

@@ -106,19 +106,15 @@ class GpuBackend::Step : public StepContext {
 
   // The block path's work map for pages of one size (plan.h:
   // PlanBlockWork), made by the step's first block layer of that size and
-  // shared by the others: device starts, CTA pairs, the tails' row hints
-  // and two claim counters per sub-chunk (uploaded as 0) in one arena
-  // allocation; the sub-chunks' offsets and tails on the host.
+  // shared by the others: device starts and CTA pairs in one arena
+  // allocation, the sub-chunks' offsets into the pairs.
   struct BlockMap {
     uint8_t* mem = nullptr;
     const int32_t* starts = nullptr;
     const int32_t* cta = nullptr;
-    const int32_t* hints = nullptr;
-    int32_t* counters = nullptr;  // [2 per sub-chunk]
     int32_t ctas = 0;
     std::vector<int64_t> cta_offsets;
-    std::vector<BlockWorkPlan::Tail> tails;
-    std::vector<int32_t> host;  // starts, pairs, hints, counters: the upload's source
+    std::vector<int32_t> host;  // starts then pairs: the upload's source
   };
   // The map of `page_entries` (empty, mem null, until made).
   // REQUIRES: as GetPool.

@@ -14,8 +14,7 @@ constexpr const char* kNames[] = {
     "INDEXER_GPU_WS_EVICT_FIRST",  "INDEXER_GPU_WS_UNIT",          "INDEXER_GPU_WS_BLOCKS_PER_SM",
     "INDEXER_GPU_WS_TAIL",
     "INDEXER_GPU_MXFP4_WARPGROUPS", "INDEXER_GPU_MFMA_MODEL",      "INDEXER_GPU_LOGITS_MB",
-    "INDEXER_GPU_BLOCK_STREAM",    "INDEXER_GPU_BLOCK_TMA",        "INDEXER_GPU_BLOCK_TAIL",
-    "INDEXER_GPU_TOPK_BLOCKS_PER_SM",
+    "INDEXER_GPU_BLOCK_STREAM",    "INDEXER_GPU_BLOCK_TMA",        "INDEXER_GPU_TOPK_BLOCKS_PER_SM",
     "INDEXER_GPU_TOPK_SLICE_BLOCKS",
     "INDEXER_GPU_LOGITS_PDL",      "INDEXER_GPU_TOPK_ROW_THREADS", "INDEXER_GPU_SPLIT_TIMING"};
 
@@ -56,10 +55,6 @@ GpuKnobs Read() {
     if (shape >= 0 && shape <= 16) k.block_stream_shape = static_cast<int32_t>(shape);
   }
   k.block_tma = Switch("INDEXER_GPU_BLOCK_TMA");
-  if (const char* v = std::getenv("INDEXER_GPU_BLOCK_TAIL"); v != nullptr && *v != '\0') {
-    const int64_t percent = std::atoll(v);
-    if (percent >= 0 && percent <= 100) k.block_tail_percent = static_cast<int32_t>(percent);
-  }
   const int64_t cap = Number("INDEXER_GPU_TOPK_BLOCKS_PER_SM");
   k.topk_blocks_per_sm = cap == 1 || cap == 3 || cap == 4 ? static_cast<int32_t>(cap) : 0;
   const int64_t slice_blocks = Number("INDEXER_GPU_TOPK_SLICE_BLOCKS");

@@ -30,9 +30,6 @@
 //                                    2 for Hi > 4)
 //   INDEXER_GPU_BLOCK_TMA=0          block_stream copies whole pages (no
 //                                    tensor map, no swizzle) on linear pages
-//   INDEXER_GPU_BLOCK_TAIL=0..100    block_stream's claimed tail, percent of
-//                                    a launch's pages (plan.h: TailRule;
-//                                    0: every page split evenly)
 //   INDEXER_GPU_TOPK_BLOCKS_PER_SM=1|3|4  the cooperative top-k's stage B
 //                                    register cap (else by the launch's size)
 //   INDEXER_GPU_TOPK_SLICE_BLOCKS=N  the cooperative top-k's slices: about N
@@ -68,7 +65,6 @@ struct GpuKnobs {
   int32_t mfma_model_arch = 0;   // 0, 942 or 950
   int32_t block_stream_shape = -1;  // -1: the kernel's default
   bool block_tma = true;
-  int32_t block_tail_percent = -1;  // -1: plan.h's kBlockTailPercent
   int32_t topk_blocks_per_sm = 0;   // 0: TopkEmitCap's rule; else 1, 3 or 4
   int32_t topk_slice_blocks = 2;    // PlanTopkSplit's blocks per SM (1..8)
   bool logits_pdl = false;

@@ -373,17 +373,8 @@ absl::Status LaunchBlockScores(const BlockScoreParams& p, Stream stream);
 struct BlockWorkMap {
   const int32_t* starts;     // [step rows + 1] exclusive prefix of causal pages
   const int32_t* cta;        // [ctas + 1][2] {first flat index, its row}; the
-                             // last pair ends the sub-chunk's static range
+                             // last pair ends the sub-chunk's range
   int32_t ctas;              // grid of the launch
-  // The sub-chunk's claimed tail (plan.h: TailRule), items
-  // [tail_begin, tail_end) after the static range; none when equal. Groups
-  // that end their static share claim them one at a time from counters[0];
-  // tail_rows[j] is the row of item tail_begin + (j << kBlockTailHintShift).
-  // counters ([2]: claims, CTAs done) are 0 before a launch, and the launch's
-  // last CTA sets them back to 0 for the next layer's.
-  int32_t tail_begin = 0, tail_end = 0;
-  const int32_t* tail_rows = nullptr;
-  int32_t* counters = nullptr;
 };
 
 // The block path's kernel choice, the one place for it (logits_dispatch.cc):

@@ -113,25 +113,18 @@ void PlanGather(const StepRows& rows, int32_t row_begin, int32_t row_end, int64_
   }
 }
 
-TailRule DefaultBlockTail() {
-  TailRule rule;
-  rule.percent = Knobs().block_tail_percent >= 0 ? Knobs().block_tail_percent : kBlockTailPercent;
-  return rule;
-}
-
 TailRule DefaultWsTail() {
   TailRule rule;
   rule.percent = Knobs().ws_tail_percent;
-  rule.min_items_per_cta = 4;
   return rule;
 }
 
 absl::Status PlanBlockWork(const StepRows& rows, int32_t page_entries,
-                           const std::vector<SubChunk>& chunks, int32_t ctas, TailRule tail,
-                           BlockWorkPlan* out) {
+                           const std::vector<SubChunk>& chunks, int32_t ctas,
+                           std::vector<int32_t>* starts, std::vector<int32_t>* cta,
+                           std::vector<int64_t>* cta_offsets) {
   const int32_t nr = rows.num_rows;
-  std::vector<int32_t>& starts = out->starts;
-  starts.assign(static_cast<size_t>(nr) + 1, 0);
+  starts->assign(static_cast<size_t>(nr) + 1, 0);
   int64_t total = 0;
   for (int32_t r = 0; r < nr; ++r) {
     total += (static_cast<int64_t>(rows.row_visible[r]) + page_entries - 1) / page_entries;
@@ -139,37 +132,22 @@ absl::Status PlanBlockWork(const StepRows& rows, int32_t page_entries,
       return absl::ResourceExhaustedError(absl::StrCat(
           "block path: the step's causal pages exceed ", INT32_MAX, " (row ", r, ")"));
     }
-    starts[r + 1] = static_cast<int32_t>(total);
+    (*starts)[r + 1] = static_cast<int32_t>(total);
   }
-  out->cta.clear();
-  out->cta_offsets.clear();
-  out->tails.clear();
-  out->hints.clear();
-  const int64_t percent = std::clamp<int64_t>(tail.percent, 0, 100);
+  cta->clear();
+  cta_offsets->clear();
   for (const SubChunk& sc : chunks) {
-    out->cta_offsets.push_back(static_cast<int64_t>(out->cta.size()));
-    const int64_t lo = starts[sc.row_begin], span = starts[sc.row_end] - lo;
-    int64_t claimed = span * percent / 100;
-    if (span - claimed < int64_t{tail.min_items_per_cta} * ctas) claimed = 0;
-    const int64_t split = span - claimed;
+    cta_offsets->push_back(static_cast<int64_t>(cta->size()));
+    const int64_t lo = (*starts)[sc.row_begin], span = (*starts)[sc.row_end] - lo;
     int32_t r = sc.row_begin;
     for (int32_t c = 0; c <= ctas; ++c) {
-      const int64_t f = lo + split * c / ctas;
+      const int64_t f = lo + span * c / ctas;
       // The row holding f (starts[r] <= f < starts[r + 1]); the range's end
       // stays on the sub-chunk's last row.
-      while (r + 1 < sc.row_end && starts[r + 1] <= f) ++r;
-      out->cta.push_back(static_cast<int32_t>(f));
-      out->cta.push_back(r);
+      while (r + 1 < sc.row_end && (*starts)[r + 1] <= f) ++r;
+      cta->push_back(static_cast<int32_t>(f));
+      cta->push_back(r);
     }
-    BlockWorkPlan::Tail t;
-    t.begin = static_cast<int32_t>(lo + split);
-    t.end = static_cast<int32_t>(lo + span);
-    t.hint_offset = static_cast<int64_t>(out->hints.size());
-    for (int64_t f = t.begin; f < t.end; f += int64_t{1} << kBlockTailHintShift) {
-      while (r + 1 < sc.row_end && starts[r + 1] <= f) ++r;
-      out->hints.push_back(r);
-    }
-    out->tails.push_back(t);
   }
   return absl::OkStatus();
 }

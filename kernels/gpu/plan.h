@@ -93,55 +93,36 @@ absl::StatusOr<StepPlan> PlanStep(const StepRows& rows,
 void PlanGather(const StepRows& rows, int32_t row_begin, int32_t row_end, int64_t pool_entries,
                 int32_t num_sms, std::vector<LogitsGroup>* groups, std::vector<LogitsUnit>* units);
 
-// A persistent kernel's claimed tail. The SMs do not run equally fast
-// (ncu, H100, the block kernel at B=64 x 32k: active cycles 84.5k to 104k
-// per SM with equal pages), so an even split ends with the slowest. The
-// last `percent` % of a launch's work items is therefore not split: a CTA
-// (or a group of its warps) that ends its static share claims those items
-// from a counter, a few at a time (params.h: BlockWorkMap for the block
-// kernel, LogitsParams::claims for wgmma_ws). No tail where the static
-// share would be under `min_items_per_cta` items a CTA (short launches: the
-// claims' set-up costs more than a balance can win).
+// wgmma_ws's claimed tail. The SMs do not run equally fast (ncu, H100, the
+// block kernel at B=64 x 32k: active cycles 84.5k to 104k per SM with equal
+// pages), so an even split ends with the slowest. The last `percent` % of a
+// launch's units can therefore be left unsplit: a block's producer that ends
+// its even share claims them from a counter, two units at a time
+// (LogitsParams::claims). Measured on the H200 (s31): prefill 4k x 32k
+// -41 us (1003 -> 1023 TFLOP/s) at 10 or 20 %, but decode +1 to +17 us, so
+// the default is none (knob INDEXER_GPU_WS_TAIL). No tail where the static
+// share would be under `min_items_per_cta` units a block. (The same for the
+// MiniMax block kernel, pages claimed one at a time by groups of warps,
+// lost everywhere: h200_2026-12-06_s31.md.)
 struct TailRule {
   int32_t percent = 0;  // 0..100
-  int32_t min_items_per_cta = 16;
+  int32_t min_items_per_cta = 4;
 };
-// The block kernel's default percent (INDEXER_GPU_BLOCK_TAIL=N overrides
-// it, knobs.h); wgmma_ws's is INDEXER_GPU_WS_TAIL's (default 0), at least 4
-// units a block.
-inline constexpr int32_t kBlockTailPercent = 20;
-TailRule DefaultBlockTail();
+// INDEXER_GPU_WS_TAIL's percent (knobs.h; default 0).
 TailRule DefaultWsTail();
-// A row hint every 2^kBlockTailHintShift tail items (a claimed item's cursor
-// starts at its hint's row, not at the CTA's).
-inline constexpr int32_t kBlockTailHintShift = 4;
-
-struct BlockWorkPlan {
-  // [rows + 1]: starts[r] = sum over rows before r of their causal pages.
-  std::vector<int32_t> starts;
-  // Per sub-chunk ctas + 1 pairs {first flat index, its row}: the even split
-  // of its static range [starts[row_begin], tail begin) over the CTAs (an
-  // empty CTA repeats its neighbour's pair; its row is always a row of the
-  // sub-chunk); cta_offsets[i]: where sub-chunk i's pairs begin.
-  std::vector<int32_t> cta;
-  std::vector<int64_t> cta_offsets;
-  // Per sub-chunk its claimed items [begin, end) (begin == end: none; end is
-  // the sub-chunk's end) and where its row hints begin in `hints`: hint j is
-  // the row of item begin + j * 2^kBlockTailHintShift.
-  struct Tail {
-    int32_t begin = 0, end = 0;
-    int64_t hint_offset = 0;
-  };
-  std::vector<Tail> tails;
-  std::vector<int32_t> hints;
-};
 
 // The block path's work map (params.h: BlockWorkMap) for pages of
-// `page_entries` over `ctas` CTAs, per sub-chunk of `chunks`, with the tail
-// `tail` asks for. RESOURCE_EXHAUSTED when the flat range does not fit int32.
+// `page_entries`: starts[r] = sum over rows before r of their causal pages
+// (num_rows + 1 values), and per sub-chunk [row_begin, row_end) of `chunks`
+// the even split of its flat range [starts[row_begin], starts[row_end])
+// over `ctas` CTAs as ctas + 1 pairs {first flat index, its row} (an empty
+// CTA repeats its neighbour's pair; its row is always a row of the
+// sub-chunk). cta_offsets[i] is where sub-chunk i's pairs begin in *cta.
+// RESOURCE_EXHAUSTED when the flat range does not fit int32.
 absl::Status PlanBlockWork(const StepRows& rows, int32_t page_entries,
-                           const std::vector<SubChunk>& chunks, int32_t ctas, TailRule tail,
-                           BlockWorkPlan* out);
+                           const std::vector<SubChunk>& chunks, int32_t ctas,
+                           std::vector<int32_t>* starts, std::vector<int32_t>* cta,
+                           std::vector<int64_t>* cta_offsets);
 
 }  // namespace gpu
 }  // namespace indexer

@@ -148,13 +148,22 @@ TEST_P(GpuDenseTest, WritesBitExactAndTopkMatchesCpu) {
   }
   std::printf("[   path   ] logits kernel: %s\n", path.c_str());
   if (sh.ws_tail > 0) {
-    // The claimed tail: the same blocks again on the counters the first
-    // launch's last block set back.
+    // The claimed tail: the same entries again (each row's as a set: the
+    // split top-k's order is not fixed) on the counters the first launch's
+    // last block set back.
     EXPECT_EQ(path, "wgmma_ws");
     std::vector<int32_t> again(got.size(), -7);
     t = p.gpu->DenseTopk(layout, p.gpu_pool, rows, ctx->get(), q.input, sh.topk, again.data());
     ASSERT_TRUE(t.ok()) << t.status();
-    EXPECT_EQ(again, got) << "the second launch with the claimed tail";
+    for (int32_t r = 0; r < rows.num_rows; ++r) {
+      std::vector<int32_t> a(got.begin() + static_cast<int64_t>(r) * sh.topk,
+                             got.begin() + static_cast<int64_t>(r + 1) * sh.topk);
+      std::vector<int32_t> b(again.begin() + static_cast<int64_t>(r) * sh.topk,
+                             again.begin() + static_cast<int64_t>(r + 1) * sh.topk);
+      std::sort(a.begin(), a.end());
+      std::sort(b.begin(), b.end());
+      EXPECT_EQ(b, a) << "row " << r << ": the second launch with the claimed tail";
+    }
   }
   ExpectMfmaPath(sh.max_path, sh.format, path, sh.fp8 == Fp8Variant::kE4m3fnuz);
   // Each against the reference under its own arithmetic's tolerance.
@@ -303,6 +312,7 @@ std::vector<Shape> MfmaShapes() {
   std::vector<Shape> out;
   std::set<std::string> names;
   for (Shape s : Shapes()) {
+    if (s.ws_tail > 0) continue;  // wgmma_ws's own shapes
     for (int path : {gpu::kPathMfmaGfx942, gpu::kPathMfmaGfx950}) {
       if (s.format == KvFormat::kMxfp4 && path == gpu::kPathMfmaGfx942) continue;
       s.max_path = path;

@@ -287,10 +287,7 @@ INSTANTIATE_TEST_SUITE_P(
 // Hi 9 (portable), tiled pages, many rows of mixed lengths, a row over
 // more blocks than the block top-k takes; heads of very different sizes
 // (the streaming kernel scales Q by one exponent per row and block, over
-// every head). The streaming kernel runs with no claimed tail, a fifth of
-// the pages claimed and every page claimed (plan.h: TailRule, short
-// launches included), each twice on one step (the second on the counters
-// the first's last CTA set back): the same blocks every time.
+// every head).
 TEST(GpuBlockTest, BlockTopkMatchesReference) {
   SKIP_WITHOUT_GPU();
   struct Case {
@@ -328,21 +325,13 @@ TEST(GpuBlockTest, BlockTopkMatchesReference) {
       {128, 4, 16, 0, 1, {6000, 130}, {1, 1}, false, 7},
       {128, 8, 16, 1, 1, {9000, 4100}, {1, 1}, false, 3},
   };
-  struct Variant {
-    int max_path;
-    int32_t tail_percent = 0;
-  };
-  const std::vector<Variant> variants = {{2, 0}, {2, 20}, {2, 100}, {1}, {0}};
   for (const Case& c : cases) {
-    std::vector<int32_t> stream_got;  // the first streaming variant's blocks
-    for (const Variant& v : variants) {
-      const int max_path = v.max_path;
+    for (int max_path : {2, 1, 0}) {
       const PageLayout layout = c.tiled ? *PageLayout::Make(KvFormat::kMxfp4, 128, c.page_entries, 16, 16, 2)
                                         : *PageLayout::Make(KvFormat::kMxfp4, 128, c.page_entries);
       std::mt19937 rng(5 + c.page_entries + c.heads);
       Scenario sc = MakeScenario(rng, layout, c.hist, c.q_lens);
       static_cast<gpu::GpuBackend*>(sc.p.gpu.get())->set_max_logits_path(max_path);
-      static_cast<gpu::GpuBackend*>(sc.p.gpu.get())->set_block_tail({v.tail_percent, 0});
       const StepRows& rows = sc.rows;
       std::normal_distribution<float> nd(0.f, 1.f);
       std::vector<float> q(static_cast<size_t>(rows.num_rows) * c.heads * 128);
@@ -361,20 +350,7 @@ TEST(GpuBlockTest, BlockTopkMatchesReference) {
       auto t = sc.p.gpu->BlockTopk(layout, sc.p.gpu_pool, rows, sc.gpu_ctx.get(), bq, spec, got.data());
       ASSERT_TRUE(t.ok()) << t.status();
       const std::string path = static_cast<gpu::GpuBackend*>(sc.p.gpu.get())->last_logits_path();
-      std::printf("[   path   ] block scores: %s (Hi %d, E %d, tail %d %%)\n", path.c_str(), c.heads,
-                  c.page_entries, v.tail_percent);
-      if (path == "block_stream") {
-        // The same layer again on the step's work map.
-        std::vector<int32_t> again(got.size(), -7);
-        t = sc.p.gpu->BlockTopk(layout, sc.p.gpu_pool, rows, sc.gpu_ctx.get(), bq, spec, again.data());
-        ASSERT_TRUE(t.ok()) << t.status();
-        EXPECT_EQ(again, got) << "tail " << v.tail_percent << " %: the second launch on the step's map";
-        if (stream_got.empty()) {
-          stream_got = got;
-        } else {
-          EXPECT_EQ(got, stream_got) << "tail " << v.tail_percent << " %";
-        }
-      }
+      std::printf("[   path   ] block scores: %s (Hi %d, E %d)\n", path.c_str(), c.heads, c.page_entries);
       gpu::DeviceProp prop;
       ASSERT_EQ(gpu::GetDeviceProperties(&prop, 0), gpu::kSuccess);
       if (prop.major * 10 + prop.minor >= 89) {
@@ -533,75 +509,6 @@ TEST(GpuBlockTest, WarpTopkOnCraftedRows) {
         }
         std::vector<int32_t> have(got.begin() + static_cast<int64_t>(r) * k, got.begin() + static_cast<int64_t>(r + 1) * k);
         EXPECT_EQ(have, want) << rows[r].name << " width " << w << " k " << k;
-      }
-    }
-  }
-}
-
-// The block path's work map (host only): starts are the rows' causal pages
-// summed; per sub-chunk the CTA pairs split its static range evenly, each
-// naming the row of its item, and the claimed tail is the rule's share of
-// the range's end (none where the static share per CTA falls under the
-// rule's minimum), with a row hint every 16 items naming that item's row.
-TEST(GpuPlanTest, BlockWorkSplitsAndClaims) {
-  const std::vector<int32_t> old_e = {0, 0, 40000, 100, 7, 0}, new_e = {1, 17000, 40002, 164, 7, 3000};
-  const std::vector<int32_t> q_lens = {1, 1, 2, 1, 0, 3};
-  std::vector<std::vector<int32_t>> pages(old_e.size());
-  int32_t next = 0;
-  for (size_t s = 0; s < new_e.size(); ++s) {
-    for (int64_t i = 0; i < PagesFor(new_e[s], 64); ++i) pages[s].push_back(next++);
-  }
-  const StepRows rows = MakeStep(old_e, new_e, q_lens, 64, pages, 0);
-  ASSERT_EQ(rows.num_rows, 8);
-  std::vector<gpu::SubChunk> chunks(2);
-  chunks[0].row_begin = 0, chunks[0].row_end = 3;
-  chunks[1].row_begin = 3, chunks[1].row_end = 8;
-  const int32_t ctas = 7;
-  struct Rule {
-    int32_t percent, min_items;
-  };
-  for (const Rule rule : {Rule{0, 16}, Rule{20, 0}, Rule{20, 16}, Rule{20, 200}, Rule{100, 0}, Rule{100, 1}}) {
-    SCOPED_TRACE(::testing::Message() << "tail " << rule.percent << " % min " << rule.min_items);
-    gpu::BlockWorkPlan plan;
-    ASSERT_TRUE(gpu::PlanBlockWork(rows, 64, chunks, ctas, {rule.percent, rule.min_items}, &plan).ok());
-    ASSERT_EQ(plan.starts.size(), 9u);
-    int64_t sum = 0;
-    for (int32_t r = 0; r < rows.num_rows; ++r) {
-      EXPECT_EQ(plan.starts[r], sum);
-      sum += PagesFor(rows.row_visible[r], 64);
-    }
-    EXPECT_EQ(plan.starts[8], sum);
-    auto row_of = [&](int64_t f, const gpu::SubChunk& sc) {
-      int32_t r = sc.row_begin;
-      while (r + 1 < sc.row_end && plan.starts[r + 1] <= f) ++r;
-      return r;
-    };
-    ASSERT_EQ(plan.tails.size(), 2u);
-    ASSERT_EQ(plan.cta_offsets.size(), 2u);
-    for (int i = 0; i < 2; ++i) {
-      const gpu::SubChunk& sc = chunks[i];
-      const int64_t lo = plan.starts[sc.row_begin], hi = plan.starts[sc.row_end], span = hi - lo;
-      int64_t claimed = span * rule.percent / 100;
-      if (span - claimed < int64_t{rule.min_items} * ctas) claimed = 0;
-      const gpu::BlockWorkPlan::Tail& t = plan.tails[i];
-      EXPECT_EQ(t.end, hi);
-      EXPECT_EQ(t.begin, hi - claimed);
-      const int32_t* pairs = plan.cta.data() + plan.cta_offsets[i];
-      EXPECT_EQ(pairs[0], lo);
-      EXPECT_EQ(pairs[2 * ctas], t.begin);
-      for (int32_t c = 0; c <= ctas; ++c) {
-        const int64_t want = lo + (t.begin - lo) * c / ctas;
-        EXPECT_EQ(pairs[2 * c], want) << "cta " << c;
-        EXPECT_EQ(pairs[2 * c + 1], row_of(want, sc)) << "cta " << c;
-      }
-      const int64_t nh = (claimed + 15) / 16;
-      const int64_t end = i + 1 < 2 ? plan.tails[i + 1].hint_offset : static_cast<int64_t>(plan.hints.size());
-      EXPECT_EQ(end - t.hint_offset, nh);
-      for (int64_t j = 0; j < nh && t.hint_offset + j < end; ++j) {
-        const int64_t f = t.begin + 16 * j;
-        const int32_t r = plan.hints[t.hint_offset + j];
-        EXPECT_EQ(r, row_of(f, sc)) << "hint " << j;
-        EXPECT_TRUE(plan.starts[r] <= f && f < plan.starts[r + 1]) << "hint " << j;
       }
     }
   }

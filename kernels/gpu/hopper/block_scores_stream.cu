@@ -144,8 +144,6 @@ struct SwGroupSmem {
   int64_t scales_at;    // float4 [E rounded up to 16]
   int64_t comb_at;      // float [2][kSwMaxPageWarps][kSwMaxHeads]
   int64_t bars_at;      // uint64 [stages]
-  int64_t claim_at;     // int32 [4]: claimed tail items handed to the group (two alternate, one at start)
-  int64_t fq_at;        // int32 [kSwMaxPageWarps][stages + 2]: each warp's items to score next (a ring)
   int64_t bytes;        // the group's share, a multiple of 128 (tma: of 1024)
 };
 __host__ __device__ inline SwGroupSmem SwSmemOf(int64_t page_bytes, int32_t page_entries, int stages,
@@ -158,10 +156,8 @@ __host__ __device__ inline SwGroupSmem SwSmemOf(int64_t page_bytes, int32_t page
   s.scales_at = tma ? s.raw_at + stages * s.raw_stride : stages * s.page_stride;
   s.comb_at = s.scales_at + static_cast<int64_t>((page_entries + 15) / 16 * 16) * 16;
   s.bars_at = s.comb_at + 2 * kSwMaxPageWarps * kSwMaxHeads * 4;
-  s.claim_at = s.bars_at + 8 * stages;
-  s.fq_at = s.claim_at + 16;
   const int64_t align = tma ? 1024 : 128;
-  s.bytes = (s.fq_at + 4 * kSwMaxPageWarps * (stages + 2) + align - 1) / align * align;
+  s.bytes = (s.bars_at + 8 * stages + align - 1) / align * align;
   return s;
 }
 
@@ -181,39 +177,27 @@ __device__ __forceinline__ float4 SwE8m0x4(uint32_t s) {
 
 // One row's walk state: the row holding flat item f and its geometry.
 struct SwCursor {
-  int32_t f;           // flat item (kSwEnd: none; the group is done)
+  int32_t f;           // flat item
   int32_t r;           // its row (step numbering)
-  int32_t start, next; // starts[r], starts[r + 1] (next - start: its causal pages)
-  int32_t n;           // visible entries
+  int32_t start, next; // starts[r], starts[r + 1]
+  int32_t n, causal;   // visible entries, causal pages
   const int32_t* block_row;  // the row's sequence's block table
 };
-constexpr int32_t kSwEnd = 0x7fffffff;
 
-// Moves c to item f, which is kSwEnd or at or past c.f: a static item walks
-// on from c's row; a claimed tail item first jumps to its hint's row when
-// that is further on (a group's claims are far apart).
-__device__ __forceinline__ void SwSeek(const BlockWorkMap& wm, const DeviceStepRows& step,
-                                       int32_t per_page, int32_t f, SwCursor& c) {
-  c.f = f;
-  if (f == kSwEnd) return;
+// Moves c to the row of c.f; items at or past f_end (the CTA's end) stay
+// on the last row reached (starts[] ends there).
+__device__ __forceinline__ void SwAdvance(const int32_t* starts, const DeviceStepRows& step,
+                                          int32_t per_page, int32_t f_end, SwCursor& c) {
   bool moved = false;
-  if (f >= wm.tail_begin && wm.tail_begin < wm.tail_end) {
-    const int32_t hr = wm.tail_rows[(f - wm.tail_begin) >> kBlockTailHintShift];
-    if (hr > c.r) {
-      c.r = hr;
-      c.start = wm.starts[hr];
-      c.next = wm.starts[hr + 1];
-      moved = true;
-    }
-  }
-  while (f >= c.next) {
+  while (c.f < f_end && c.f >= c.next) {
     ++c.r;
     c.start = c.next;
-    c.next = wm.starts[c.r + 1];
+    c.next = starts[c.r + 1];
     moved = true;
   }
   if (moved) {
     c.n = step.row_visible[c.r];
+    c.causal = (c.n + per_page - 1) / per_page;
     c.block_row = step.block_table + static_cast<int64_t>(step.row_seq[c.r]) * step.max_pages;
   }
 }
@@ -386,87 +370,30 @@ __global__ void __launch_bounds__(kSwShapes[kShape].warps * 32, kSwShapes[kShape
     __syncthreads();  // the group's barriers, initialized by its first warp
   }
 
-  auto group_sync = [&] {
-    if constexpr (kPW == 1) {
-      __syncwarp();
-    } else {
-      NamedBarrierSync(1 + group, kPW * 32);
-    }
-  };
-
-  // The group's items, in order ("positions"): its static share, items
-  // first, first + kGroups, ... below the CTA's end (the work map's pairs),
-  // then tail items it claims one at a time from wm.counters[0] (plan.h:
-  // TailRule), until a claim comes back past the tail. The first warp's
-  // lane 0 claims, one claim ahead: the claim a step needs was sent an
-  // iteration before, and comes to the group's warps through shared memory
-  // (claim_box) at the group's barrier. Positions 0 .. kSwStages + 1 (the
-  // first item, the prologue's steps and the first iteration's) that fall in
-  // the tail are claimed at once, before the prologue.
   const int32_t* cta = wm.cta + 2 * blockIdx.x;
-  const int32_t first = cta[0] + group, f_end = cta[2];
-  const int32_t tail_count = wm.tail_end - wm.tail_begin;
-  // (claim_box and fq sit at fixed offsets from bars: no registers of their own.)
-  int32_t* const claim_box = reinterpret_cast<int32_t*>(bars + kSwStages);
-  int32_t sf = first;                                                     // next static item
-  int32_t s_left = first < f_end ? (f_end - first + kGroups - 1) / kGroups : 0;  // static items left
-  // Claimed items not yet taken: [ready, ready_end). The claims go on
-  // while every claim so far was inside the tail (ready_end <= tail_count).
-  int32_t ready = 0, ready_end = 0;
-  int32_t inflight = 0;  // sub 0, lane 0: the claim sent, not yet handed on
-  if (tail_count > 0) {
-    const int32_t m0 = max(0, kSwStages + 2 - s_left);
-    if (m0 > 0) {
-      if (sub == 0 && lane == 0) claim_box[2] = atomicAdd(wm.counters, m0);
-      group_sync();
-      ready = claim_box[2];
-      ready_end = ready + m0;
-    }
-    if (ready_end <= tail_count && sub == 0 && lane == 0) inflight = atomicAdd(wm.counters, 1);
-  }
-  // The item of the group's next position.
-  auto take = [&]() -> int32_t {
-    if (s_left > 0) {
-      --s_left;
-      const int32_t f = sf;
-      sf += kGroups;
-      return f;
-    }
-    if (ready < ready_end) {
-      const int32_t v = ready++;
-      return v < tail_count ? wm.tail_begin + v : kSwEnd;
-    }
-    return kSwEnd;
-  };
-
+  const int32_t f_end = cta[2];
   // Producer cursor (the next item to fetch) and consumer cursor (the item
-  // scored), both starting at the CTA's first row. The consumer's items are
-  // the producer's from kSwStages + 1 steps before: lane 0 keeps item
-  // position x in the warp's ring fq[x % kFq] (shared memory, not
-  // registers: the kernel is at its register cap). kFq = kSwStages + 2: the
-  // slot of x is written again in iteration x + 1, after the barrier that
-  // follows x's read at the end of iteration x - 1.
+  // scored), both starting at the CTA's first row.
   SwCursor pc;
-  pc.f = cta[0];
+  pc.f = cta[0] + group;
   pc.r = cta[1];
   pc.start = wm.starts[pc.r];
   pc.next = wm.starts[pc.r + 1];
   pc.n = p.step.row_visible[pc.r];
+  pc.causal = (pc.n + per_page - 1) / per_page;
   pc.block_row = p.step.block_table + static_cast<int64_t>(p.step.row_seq[pc.r]) * p.step.max_pages;
-  SwSeek(wm, p.step, per_page, take(), pc);
+  SwAdvance(wm.starts, p.step, per_page, f_end, pc);
   SwCursor cc = pc;
-  constexpr int kFq = kSwStages + 2;
-  int32_t* const fq = claim_box + 4 + sub * kFq;
   const int64_t head_stride = static_cast<int64_t>(p.num_rows) * p.width;
 
   // The producer runs one item ahead of its copies: the page id of the
   // item it copies next is read an iteration before (no dependent global
-  // load in front of each copy). page < 0: nothing to copy (no item, or a
-  // forced page).
+  // load in front of each copy). page < 0: nothing to copy (past the CTA's
+  // range, or a forced page).
   auto page_of = [&](const SwCursor& c) -> int32_t {
-    if (c.f == kSwEnd) return -1;
+    if (c.f >= f_end) return -1;
     const int32_t b = c.f - c.start;
-    return SwForced(b, c.next - c.start, p.init_blocks, p.local_blocks) == 0.f ? c.block_row[b] : -1;
+    return SwForced(b, c.causal, p.init_blocks, p.local_blocks) == 0.f ? c.block_row[b] : -1;
   };
   auto copy = [&](int32_t page, int slot) {
     if (page >= 0 && sub == 0 && lane == 0) {
@@ -492,7 +419,10 @@ __global__ void __launch_bounds__(kSwShapes[kShape].warps * 32, kSwShapes[kShape
       }
     }
   };
-  auto step_on = [&](SwCursor& c) { SwSeek(wm, p.step, per_page, take(), c); };
+  auto step_on = [&](SwCursor& c) {
+    c.f += kGroups;
+    SwAdvance(wm.starts, p.step, per_page, f_end, c);
+  };
 
   uint2 bq[kNT][8];
   float f0[kNT][4], f1[kNT][4];
@@ -508,24 +438,21 @@ __global__ void __launch_bounds__(kSwShapes[kShape].warps * 32, kSwShapes[kShape
   for (int s = 0; s < kSwStages - 1; ++s) {
     copy(page_of(pc), s);
     step_on(pc);
-    if (lane == 0) fq[s + 1] = pc.f;
   }
   int32_t pending = page_of(pc);  // item kSwStages - 1
   step_on(pc);
-  if (lane == 0) fq[kSwStages] = pc.f;
   uint32_t phase = 0;  // bit s: parity of ring slot s's next completion
   const bool linear = !kTiled;
 
 #pragma unroll 1
-  for (int32_t k = 0; cc.f != kSwEnd; ++k) {
+  for (int32_t k = 0; cc.f < f_end; ++k) {
     const int slot = k % kSwStages;
     copy(pending, (k + kSwStages - 1) % kSwStages);  // item k + kSwStages - 1
     pending = page_of(pc);                            // item k + kSwStages
     step_on(pc);
-    if (lane == 0) fq[(k + kSwStages + 1) % kFq] = pc.f;
     const int32_t b = cc.f - cc.start, lr = cc.r - p.row_base;
     float* score0 = p.scores + static_cast<int64_t>(lr) * p.width + b;  // head 0
-    const float forced = SwForced(b, cc.next - cc.start, p.init_blocks, p.local_blocks);
+    const float forced = SwForced(b, cc.causal, p.init_blocks, p.local_blocks);
     if (forced != 0.f) {
       if (sub == 0 && lane < p.num_heads) score0[lane * head_stride] = forced;
     } else {
@@ -678,21 +605,16 @@ __global__ void __launch_bounds__(kSwShapes[kShape].warps * 32, kSwShapes[kShape
         }
       }
     }
-    // The next iteration's step takes a claimed item: hand on the claim
-    // sent before, send the next (a claim past the tail ends the claims).
-    const bool hand_on = tail_count > 0 && ready_end <= tail_count && s_left == 0 && ready == ready_end;
-    if (hand_on && sub == 0 && lane == 0) {
-      claim_box[k & 1] = inflight;
-      if (inflight < tail_count) inflight = atomicAdd(wm.counters, 1);
-    }
-    // kPW == 1: every lane is done with the slot and the scales before
-    // either is written again. Else every warp of the group is done with
-    // the slot (the next copy into it follows) and has put its maxima in
-    // this item's buffer (the other buffer is the next item's: a warp
-    // cannot reach it again before the first warp has passed this
-    // barrier's next round). The same holds for claim_box's two slots.
-    group_sync();
-    if constexpr (kPW > 1) {
+    if constexpr (kPW == 1) {
+      // Every lane is done with the slot and the scales before either is
+      // written again.
+      __syncwarp();
+    } else {
+      // Every warp of the group is done with the slot (the next copy into
+      // it follows) and has put its maxima in this item's buffer (the other
+      // buffer is the next item's: a warp cannot reach it again before the
+      // first warp has passed this barrier's next round).
+      NamedBarrierSync(1 + group, kPW * 32);
       if (forced == 0.f && sub == 0 && lane < p.num_heads) {
         const float* both = comb + (k & 1) * kSwMaxPageWarps * kSwMaxHeads + lane;
         float v = both[0];
@@ -701,26 +623,7 @@ __global__ void __launch_bounds__(kSwShapes[kShape].warps * 32, kSwShapes[kShape
         score0[lane * head_stride] = v * p.scale;
       }
     }
-    if (hand_on) {
-      ready = claim_box[k & 1];
-      ready_end = ready + 1;
-    }
-    // The consumer's next item (lane 0 wrote it kSwStages iterations before,
-    // barriers between).
-    SwSeek(wm, p.step, per_page, fq[(k + 1) % kFq], cc);
-  }
-  // With a tail: the launch's last CTA sets the counters back to 0 for the
-  // next launch on this map (every claim of every CTA came back before its
-  // CTA counts itself done).
-  if (tail_count > 0) {
-    __syncthreads();
-    if (threadIdx.x == 0) {
-      __threadfence();
-      if (atomicAdd(wm.counters + 1, 1) == static_cast<int32_t>(gridDim.x) - 1) {
-        atomicExch(wm.counters, 0);
-        atomicExch(wm.counters + 1, 0);
-      }
-    }
+    step_on(cc);
   }
 #endif  // INDEXER_GPU_WGMMA
 }

@@ -321,7 +321,7 @@ __global__ void __launch_bounds__(C::kThreads, C::kMinBlocks)
   int4* tinfo = ring.tinfo;
 
   // ---- this block's share of the units (with a claimed tail: of those
-  // before it; the launcher leaves every block some) -----------------------
+  // before it; the default rule leaves every block some) -------------------
   const int64_t units = p.unit_end - p.unit_begin - p.tail_units;
   const int32_t u_first = p.unit_begin + static_cast<int32_t>(units * blockIdx.x / gridDim.x);
   const int32_t u_last = p.unit_begin + static_cast<int32_t>(units * (blockIdx.x + 1) / gridDim.x);
@@ -660,12 +660,12 @@ __global__ void __launch_bounds__(C::kThreads, C::kMinBlocks)
 // top-k then runs its own first pass; A/B runs; knobs.h).
 bool TopkFuseEnabled() { return Knobs().topk_fuse; }
 
-// kGather: the gather walk over the pool's 8-entry tensor map `rows8`
-// (the dense walk passes its own map, unused).
 // Units per claim of the claimed tail (LogitsParams::claims): two of the
 // plan's 256-entry units, 8 tiles, where the tail matters.
 constexpr int32_t kWsClaimUnits = 2;
 
+// kGather: the gather walk over the pool's 8-entry tensor map `rows8`
+// (the dense walk passes its own map, unused).
 template <class C, bool kGather = false>
 absl::Status LaunchWs(const LogitsParams& p_in, Stream stream, const TensorMap& rows8) {
   auto* kernel = &DenseLogitsWgmmaWsKernel<C, kGather>;

@@ -141,15 +141,14 @@ struct LogitsParams {
   bool launch_dependents = false;
   // The ws kernel's claimed tail (dense walk; plan.h: TailRule): the last
   // tail_units units of [unit_begin, unit_end) are not split over the
-  // blocks; each block's producer, its share done, claims claim_units of
-  // them at a time from claims[0], until a claim comes back past the end.
+  // blocks; each block's producer, its share done, claims a few of them at
+  // a time from claims[0], until a claim comes back past the end.
   // claims ([2]: claims, blocks done) are the backend's, 0 between
   // launches: the launch's last block sets them back. The launcher sets
-  // tail_units and claim_units by `tail` where claims is not null.
+  // tail_units by `tail` where claims is not null.
   int32_t* claims = nullptr;
   TailRule tail;
   int32_t tail_units = 0;
-  int32_t claim_units = 0;
 };
 
 // The fastest path the device, format, layout and H allow: "wgmma_ws" or

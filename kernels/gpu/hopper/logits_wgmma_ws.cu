@@ -149,6 +149,9 @@ constexpr int kBoxBytes = kBoxEntries * kWsDim;    // 1 KiB of values
 constexpr int kBoxScaleBytes = kBoxEntries * 4;    // 32 B of scales
 constexpr int kTileBoxes = kWsTile / kBoxEntries;  // 8 chunks per tile
 constexpr int kWinTiles = kWarpSize / kTileBoxes;  // 4 tiles per window
+// Units per claim of the claimed tail (LogitsParams::claims): two of the
+// plan's 256-entry units, 8 tiles, where the tail matters.
+constexpr int32_t kWsClaimUnits = 2;
 
 // Copies every tile of the block's units [u_first, u_last) into the ring as
 // the consumers take them (tile n -> slot n % kSlots, its unit facts to
@@ -413,17 +416,17 @@ __global__ void __launch_bounds__(C::kThreads, C::kMinBlocks)
       TileWalk walk(p, u_first, u_last);
       WalkWindows(walk, lead, rest);
     }
-    // The claimed tail: claim_units at a time, the next claim sent before
+    // The claimed tail: kWsClaimUnits at a time, the next claim sent before
     // the claimed units are walked (its answer waits in lane 0's register).
     if (p.tail_units > 0) {
       const int32_t t0 = p.unit_end - p.tail_units;
       int32_t sent = 0;
       if (lane == 0) sent = atomicAdd(p.claims, 1);
       for (;;) {
-        const int64_t ub = t0 + int64_t{ShflIdx(sent, 0)} * p.claim_units;
+        const int64_t ub = t0 + int64_t{ShflIdx(sent, 0)} * kWsClaimUnits;
         if (ub >= p.unit_end) break;
         if (lane == 0) sent = atomicAdd(p.claims, 1);
-        const int64_t ue = ub + p.claim_units < p.unit_end ? ub + p.claim_units : p.unit_end;
+        const int64_t ue = ub + kWsClaimUnits < p.unit_end ? ub + kWsClaimUnits : p.unit_end;
         TileWalk more(p, static_cast<int32_t>(ub), static_cast<int32_t>(ue));
         WalkWindows(more, lead, rest);
       }
@@ -660,10 +663,6 @@ __global__ void __launch_bounds__(C::kThreads, C::kMinBlocks)
 // top-k then runs its own first pass; A/B runs; knobs.h).
 bool TopkFuseEnabled() { return Knobs().topk_fuse; }
 
-// Units per claim of the claimed tail (LogitsParams::claims): two of the
-// plan's 256-entry units, 8 tiles, where the tail matters.
-constexpr int32_t kWsClaimUnits = 2;
-
 // kGather: the gather walk over the pool's 8-entry tensor map `rows8`
 // (the dense walk passes its own map, unused).
 template <class C, bool kGather = false>
@@ -716,10 +715,7 @@ absl::Status LaunchWs(const LogitsParams& p_in, Stream stream, const TensorMap& 
   p.tail_units = 0;
   if (!kGather && p.claims != nullptr && p.tail.percent > 0) {
     const int64_t tail = units * std::min(p.tail.percent, 100) / 100;
-    if (tail > 0 && units - tail >= grid * p.tail.min_items_per_cta) {
-      p.tail_units = static_cast<int32_t>(tail);
-      p.claim_units = kWsClaimUnits;
-    }
+    if (tail > 0 && units - tail >= grid * p.tail.min_items_per_cta) p.tail_units = static_cast<int32_t>(tail);
   }
   GPU_LAUNCH(kernel, static_cast<int>(grid), C::kThreads, C::kSmem, stream, p, rows8);
   return absl::OkStatus();

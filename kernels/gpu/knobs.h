@@ -18,9 +18,10 @@
 //   INDEXER_GPU_WS_UNIT=N            wgmma_ws work units of N entries (a
 //                                    multiple of 64; else the planner's rule)
 //   INDEXER_GPU_WS_BLOCKS_PER_SM=N   caps wgmma_ws's blocks per SM
-//   INDEXER_GPU_WS_TAIL=0..50        wgmma_ws's claimed tail, percent of a
-//                                    launch's units (plan.h: TailRule;
-//                                    default 0)
+//   INDEXER_GPU_WS_TAIL=0..50        wgmma_ws's claimed tail, percent of
+//                                    every launch's units (plan.h:
+//                                    TailRule; unset: 10 % where groups
+//                                    have more than two rows, else none)
 //   INDEXER_GPU_MXFP4_WARPGROUPS=N   wgmma_mxfp4's math warpgroups (the other
 //                                    measured size: 4 for one row, 2 for two)
 //   INDEXER_GPU_MFMA_MODEL=gfx942|gfx950  CUDA: the default logits choice runs
@@ -60,7 +61,7 @@ struct GpuKnobs {
   int32_t ws_evict_first = 1;  // 0 never, 1 the launcher's rule, 2 past the L2 too
   int32_t ws_unit_entries = 0;   // 0: the planner's rule
   int32_t ws_blocks_per_sm = 0;  // 0: as many as fit
-  int32_t ws_tail_percent = 0;   // 0: every unit split evenly
+  int32_t ws_tail_percent = -1;  // -1 unset: plan.h's rule; 0: every unit split evenly
   int32_t mxfp4_warpgroups = 0;  // 0: the default sizes
   int32_t mfma_model_arch = 0;   // 0, 942 or 950
   int32_t block_stream_shape = -1;  // -1: the kernel's default

@@ -115,8 +115,20 @@ void PlanGather(const StepRows& rows, int32_t row_begin, int32_t row_end, int64_
 
 TailRule DefaultWsTail() {
   TailRule rule;
-  rule.percent = Knobs().ws_tail_percent;
+  if (Knobs().ws_tail_percent >= 0) {
+    rule.percent = Knobs().ws_tail_percent;
+  } else {
+    rule.percent = 10;
+    rule.min_group_rows = 3;
+  }
   return rule;
+}
+
+int32_t WsTailUnits(const TailRule& rule, int64_t units, int64_t grid, int32_t max_group_rows) {
+  if (rule.percent <= 0 || max_group_rows < rule.min_group_rows) return 0;
+  const int64_t tail = units * std::min(rule.percent, 100) / 100;
+  if (tail <= 0 || units - tail < grid * rule.min_items_per_cta) return 0;
+  return static_cast<int32_t>(tail);
 }
 
 absl::Status PlanBlockWork(const StepRows& rows, int32_t page_entries,

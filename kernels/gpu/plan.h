@@ -99,17 +99,26 @@ void PlanGather(const StepRows& rows, int32_t row_begin, int32_t row_end, int64_
 // launch's units can therefore be left unsplit: a block's producer that ends
 // its even share claims them from a counter, two units at a time
 // (LogitsParams::claims). Measured on the H200 (s31): prefill 4k x 32k
-// -41 us (1003 -> 1023 TFLOP/s) at 10 or 20 %, but decode +1 to +17 us, so
-// the default is none (knob INDEXER_GPU_WS_TAIL). No tail where the static
-// share would be under `min_items_per_cta` units a block. (The same for the
-// MiniMax block kernel, pages claimed one at a time by groups of warps,
-// lost everywhere: h200_2026-12-06_s31.md.)
+// (groups of four rows) -41 us (1003 -> 1023 TFLOP/s) at 10 or 20 %, but
+// decode (groups of one or two rows) +1 to +17 us: a claim restarts the
+// producer's walk, cheap beside a group of four rows' tiles and not beside
+// one row's. So the default rule claims 10 % where the launch has groups of
+// more than two rows and nothing elsewhere (knob INDEXER_GPU_WS_TAIL=N: N %
+// on every launch, 0 none). No tail where the static share would be under
+// `min_items_per_cta` units a block. (The same for the MiniMax block
+// kernel, pages claimed one at a time by groups of warps, lost everywhere:
+// h200_2026-12-06_s31.md.)
 struct TailRule {
   int32_t percent = 0;  // 0..100
   int32_t min_items_per_cta = 4;
+  int32_t min_group_rows = 1;  // launches whose largest group has fewer rows claim nothing
 };
-// INDEXER_GPU_WS_TAIL's percent (knobs.h; default 0).
+// The knob's rule where INDEXER_GPU_WS_TAIL is set (knobs.h), else 10 % for
+// groups of three or more rows.
 TailRule DefaultWsTail();
+// The units of a launch of `units` units over `grid` blocks, largest group
+// `max_group_rows` rows, that `rule` leaves to be claimed (0: none).
+int32_t WsTailUnits(const TailRule& rule, int64_t units, int64_t grid, int32_t max_group_rows);
 
 // The block path's work map (params.h: BlockWorkMap) for pages of
 // `page_entries`: starts[r] = sum over rows before r of their causal pages

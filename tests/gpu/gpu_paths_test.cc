@@ -514,6 +514,34 @@ TEST(GpuBlockTest, WarpTopkOnCraftedRows) {
   }
 }
 
+// The claimed tail's rule (plan.h: WsTailUnits): the percent of the
+// launch's units, only where the rule's group size is reached and every
+// block keeps its minimum share.
+TEST(GpuPlanTest, WsTailUnitsFollowTheRule) {
+  const gpu::TailRule prefill{10, 4, 3};
+  // Prefill 4k x 32k at two blocks per SM: groups of four rows.
+  EXPECT_EQ(gpu::WsTailUnits(prefill, 131072, 264, 4), 13107);
+  EXPECT_EQ(gpu::WsTailUnits(prefill, 131072, 264, 3), 13107);
+  // Decode groups of one or two rows claim nothing under this rule.
+  EXPECT_EQ(gpu::WsTailUnits(prefill, 65536, 396, 1), 0);
+  EXPECT_EQ(gpu::WsTailUnits(prefill, 65536, 396, 2), 0);
+  // Too short a launch: 90 % of 1000 units is under 4 a block for 264 blocks.
+  EXPECT_EQ(gpu::WsTailUnits(prefill, 1000, 264, 4), 0);
+  EXPECT_EQ(gpu::WsTailUnits(prefill, 1200, 264, 4), 120);  // 1080 >= 1056
+  // Every launch (a knob's rule); none at 0 %, all of it at 100 % with no minimum.
+  const gpu::TailRule everywhere{20, 4, 1};
+  EXPECT_EQ(gpu::WsTailUnits(everywhere, 8192, 396, 1), 1638);
+  EXPECT_EQ(gpu::WsTailUnits({0, 4, 1}, 8192, 396, 4), 0);
+  EXPECT_EQ(gpu::WsTailUnits({100, 0, 1}, 50, 396, 1), 50);
+  // Without the knob, the default is the prefill rule.
+  if (std::getenv("INDEXER_GPU_WS_TAIL") == nullptr) {
+    const gpu::TailRule d = gpu::DefaultWsTail();
+    EXPECT_EQ(d.percent, 10);
+    EXPECT_EQ(d.min_group_rows, 3);
+    EXPECT_EQ(d.min_items_per_cta, 4);
+  }
+}
+
 TEST(GpuPlanTest, GatherCoversEachRowsPoolSlots) {
   const std::vector<int32_t> old_e = {0, 0, 40000, 100, 7}, new_e = {1, 17000, 40002, 164, 7};
   const std::vector<int32_t> q_lens = {1, 1, 2, 1, 0};

@@ -59,6 +59,7 @@
 #include "kernels/gpu/knobs.h"
 #include "kernels/gpu/params.h"
 #include "kernels/gpu/per_device.h"
+#include "kernels/gpu/plan.h"
 #include "kernels/gpu/topk_key.h"
 #include "kernels/gpu/hopper/tile_window.h"
 #include "kernels/gpu/hopper/wgmma_sm90.h"
@@ -710,13 +711,10 @@ absl::Status LaunchWs(const LogitsParams& p_in, Stream stream, const TensorMap& 
   // measured no better: B=1 n=128k 17.2-18.9 us at 1, 17.2-17.3 at 2, 21.5 at 4.)
   const int64_t units = p.unit_end - p.unit_begin;
   const int64_t grid = std::min<int64_t>(units, static_cast<int64_t>(*per_sm) * p.num_sms);
-  // The claimed tail (dense walk): p.tail's share of the units, where every
-  // block keeps at least its minimum of its own.
-  p.tail_units = 0;
-  if (!kGather && p.claims != nullptr && p.tail.percent > 0) {
-    const int64_t tail = units * std::min(p.tail.percent, 100) / 100;
-    if (tail > 0 && units - tail >= grid * p.tail.min_items_per_cta) p.tail_units = static_cast<int32_t>(tail);
-  }
+  // The claimed tail (dense walk): p.tail's share of the units, where the
+  // rule applies to the launch's groups and every block keeps at least its
+  // minimum of its own (plan.h: WsTailUnits).
+  p.tail_units = !kGather && p.claims != nullptr ? WsTailUnits(p.tail, units, grid, p.max_group_rows) : 0;
   GPU_LAUNCH(kernel, static_cast<int>(grid), C::kThreads, C::kSmem, stream, p, rows8);
   return absl::OkStatus();
 }

@@ -774,8 +774,7 @@ absl::Status GpuBackend::TopkPieces(
     tp.cand_keys = cand_keys_;
     tp.cand_pos = cand_pos_;
     tp.state = topk_state_;
-    PlanTopkSplit(tp.num_rows, max_visible, topk, props_.multiProcessorCount, ws_.cand, &tp,
-                  TopkPairsAllowed(props_.major));
+    PlanTopkSplit(tp.num_rows, max_visible, topk, props_.multiProcessorCount, ws_.cand, &tp);
     if (hist_ready) {
       // The logits kernel filled the rows' state for one cooperative piece
       // (TopkWantsHist); anything else would leave that state unconsumed.
@@ -795,8 +794,7 @@ absl::Status GpuBackend::TopkPieces(
 bool GpuBackend::TopkWantsHist(int64_t rows, int32_t max_visible, int32_t topk) const {
   if (topk <= 0 || rows > std::max<int64_t>(1, ws_.out_ints / topk)) return false;
   TopkParams tp{};
-  PlanTopkSplit(static_cast<int32_t>(rows), max_visible, topk, props_.multiProcessorCount, ws_.cand, &tp,
-                TopkPairsAllowed(props_.major));
+  PlanTopkSplit(static_cast<int32_t>(rows), max_visible, topk, props_.multiProcessorCount, ws_.cand, &tp);
   return tp.cand_stride > 0;
 }
 

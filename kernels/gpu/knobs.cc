@@ -16,8 +16,7 @@ constexpr const char* kNames[] = {
     "INDEXER_GPU_MXFP4_WARPGROUPS", "INDEXER_GPU_MFMA_MODEL",      "INDEXER_GPU_LOGITS_MB",
     "INDEXER_GPU_BLOCK_STREAM",    "INDEXER_GPU_BLOCK_TMA",        "INDEXER_GPU_TOPK_BLOCKS_PER_SM",
     "INDEXER_GPU_TOPK_SLICE_BLOCKS",
-    "INDEXER_GPU_LOGITS_PDL",      "INDEXER_GPU_TOPK_ROW_THREADS", "INDEXER_GPU_SPLIT_TIMING",
-    "INDEXER_GPU_TOPK_PAIR"};
+    "INDEXER_GPU_LOGITS_PDL",      "INDEXER_GPU_TOPK_ROW_THREADS", "INDEXER_GPU_SPLIT_TIMING"};
 
 // On unless set to a number that is 0.
 bool Switch(const char* name) {
@@ -64,7 +63,6 @@ GpuKnobs Read() {
   if (slice_blocks >= 1 && slice_blocks <= 8) k.topk_slice_blocks = static_cast<int32_t>(slice_blocks);
   k.logits_pdl = Number("INDEXER_GPU_LOGITS_PDL") != 0;
   k.split_timing = Number("INDEXER_GPU_SPLIT_TIMING") != 0;
-  k.topk_pair = Number("INDEXER_GPU_TOPK_PAIR") != 0;
   const int64_t row_threads = Number("INDEXER_GPU_TOPK_ROW_THREADS");
   if (row_threads == 512 || row_threads == 1024) k.topk_row_threads = static_cast<int32_t>(row_threads);
   const int64_t mb = Number("INDEXER_GPU_LOGITS_MB");

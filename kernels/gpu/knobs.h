@@ -35,9 +35,6 @@
 //                                    register cap (else by the launch's size)
 //   INDEXER_GPU_TOPK_SLICE_BLOCKS=N  the cooperative top-k's slices: about N
 //                                    blocks per SM over the launch (default 2)
-//   INDEXER_GPU_TOPK_PAIR=1          rows the by-rows top-k would leave on
-//                                    half the SMs or fewer go to two blocks
-//                                    of a cluster each (hopper/topk_pair.cu)
 //   INDEXER_GPU_TOPK_ROW_THREADS=512|1024  the by-rows top-k's block size
 //                                    (else 1024 up to one row per SM)
 //   INDEXER_GPU_LOGITS_PDL=1         wgmma_ws lets the top-k's blocks be
@@ -74,7 +71,6 @@ struct GpuKnobs {
   bool logits_pdl = false;
   bool split_timing = false;  // an event between a layer's logits and top-k kernels
   int32_t topk_row_threads = 0;  // the by-rows top-k's block: 0 PlanTopkSplit's rule, 512 or 1024
-  bool topk_pair = false;        // the cluster-pair top-k (PlanTopkSplit's pairs)
   int64_t logits_mb = 1024;
 };
 

@@ -251,9 +251,6 @@ struct TopkParams {
   // By rows (cand_stride == 0): threads per block, 512 or 1024
   // (PlanTopkSplit: 1024 up to one row per SM).
   int32_t row_threads = 512;
-  // By rows, two blocks of a cluster per row (hopper/topk_pair.cu: rows of
-  // up to 2 x kTopkCache entries, at most one row per two SMs; sm_90).
-  bool row_pair = false;
 };
 
 // Entries a top-k block keeps in shared memory.
@@ -262,22 +259,14 @@ inline constexpr int32_t kTopkCache = 8192;
 inline constexpr int32_t kTopkStateWords = 2048 + 8;
 
 // Chooses the path for `num_rows` rows of up to `max_visible` entries on
-// `num_sms` multiprocessors with room for `cand_capacity` candidates;
-// `pairs`: the device runs the cluster-pair kernel (TopkPairsAllowed).
+// `num_sms` multiprocessors with room for `cand_capacity` candidates.
 void PlanTopkSplit(int32_t num_rows, int32_t max_visible, int32_t topk,
-                   int32_t num_sms, int64_t cand_capacity, TopkParams* p, bool pairs = false);
-// Whether a device of compute capability `cc_major` takes the cluster-pair
-// top-k: CUDA builds (kHopperPaths), sm_90 and up, and the knob
-// INDEXER_GPU_TOPK_PAIR (knobs.h).
-bool TopkPairsAllowed(int cc_major);
+                   int32_t num_sms, int64_t cand_capacity, TopkParams* p);
 // Stage B's register cap for a launch of `blocks` on `num_sms`
 // multiprocessors: 1 up to 2 blocks per SM, 3 up to 3, else 4
 // (INDEXER_GPU_TOPK_BLOCKS_PER_SM overrides).
 int32_t TopkEmitCap(int64_t blocks, int32_t num_sms);
 absl::Status LaunchTopk(const TopkParams& p, Stream stream);
-// The cluster-pair top-k (TopkParams::row_pair), hopper/topk_pair.cu: CUDA
-// builds only, named by LaunchTopk under kHopperPaths.
-absl::Status LaunchTopkPair(const TopkParams& p, Stream stream);
 
 // ---- candidate and block paths (paths_kernels.cu) ---------------------------
 // Source: block maxima in place, logits[r, b] = max over candidate block b of

@@ -24,7 +24,6 @@
 #include "kernels/format/numeric.h"
 #include "kernels/gpu/knobs.h"
 #include "kernels/gpu/params.h"
-#include "kernels/gpu/topk_block.h"
 #include "kernels/gpu/topk_key.h"
 
 namespace indexer {
@@ -37,6 +36,43 @@ static_assert(kTopkThreads % kWarpSize == 0, "whole warps per block");
 static_assert(kBins % kTopkThreads == 0, "each thread owns whole bins");
 constexpr int kBinsPerThread = kBins / kTopkThreads;
 constexpr int kWarps = kTopkThreads / kWarpSize;
+// Pass p looks at bits [shift, shift + log2(bins)): 31..21, 20..10, 9..0.
+__device__ __forceinline__ int PassShift(int pass) { return pass == 0 ? 21 : pass == 1 ? 10 : 0; }
+__device__ __forceinline__ uint32_t PassBins(int pass) { return pass == 2 ? 1024u : 2048u; }
+
+// Sum of `local` over the threads after this one in a block of kT threads
+// (suffix sum in threadIdx order): within the warp by shuffles, across
+// warps through `warp_sum` [kT / kWarpSize]: up to 16 warps each thread adds
+// the later warps' sums itself; more, and each warp takes their suffix sums
+// by shuffles (no chain of 31 shared loads). REQUIRES: called by all threads
+// of the block.
+template <int kT = kTopkThreads>
+__device__ __forceinline__ uint32_t CountAfter(uint32_t local, int lane, int warp,
+                                               uint32_t* warp_sum) {
+  constexpr int kW = kT / kWarpSize;
+  static_assert(kW <= kWarpSize, "one lane per warp of the block");
+  uint32_t incl = local;  // sum over lanes >= this one in the warp
+  for (int d = 1; d < kWarpSize; d *= 2) {
+    const uint32_t v = ShflDown(incl, d);
+    if (lane + d < kWarpSize) incl += v;
+  }
+  if (lane == 0) warp_sum[warp] = incl;
+  __syncthreads();
+  uint32_t above = incl - local;
+  if constexpr (kW <= 16) {
+    for (int w = warp + 1; w < kW; ++w) above += warp_sum[w];
+  } else {
+    uint32_t later = lane < kW ? warp_sum[lane] : 0u;  // lane w: warps >= w
+    for (int d = 1; d < kW; d *= 2) {
+      const uint32_t v = ShflDown(later, d);
+      if (lane + d < kWarpSize) later += v;
+    }
+    later = ShflIdx(later, min(warp + 1, kWarpSize - 1));
+    above += warp + 1 < kW ? later : 0u;
+  }
+  return above;
+}
+
 // Calls body(i, key(i)) for i = threadIdx.x, + kTopkThreads, ... < n, with
 // the keys of kBatch iterations loaded before any is used: the loops here
 // are chains of dependent steps (a load, then a shared atomic), and with
@@ -74,14 +110,14 @@ __device__ void BlockSelect(SelectShared<kT>& sh, int32_t n, int32_t k,
                             KeyFn key, EmitFn emit, int first_pass = 0,
                             uint32_t prefix = 0) {
   uint32_t mask = 0;
-  for (int pass = 0; pass < first_pass; ++pass) mask |= (TopkPassBins(pass) - 1) << TopkPassShift(pass);
+  for (int pass = 0; pass < first_pass; ++pass) mask |= (PassBins(pass) - 1) << PassShift(pass);
   constexpr int kBpt = kBins / kT;  // bins per thread
   static_assert(kBins % kT == 0, "each thread owns whole bins");
   uint32_t kk = static_cast<uint32_t>(k);  // keys still to take at the prefix
   const int lane = LaneId(), warp = WarpId();
   for (int pass = first_pass; pass < 3; ++pass) {
-    const int shift = TopkPassShift(pass);
-    const uint32_t bins = TopkPassBins(pass);
+    const int shift = PassShift(pass);
+    const uint32_t bins = PassBins(pass);
     for (int b = threadIdx.x; b < kBins; b += kT) sh.hist[b] = 0;
     __syncthreads();
     ForKeys<kT>(0, n, key, [&](int32_t, uint32_t x) {
@@ -180,7 +216,7 @@ __device__ void PickRowBin(const RowBins& mine, uint32_t k, uint32_t* warp_sum, 
 #pragma unroll
   for (int j = 0; j < kBinsPerThread; ++j) local += mine.c[j];
   const int lane = LaneId(), warp = WarpId();
-  uint32_t above = CountAfter<kTopkThreads>(local, lane, warp, warp_sum);
+  uint32_t above = CountAfter(local, lane, warp, warp_sum);
   if (above < k && k <= above + local) {
     for (int j = kBinsPerThread - 1; j >= 0; --j) {
       if (above + mine.c[j] >= k) {
@@ -408,7 +444,7 @@ __global__ void __launch_bounds__(kTopkThreads, kMinBlocks) CoopEmitKernel(const
     bin = bin_a;
   }
   const uint32_t mine = QuadTally(sh.cache, len, bin);
-  const uint32_t after = CountAfter<kTopkThreads>(mine, lane, warp, sh.sel.warp_sum);
+  const uint32_t after = CountAfter(mine, lane, warp, sh.sel.warp_sum);
   if (threadIdx.x == 0) {
     const uint32_t tg = (after + mine) & 0xffffu, te = (after + mine) >> 16;
     base[0] = tg ? atomicAdd(&st->n_out, tg) : 0u;
@@ -449,7 +485,13 @@ __global__ void __launch_bounds__(kTopkThreads, kMinBlocks) CoopEmitKernel(const
 // two blocks an SM) 16.8 / 15.6: PlanTopkSplit takes 1024 up to one row
 // per SM. (Radix digits below the row's common prefix, and the output by
 // per-thread tallies instead of an atomic per key, did not move B=64 x 8k:
-// 10.5 us both ways, H100, s25.)
+// 10.5 us both ways, H100, s25. Nor did two blocks a row, a cluster pair
+// reading each other's histograms through distributed shared memory
+// (90fee29, reverted): H100, same call, B=64 x 8k 11.0 us against
+// 10.0-10.1, B=1 and B=8 x 8k +0.6-0.7, only 2 and 16 rows of next_n 2
+// gained 0.4-0.7. What bounds the block is each pass's barriers and scan,
+// which the pair keeps and lengthens by a cluster barrier and a remote
+// read; its key loops were already 8 keys a thread.)
 template <int kT>
 __global__ void __launch_bounds__(kT) TopkRowKernel(const TopkParams p) {
   __shared__ TopkShared<kT> sh;
@@ -476,24 +518,17 @@ __global__ void __launch_bounds__(kT) TopkRowKernel(const TopkParams p) {
 }  // namespace
 
 void PlanTopkSplit(int32_t num_rows, int32_t max_visible, int32_t topk,
-                   int32_t num_sms, int64_t cand_capacity, TopkParams* p, bool pairs) {
+                   int32_t num_sms, int64_t cand_capacity, TopkParams* p) {
   p->slices = 1;
   p->slice_len = max_visible;
   p->cand_stride = 0;
   p->emit_cap = 1;
-  p->row_pair = false;
   // By rows: 1024 threads a block up to one row per SM (TopkRowKernel).
   const int32_t forced = Knobs().topk_row_threads;
   p->row_threads = forced != 0 ? forced : num_rows <= num_sms ? 1024 : kTopkThreads;
-  if (topk <= 0 || max_visible <= topk) return;
-  // Two blocks a row (a cluster pair) where the rows alone would leave half
-  // the multiprocessors idle and a row fits two blocks' caches.
-  if (pairs && int64_t{num_rows} * 2 <= num_sms && max_visible <= 2 * kTopkCache) {
-    p->row_pair = true;
-    return;
-  }
   // Cooperative when a row is too long for one block's cache or the rows
   // alone leave multiprocessors idle, and the candidates fit.
+  if (topk <= 0 || max_visible <= topk) return;
   const bool long_rows = max_visible > kTopkCache;
   // (Rows of 8192 entries at B=64 taken cooperatively: top-k 12.4-12.6 us
   // against 10.4 by rows, H200, h200_2026-12-05_s22.md.)
@@ -519,24 +554,8 @@ int32_t TopkEmitCap(int64_t blocks, int32_t num_sms) {
   return blocks <= 3 * int64_t{num_sms} ? 3 : 4;
 }
 
-bool TopkPairsAllowed(int cc_major) { return kHopperPaths && cc_major >= 9 && Knobs().topk_pair; }
-
-namespace {
-// The pair kernel where the build has it (a HIP build never names it).
-template <bool kHopper>
-absl::Status LaunchPair(const TopkParams& p, Stream stream) {
-  if constexpr (kHopper) {
-    return LaunchTopkPair(p, stream);
-  } else {
-    (void)p, (void)stream;
-    return absl::FailedPreconditionError("top-k: the cluster-pair kernel is not in this build");
-  }
-}
-}  // namespace
-
 absl::Status LaunchTopk(const TopkParams& p, Stream stream) {
   if (p.num_rows == 0 || p.topk == 0) return absl::OkStatus();
-  if (p.row_pair) return LaunchPair<kHopperPaths>(p, stream);
   // Every top-k kernel waits for the kernel before it (GridDependencyWait)
   // before it reads: launched after-previous, a logits kernel that lets its
   // dependents start (LogitsParams::launch_dependents) overlaps their

@@ -528,8 +528,7 @@ struct TopkCase {
   int32_t n_min, n_max;  // visible entries per row
   int32_t topk;
   bool coop_room;        // candidate buffers large enough to split rows
-  int expect_route;      // 0 rows in shared memory, 1 rows from global, 2 split, 3 cluster pairs
-  bool pairs = false;    // the planner may take cluster pairs (sm_90 devices)
+  int expect_route;      // 0 rows in shared memory, 1 rows from global, 2 split
 };
 
 std::vector<float> TopkLogits(const std::string& dist, int64_t n, std::mt19937& rng) {
@@ -557,11 +556,6 @@ class GpuTopkKernelTest : public ::testing::TestWithParam<TopkCase> {};
 TEST_P(GpuTopkKernelTest, ExactSetOnStressedLogits) {
   SKIP_WITHOUT_GPU();
   const TopkCase c = GetParam();
-  if (c.pairs) {
-    gpu::DeviceProp prop;
-    ASSERT_EQ(gpu::GetDeviceProperties(&prop, 0), gpu::kSuccess);
-    if (!gpu::kHopperPaths || prop.major < 9) GTEST_SKIP() << "cluster pairs need an sm_90 device and a CUDA build";
-  }
   std::mt19937 rng(1234 + c.n_max + c.topk);
   std::uniform_int_distribution<int32_t> len(c.n_min, c.n_max);
   std::vector<int32_t> visible(c.rows);
@@ -578,8 +572,8 @@ TEST_P(GpuTopkKernelTest, ExactSetOnStressedLogits) {
   tp.stride = stride;
   tp.num_rows = c.rows;
   tp.topk = c.topk;
-  gpu::PlanTopkSplit(c.rows, max_visible, c.topk, 132, cand_capacity, &tp, c.pairs);
-  const int route = tp.row_pair ? 3 : tp.cand_stride > 0 ? 2 : max_visible > gpu::kTopkCache ? 1 : 0;
+  gpu::PlanTopkSplit(c.rows, max_visible, c.topk, 132, cand_capacity, &tp);
+  const int route = tp.cand_stride > 0 ? 2 : max_visible > gpu::kTopkCache ? 1 : 0;
   ASSERT_EQ(route, c.expect_route) << "slices " << tp.slices << " slice_len " << tp.slice_len;
 
   DeviceBuffers bufs;  // freed at scope exit
@@ -688,26 +682,12 @@ INSTANTIATE_TEST_SUITE_P(
         TopkCase{"ties", 4, 40000, 60000, 2048, true, 2},
         TopkCase{"equal", 2, 20000, 40000, 2048, true, 2},
         TopkCase{"mixed", 64, 16384, 32768, 2048, true, 2},
-        TopkCase{"crowded", 3, 1000, 70000, 1024, true, 2},
-        // two blocks of a cluster per row: rows of one entry more than k to
-        // 2 x 8192, odd lengths (the halves differ by one), rows of n <= k
-        // beside long ones, every distribution, k = 1 and the B=64 x 8k
-        // decode shape
-        TopkCase{"crowded", 64, 8192, 8192, 2048, true, 3, true},
-        TopkCase{"mixed", 66, 1, 16384, 2048, true, 3, true},
-        TopkCase{"ties", 7, 2049, 2051, 2048, true, 3, true},
-        TopkCase{"equal", 5, 9001, 16383, 512, true, 3, true},
-        TopkCase{"ties", 9, 3001, 16384, 2048, false, 3, true},
-        TopkCase{"crowded", 3, 2, 777, 1, true, 3, true},
-        // more rows than two blocks each can place at once: by rows
-        TopkCase{"crowded", 67, 8000, 8192, 2048, true, 0, true}),
+        TopkCase{"crowded", 3, 1000, 70000, 1024, true, 2}),
     [](const auto& info) {
       const TopkCase& c = info.param;
       return std::string(c.dist) + "_B" + std::to_string(c.rows) + "_n" + std::to_string(c.n_max) +
              "_k" + std::to_string(c.topk) +
-             (c.expect_route == 0 ? "_shared" : c.expect_route == 1 ? "_global" : c.expect_route == 2 ? "_split"
-                                                                                        : "_pair") +
-             (c.pairs && c.expect_route != 3 ? "_pairs_allowed" : "");
+             (c.expect_route == 0 ? "_shared" : c.expect_route == 1 ? "_global" : "_split");
     });
 
 // Stage B's register cap follows the launch's blocks per multiprocessor.
@@ -723,30 +703,6 @@ TEST(GpuTopkPlanTest, EmitCapByBlocksPerSm) {
   EXPECT_EQ(tp.emit_cap, 4);
   gpu::PlanTopkSplit(2, 40000, 2048, 132, int64_t{2} * 40000, &tp);
   EXPECT_EQ(tp.emit_cap, 1);
-}
-
-// Cluster pairs take rows of up to 2 x kTopkCache entries while two blocks
-// a row fit the SMs, only where the device allows them; nothing else moves.
-TEST(GpuTopkPlanTest, PairsWhereRowsLeaveHalfTheSms) {
-  gpu::TopkParams tp{};
-  gpu::PlanTopkSplit(64, 8192, 2048, 132, int64_t{64} * 8192, &tp, true);
-  EXPECT_TRUE(tp.row_pair);
-  EXPECT_EQ(tp.cand_stride, 0);
-  gpu::PlanTopkSplit(66, 16384, 2048, 132, int64_t{66} * 16384, &tp, true);
-  EXPECT_TRUE(tp.row_pair);
-  gpu::PlanTopkSplit(67, 8192, 2048, 132, int64_t{67} * 8192, &tp, true);
-  EXPECT_FALSE(tp.row_pair);
-  gpu::PlanTopkSplit(8, 16385, 2048, 132, int64_t{8} * 16388, &tp, true);
-  EXPECT_FALSE(tp.row_pair);
-  EXPECT_GT(tp.cand_stride, 0);  // long rows stay cooperative
-  gpu::PlanTopkSplit(64, 2048, 2048, 132, int64_t{64} * 2048, &tp, true);
-  EXPECT_FALSE(tp.row_pair);  // n <= k: the rows are listed
-  gpu::PlanTopkSplit(64, 8192, 2048, 132, int64_t{64} * 8192, &tp, false);
-  EXPECT_FALSE(tp.row_pair);
-  // A later plan clears what an earlier one set.
-  gpu::PlanTopkSplit(64, 8192, 2048, 132, int64_t{64} * 8192, &tp, true);
-  gpu::PlanTopkSplit(64, 8192, 2048, 132, int64_t{64} * 8192, &tp, false);
-  EXPECT_FALSE(tp.row_pair);
 }
 
 // The by-rows top-k's block: 1024 threads up to one row per SM, else 512.

@@ -2,8 +2,7 @@
 // shared-memory matrix descriptors for K-major tiles in the 128-byte
 // swizzle, the m64nNk32 e4m3 wgmma for N = 16, 32, 64, 128, 256, the e5m2
 // wgmma with A from registers for N = 16, 32, 64, 128 (N = rows x H, so
-// H = 16, 32 and 64 all map), and the fences around them; mbarriers, bulk
-// copies and thread-block clusters.
+// H = 16, 32 and 64 all map), and the fences around them.
 // Device code for INDEXER_GPU_WGMMA passes only; include after gpu_compat.h.
 #pragma once
 
@@ -131,45 +130,6 @@ __device__ __forceinline__ void CpAsyncArriveNoinc(uint64_t* bar) {
 __device__ __forceinline__ void NamedBarrierSync(int id, int threads) {
   asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
 }
-// ---- thread-block clusters ------------------------------------------------
-// This block's rank in its cluster.
-__device__ __forceinline__ uint32_t ClusterRank() {
-  uint32_t r;
-  asm volatile("mov.u32 %0, %%cluster_ctarank;\n" : "=r"(r));
-  return r;
-}
-// The cluster barrier in two halves: arrive (releasing this thread's writes
-// to its block's shared memory) and wait (acquiring the others'). Every
-// thread of every block of the cluster arrives, uniformly per warp.
-__device__ __forceinline__ void ClusterArrive() {
-  asm volatile("barrier.cluster.arrive.release.aligned;\n" ::: "memory");
-}
-__device__ __forceinline__ void ClusterWait() {
-  asm volatile("barrier.cluster.wait.acquire.aligned;\n" ::: "memory");
-}
-__device__ __forceinline__ void ClusterSync() {
-  ClusterArrive();
-  ClusterWait();
-}
-// The shared::cluster address of `p` (this block's shared memory) in the
-// block of rank `rank`: the same variable there.
-__device__ __forceinline__ uint32_t ClusterPeerAddr(const void* p, uint32_t rank) {
-  uint32_t a;
-  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;\n" : "=r"(a) : "r"(SmemAddr(p)), "r"(rank));
-  return a;
-}
-// 4 bytes at a shared::cluster address (ClusterPeerAddr).
-__device__ __forceinline__ uint32_t LdCluster(uint32_t a) {
-  uint32_t v;
-  asm volatile("ld.shared::cluster.u32 %0, [%1];\n" : "=r"(v) : "r"(a) : "memory");
-  return v;
-}
-__device__ __forceinline__ uint2 LdClusterV2(uint32_t a) {
-  uint2 v;
-  asm volatile("ld.shared::cluster.v2.u32 {%0, %1}, [%2];\n" : "=r"(v.x), "=r"(v.y) : "r"(a) : "memory");
-  return v;
-}
-
 // Box {c0, c1, c2} of the 3-D tensor map `tmap` (a __grid_constant__
 // parameter) into shared memory, completing on `bar`.
 __device__ __forceinline__ void TmaLoad3d(void* smem, const TensorMap* tmap, int32_t c0, int32_t c1,

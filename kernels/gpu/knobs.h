@@ -20,8 +20,8 @@
 //   INDEXER_GPU_WS_BLOCKS_PER_SM=N   caps wgmma_ws's blocks per SM
 //   INDEXER_GPU_WS_TAIL=0..50        wgmma_ws's claimed tail, percent of
 //                                    every launch's units (plan.h:
-//                                    TailRule; unset: 10 % where groups
-//                                    have more than two rows, else none)
+//                                    TailRule; unset: 20 % where groups
+//                                    have two or more rows, else none)
 //   INDEXER_GPU_MXFP4_WARPGROUPS=N   wgmma_mxfp4's math warpgroups (the other
 //                                    measured size: 4 for one row, 2 for two)
 //   INDEXER_GPU_MFMA_MODEL=gfx942|gfx950  CUDA: the default logits choice runs

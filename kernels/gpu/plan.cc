@@ -118,8 +118,8 @@ TailRule DefaultWsTail() {
   if (Knobs().ws_tail_percent >= 0) {
     rule.percent = Knobs().ws_tail_percent;
   } else {
-    rule.percent = 10;
-    rule.min_group_rows = 3;
+    rule.percent = 20;
+    rule.min_group_rows = 2;
   }
   return rule;
 }

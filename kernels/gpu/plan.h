@@ -100,11 +100,14 @@ void PlanGather(const StepRows& rows, int32_t row_begin, int32_t row_end, int64_
 // its even share claims them from a counter, two units at a time
 // (LogitsParams::claims). Measured on the H200 (s31): prefill 4k x 32k
 // (groups of four rows) -41 us (1003 -> 1023 TFLOP/s) at 10 or 20 %, but
-// decode (groups of one or two rows) +1 to +17 us: a claim restarts the
-// producer's walk, cheap beside a group of four rows' tiles and not beside
-// one row's. So the default rule claims 10 % where the launch has groups of
-// more than two rows and nothing elsewhere (knob INDEXER_GPU_WS_TAIL=N: N %
-// on every launch, 0 none). No tail where the static share would be under
+// decode of one row a group +1 to +17 us: a claim restarts the producer's
+// walk, cheap beside a group of two or four rows' tiles (a team of two
+// warpgroups multiplies each) and not beside one row's. Groups of two rows
+// (next_n 2) at 20 %: logits B=64 x 32k -2.1 us (H200, s31), -1.3, B=128 x
+// 32k -5.2 and B=128 x 128k -12.1 (H100, s32); at 10 % +2.1 (H200). So the
+// default claims 20 % where the launch has groups of two or more rows and
+// nothing where every group has one (knob INDEXER_GPU_WS_TAIL=N: N % on
+// every launch, 0 none). No tail where the static share would be under
 // `min_items_per_cta` units a block. (The same for the MiniMax block
 // kernel, pages claimed one at a time by groups of warps, lost everywhere:
 // h200_2026-12-06_s31.md.)
@@ -113,8 +116,8 @@ struct TailRule {
   int32_t min_items_per_cta = 4;
   int32_t min_group_rows = 1;  // launches whose largest group has fewer rows claim nothing
 };
-// The knob's rule where INDEXER_GPU_WS_TAIL is set (knobs.h), else 10 % for
-// groups of three or more rows.
+// The knob's rule where INDEXER_GPU_WS_TAIL is set (knobs.h), else 20 % for
+// groups of two or more rows.
 TailRule DefaultWsTail();
 // The units of a launch of `units` units over `grid` blocks, largest group
 // `max_group_rows` rows, that `rule` leaves to be claimed (0: none).

@@ -533,12 +533,15 @@ TEST(GpuPlanTest, WsTailUnitsFollowTheRule) {
   EXPECT_EQ(gpu::WsTailUnits(everywhere, 8192, 396, 1), 1638);
   EXPECT_EQ(gpu::WsTailUnits({0, 4, 1}, 8192, 396, 4), 0);
   EXPECT_EQ(gpu::WsTailUnits({100, 0, 1}, 50, 396, 1), 50);
-  // Without the knob, the default is the prefill rule.
+  // Without the knob, the default: 20 % where groups have two rows or more
+  // (next_n 2 decode and prefill), none for groups of one.
   if (std::getenv("INDEXER_GPU_WS_TAIL") == nullptr) {
     const gpu::TailRule d = gpu::DefaultWsTail();
-    EXPECT_EQ(d.percent, 10);
-    EXPECT_EQ(d.min_group_rows, 3);
+    EXPECT_EQ(d.percent, 20);
+    EXPECT_EQ(d.min_group_rows, 2);
     EXPECT_EQ(d.min_items_per_cta, 4);
+    EXPECT_EQ(gpu::WsTailUnits(d, 8192, 396, 2), 1638);  // B=64 x 32k next_n 2
+    EXPECT_EQ(gpu::WsTailUnits(d, 8192, 396, 1), 0);     // B=64 x 32k next_n 1
   }
 }
 

@@ -42,9 +42,11 @@ GpuKnobs Read() {
   k.ws_unit_entries = unit >= 64 && unit % 64 == 0 && unit <= (1 << 20) ? static_cast<int32_t>(unit) : 0;
   const int64_t per_sm = Number("INDEXER_GPU_WS_BLOCKS_PER_SM");
   k.ws_blocks_per_sm = per_sm > 0 && per_sm <= 64 ? static_cast<int32_t>(per_sm) : 0;
+  // Unset or not a whole number 0..50: plan.h's rule.
   if (const char* v = std::getenv("INDEXER_GPU_WS_TAIL"); v != nullptr && *v != '\0') {
-    const int64_t ws_tail = std::atoll(v);
-    k.ws_tail_percent = ws_tail > 0 && ws_tail <= 50 ? static_cast<int32_t>(ws_tail) : 0;
+    char* end = nullptr;
+    const long long ws_tail = std::strtoll(v, &end, 10);
+    if (*end == '\0' && ws_tail >= 0 && ws_tail <= 50) k.ws_tail_percent = static_cast<int32_t>(ws_tail);
   }
   const int64_t wg = Number("INDEXER_GPU_MXFP4_WARPGROUPS");
   k.mxfp4_warpgroups = wg > 0 && wg <= 8 ? static_cast<int32_t>(wg) : 0;

@@ -159,8 +159,8 @@ class GpuBackend : public Backend {
   // compare the paths.
   void set_max_logits_path(int v);
   // wgmma_ws's claimed tail (plan.h: TailRule; LogitsParams::claims) for
-  // later calls (default DefaultWsTail(): the knob's, else none); tests run
-  // it on every launch.
+  // later calls (default DefaultWsTail(): the knob's, else 20 % where groups
+  // have two or more rows); tests run it on every launch.
   void set_ws_tail(TailRule rule);
   // Timing of a layer's logits and its top-k. Split (true): an event
   // between the two kernels, each timed alone (LayerTimings::logits_us and

@@ -776,10 +776,10 @@ absl::Status GpuBackend::TopkPieces(
     tp.state = topk_state_;
     PlanTopkSplit(tp.num_rows, max_visible, topk, props_.multiProcessorCount, ws_.cand, &tp);
     if (hist_ready) {
-      // The logits kernel filled the rows' state for one piece
+      // The logits kernel filled the rows' state for one cooperative piece
       // (TopkWantsHist); anything else would leave that state unconsumed.
-      if (a != 0 || m != rows) {
-        return absl::InternalError("top-k: fused histogram without its one piece");
+      if (a != 0 || m != rows || tp.cand_stride == 0) {
+        return absl::InternalError("top-k: fused histogram without its one cooperative piece");
       }
       tp.hist_ready = true;
     }
@@ -792,14 +792,10 @@ absl::Status GpuBackend::TopkPieces(
 }
 
 bool GpuBackend::TopkWantsHist(int64_t rows, int32_t max_visible, int32_t topk) const {
-  if (topk <= 0 || max_visible <= topk || rows > std::max<int64_t>(1, ws_.out_ints / topk)) return false;
+  if (topk <= 0 || rows > std::max<int64_t>(1, ws_.out_ints / topk)) return false;
   TopkParams tp{};
   PlanTopkSplit(static_cast<int32_t>(rows), max_visible, topk, props_.multiProcessorCount, ws_.cand, &tp);
-  // The cooperative top-k skips its histogram launch; the by-rows kernel
-  // its first counting pass (launches of INDEXER_GPU_TOPK_ROW_HIST rows or
-  // more; 0: never).
-  const int32_t row_hist = Knobs().topk_row_hist_rows;
-  return tp.cand_stride > 0 || (row_hist > 0 && rows >= row_hist);
+  return tp.cand_stride > 0;
 }
 
 absl::Status GpuBackend::CheckDenseArgs(const PageLayout& layout,

@@ -337,10 +337,9 @@ class GpuBackend : public Backend {
                          const GatherWalk* gather = nullptr, int32_t fuse_topk = 0)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // fuse_topk > 0 (DenseWalk): the top-k of that k follows each sub-chunk's
-  // logits; where it will run in one piece (cooperatively, or by rows
-  // where knobs.h's topk_row_hist_rows allows) and the logits kernel can, the
-  // kernel builds its first histogram (topk_hist_ready_ true during
-  // `after`: TopkPieces' hist_ready).
+  // logits; where it will run cooperatively in one piece and the logits
+  // kernel can, the kernel builds its first histogram (topk_hist_ready_
+  // true during `after`: TopkPieces' hist_ready).
   bool TopkWantsHist(int64_t rows, int32_t max_visible, int32_t topk) const;
   // Top-k of `rows` rows of `logits` (row lengths on the device) in pieces
   // that fit out_; after each piece's kernels `piece_done(first, count)`

@@ -16,8 +16,7 @@ constexpr const char* kNames[] = {
     "INDEXER_GPU_MXFP4_WARPGROUPS", "INDEXER_GPU_MFMA_MODEL",      "INDEXER_GPU_LOGITS_MB",
     "INDEXER_GPU_BLOCK_STREAM",    "INDEXER_GPU_BLOCK_TMA",        "INDEXER_GPU_TOPK_BLOCKS_PER_SM",
     "INDEXER_GPU_TOPK_SLICE_BLOCKS",
-    "INDEXER_GPU_LOGITS_PDL",      "INDEXER_GPU_TOPK_ROW_THREADS", "INDEXER_GPU_SPLIT_TIMING",
-    "INDEXER_GPU_TOPK_ROW_HIST"};
+    "INDEXER_GPU_LOGITS_PDL",      "INDEXER_GPU_TOPK_ROW_THREADS", "INDEXER_GPU_SPLIT_TIMING"};
 
 // On unless set to a number that is 0.
 bool Switch(const char* name) {
@@ -35,11 +34,6 @@ GpuKnobs Read() {
   k.wgmma_ws = Switch("INDEXER_GPU_WGMMA_WS");
   k.wgmma_mxfp4 = Switch("INDEXER_GPU_WGMMA_MXFP4");
   k.topk_fuse = Switch("INDEXER_GPU_TOPK_FUSE");
-  if (const char* v = std::getenv("INDEXER_GPU_TOPK_ROW_HIST"); v != nullptr && *v != '\0') {
-    char* end = nullptr;
-    const long long rows = std::strtoll(v, &end, 10);
-    if (*end == '\0' && rows >= 0 && rows <= (1 << 20)) k.topk_row_hist_rows = static_cast<int32_t>(rows);
-  }
   if (const char* v = std::getenv("INDEXER_GPU_WS_EVICT_FIRST"); v != nullptr && *v != '\0') {
     const int64_t mode = std::atoll(v);
     k.ws_evict_first = mode == 0 ? 0 : mode == 2 ? 2 : 1;

@@ -37,10 +37,6 @@
 //                                    blocks per SM over the launch (default 2)
 //   INDEXER_GPU_TOPK_ROW_THREADS=512|1024  the by-rows top-k's block size
 //                                    (else 1024 up to one row per SM)
-//   INDEXER_GPU_TOPK_ROW_HIST=N      wgmma_ws builds the by-rows top-k's
-//                                    first histogram (as the cooperative
-//                                    top-k's) for launches of N or more rows;
-//                                    0: never (the top-k counts its own)
 //   INDEXER_GPU_LOGITS_PDL=1         wgmma_ws lets the top-k's blocks be
 //                                    placed while its own tail runs
 //                                    (programmatic dependent launch)
@@ -62,7 +58,6 @@ struct GpuKnobs {
   bool wgmma_ws = true;
   bool wgmma_mxfp4 = true;
   bool topk_fuse = true;
-  int32_t topk_row_hist_rows = 1;  // by-rows top-k: fused histogram from this many rows (0: never)
   int32_t ws_evict_first = 1;  // 0 never, 1 the launcher's rule, 2 past the L2 too
   int32_t ws_unit_entries = 0;   // 0: the planner's rule
   int32_t ws_blocks_per_sm = 0;  // 0: as many as fit

@@ -119,7 +119,7 @@ struct LogitsParams {
   const int32_t* gather_entries = nullptr;
   int32_t gather_stride = 0;
   int32_t gather_block = 0;
-  // Fused first pass of the top-k (TopkParams::hist_ready):
+  // Fused first pass of the cooperative top-k (TopkParams::hist_ready):
   // kernels that can (LogitsFillTopkHist) add each row's key histogram
   // (top 11 bits of the ordered keys of [0, n_r)) to topk_hist[row *
   // kTopkStateWords ..+ 2048] (the top-k's zeroed row state, sub-chunk
@@ -240,10 +240,9 @@ struct TopkParams {
   uint32_t* state;
   uint32_t* cand_keys;
   int32_t* cand_pos;
-  // The rows' first histograms are already in `state` (the logits kernel
-  // filled them, LogitsFillTopkHist): the cooperative path runs one launch
-  // (no histogram pass), the by-rows kernel its first pass without counting
-  // (GpuBackend::TopkWantsHist decides); both leave the state zeroed.
+  // Cooperative path only: the rows' histograms are already in `state`
+  // (the logits kernel filled them, LogitsFillTopkHist): one launch, no
+  // histogram pass.
   bool hist_ready = false;
   // Cooperative path only: stage B's register cap in blocks per SM, 1
   // (uncapped, 64 registers), 3 (40) or 4 (32); PlanTopkSplit picks it from

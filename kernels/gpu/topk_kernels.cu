@@ -16,8 +16,7 @@
 // (the second may be placed while the first drains, on sm_90), no memset:
 // C leaves the row's state zeroed. Where the logits kernel built A's
 // histogram in its epilogue (TopkParams::hist_ready), B runs alone: each
-// slice picks the bin from the finished histogram; the by-rows kernel then
-// takes its first pass's counts from it instead of counting.
+// slice picks the bin from the finished histogram.
 #include "kernels/gpu/gpu_compat.h"  // first: the runtime defines __device__ & co.
 
 #include <algorithm>
@@ -105,14 +104,11 @@ struct SelectShared {
 // Keys [0, n) come from `key(i)`; the k largest go to `emit(slot, i, key)`
 // with slots 0..k-1. Passes before `first_pass` are known to select
 // `prefix` (every key shares those bits: candidates of one top bin skip
-// pass 0). `given`, where not null, is this thread's kBins / kT bins (from
-// bin threadIdx.x * kBins / kT on) of the first pass's histogram, already
-// counted (the logits kernel's, TopkParams::hist_ready): that pass then
-// neither clears nor counts. REQUIRES: n > k > 0, called by all threads.
+// pass 0). REQUIRES: n > k > 0, called by all threads.
 template <int kT, class KeyFn, class EmitFn>
 __device__ void BlockSelect(SelectShared<kT>& sh, int32_t n, int32_t k,
                             KeyFn key, EmitFn emit, int first_pass = 0,
-                            uint32_t prefix = 0, const uint32_t* given = nullptr) {
+                            uint32_t prefix = 0) {
   uint32_t mask = 0;
   for (int pass = 0; pass < first_pass; ++pass) mask |= (PassBins(pass) - 1) << PassShift(pass);
   constexpr int kBpt = kBins / kT;  // bins per thread
@@ -122,19 +118,12 @@ __device__ void BlockSelect(SelectShared<kT>& sh, int32_t n, int32_t k,
   for (int pass = first_pass; pass < 3; ++pass) {
     const int shift = PassShift(pass);
     const uint32_t bins = PassBins(pass);
-    if (given != nullptr && pass == first_pass) {
-      // Each thread writes the bins its scan below reads; the scan's
-      // barrier orders them before anyone reads sh.hist[bin].
-#pragma unroll
-      for (int j = 0; j < kBpt; ++j) sh.hist[threadIdx.x * kBpt + j] = given[j];
-    } else {
-      for (int b = threadIdx.x; b < kBins; b += kT) sh.hist[b] = 0;
-      __syncthreads();
-      ForKeys<kT>(0, n, key, [&](int32_t, uint32_t x) {
-        if ((x & mask) == prefix) atomicAdd(&sh.hist[(x >> shift) & (bins - 1)], 1u);
-      });
-      __syncthreads();
-    }
+    for (int b = threadIdx.x; b < kBins; b += kT) sh.hist[b] = 0;
+    __syncthreads();
+    ForKeys<kT>(0, n, key, [&](int32_t, uint32_t x) {
+      if ((x & mask) == prefix) atomicAdd(&sh.hist[(x >> shift) & (bins - 1)], 1u);
+    });
+    __syncthreads();
     // Suffix sums: thread t owns bins [t*kBpt, +kBpt).
     uint32_t local = 0;
 #pragma unroll
@@ -516,27 +505,13 @@ __global__ void __launch_bounds__(kT) TopkRowKernel(const TopkParams p) {
   }
   auto emit_pos = [&](int32_t slot, int32_t i, uint32_t) { out[slot] = i; };
   const float* x = p.logits + static_cast<int64_t>(row) * p.stride;
-  // hist_ready: the first pass's counts come from the row's state, which
-  // the logits kernel filled (its bins of the top 11 key bits); loaded
-  // before the keys, so that they are in flight together, and zeroed for
-  // the next step's logits kernel.
-  constexpr int kBpt = kBins / kT;
-  uint32_t given[kBpt];
-  if (p.hist_ready) {
-    uint32_t* h = reinterpret_cast<CoopRow*>(p.state)[row].hist + threadIdx.x * kBpt;
-#pragma unroll
-    for (int j = 0; j < kBpt; ++j) given[j] = LoadCg(h + j);
-#pragma unroll
-    for (int j = 0; j < kBpt; ++j) h[j] = 0u;
-  }
-  const uint32_t* first = p.hist_ready ? given : nullptr;
   if (n <= kTopkCache) {
     ForKeys<kT>(0, n, [&](int32_t i) { return OrderedKey(x[i]); },
                 [&](int32_t i, uint32_t key) { sh.cache[i] = key; });
     __syncthreads();
-    BlockSelect(sh.sel, n, p.topk, [&](int32_t i) { return sh.cache[i]; }, emit_pos, 0, 0u, first);
+    BlockSelect(sh.sel, n, p.topk, [&](int32_t i) { return sh.cache[i]; }, emit_pos);
   } else {
-    BlockSelect(sh.sel, n, p.topk, [&](int32_t i) { return OrderedKey(x[i]); }, emit_pos, 0, 0u, first);
+    BlockSelect(sh.sel, n, p.topk, [&](int32_t i) { return OrderedKey(x[i]); }, emit_pos);
   }
 }
 

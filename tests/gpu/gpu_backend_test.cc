@@ -148,8 +148,9 @@ TEST_P(GpuDenseTest, WritesBitExactAndTopkMatchesCpu) {
   }
   std::printf("[   path   ] logits kernel: %s\n", path.c_str());
   // wgmma_ws: the same call again, on the state the first one left (the
-  // claimed tail's counters, the top-k's rows the fused histogram filled:
-  // each must be back at zero), checked against the reference below.
+  // claimed tail's counters, the split top-k's row state that the fused
+  // histogram filled: each must be back at zero), checked against the
+  // reference below.
   if (sh.ws_tail > 0) EXPECT_EQ(path, "wgmma_ws");
   std::vector<int32_t> again;
   if (path == "wgmma_ws") {
@@ -603,25 +604,18 @@ TEST_P(GpuTopkKernelTest, ExactSetOnStressedLogits) {
   // Twice: the split route must leave its per-row state clean for reuse; the
   // split route then once for each other stage-B register cap, whatever the
   // launch's size would pick.
-  struct Round {
-    int32_t cap;
-    bool hist;
-    int32_t row_threads;
-  };
-  const int32_t planned_cap = tp.emit_cap, planned_threads = tp.row_threads;
-  std::vector<Round> rounds = {{planned_cap, false, planned_threads}, {planned_cap, false, planned_threads}};
+  const int32_t planned_cap = tp.emit_cap;
+  std::vector<int32_t> caps = {planned_cap, planned_cap};
   if (route == 2) {
-    for (int32_t cap : {1, 3, 4}) if (cap != planned_cap) rounds.push_back({cap, false, planned_threads});
+    for (int32_t cap : {1, 3, 4}) if (cap != planned_cap) caps.push_back(cap);
   }
-  // Then each route as it runs after a logits kernel that built the rows'
-  // first histogram (TopkParams::hist_ready): the split route at each cap,
-  // the by-rows routes at both block sizes (each thread takes 4 or 2 of the
-  // bins), from the host's histogram of the top key bits (rows of n <= k
-  // left out, as the kernel leaves them); each must leave the state zeroed.
+  // Then the split route as it runs after a logits kernel that built the
+  // rows' first histogram (TopkParams::hist_ready), at each cap, from the
+  // host's histogram of the top key bits (rows of n <= k left out, as the
+  // kernel leaves them); it must leave the state zeroed.
+  const int first_hist = static_cast<int>(caps.size());
   if (route == 2) {
-    for (int32_t cap : {1, 3, 4}) rounds.push_back({cap, true, planned_threads});
-  } else {
-    for (int32_t threads : {512, 1024}) rounds.push_back({planned_cap, true, threads});
+    for (int32_t cap : {1, 3, 4}) caps.push_back(cap);
   }
   std::vector<uint32_t> hist(int64_t{c.rows} * gpu::kTopkStateWords, 0);
   for (int32_t r = 0; r < c.rows; ++r) {
@@ -630,10 +624,9 @@ TEST_P(GpuTopkKernelTest, ExactSetOnStressedLogits) {
       ++hist[int64_t{r} * gpu::kTopkStateWords + gpu::TopBin(gpu::OrderedKey(logits[r * stride + e]))];
     }
   }
-  for (int round = 0; round < static_cast<int>(rounds.size()); ++round) {
-    tp.emit_cap = rounds[round].cap;
-    tp.hist_ready = rounds[round].hist;
-    tp.row_threads = rounds[round].row_threads;
+  for (int round = 0; round < static_cast<int>(caps.size()); ++round) {
+    tp.emit_cap = caps[round];
+    tp.hist_ready = round >= first_hist;
     if (tp.hist_ready) {
       ASSERT_EQ(gpu::CopyH2D(tp.state, hist.data(), hist.size() * 4, stream), gpu::kSuccess);
     }
@@ -651,7 +644,6 @@ TEST_P(GpuTopkKernelTest, ExactSetOnStressedLogits) {
     for (int32_t r = 0; r < c.rows; ++r) {
       const std::string what = std::string(c.dist) + " round " + std::to_string(round) +
                                " cap " + std::to_string(tp.emit_cap) + (tp.hist_ready ? " hist" : "") +
-                               " threads " + std::to_string(tp.row_threads) +
                                " row " + std::to_string(r) + " n " + std::to_string(visible[r]);
       const float* x = logits.data() + r * stride;
       const int32_t* g = got.data() + int64_t{r} * c.topk;

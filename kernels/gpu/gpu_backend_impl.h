@@ -160,7 +160,8 @@ class GpuBackend : public Backend {
   void set_max_logits_path(int v);
   // wgmma_ws's claimed tail (plan.h: TailRule; LogitsParams::claims) for
   // later calls (default DefaultWsTail(): the knob's, else 20 % where groups
-  // have two or more rows); tests run it on every launch.
+  // have two or more rows and every block keeps 24 units); tests run it on
+  // every launch.
   void set_ws_tail(TailRule rule);
   // Timing of a layer's logits and its top-k. Split (true): an event
   // between the two kernels, each timed alone (LayerTimings::logits_us and

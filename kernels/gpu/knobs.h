@@ -21,9 +21,11 @@
 //   INDEXER_GPU_WS_TAIL=0..50        wgmma_ws's claimed tail, percent of
 //                                    every launch's units (plan.h:
 //                                    TailRule; unset: 20 % where groups
-//                                    have two or more rows, else none)
-//   INDEXER_GPU_MXFP4_WARPGROUPS=N   wgmma_mxfp4's math warpgroups (the other
-//                                    measured size: 4 for one row, 2 for two)
+//                                    have two or more rows and every block
+//                                    keeps 24 units, else none)
+//   INDEXER_GPU_MXFP4_WARPGROUPS=N   wgmma_mxfp4's math warpgroups: 3 or 4
+//                                    for one row (default 4 at H 64's dense
+//                                    walk, else 3), 2 or 3 for two (default 3)
 //   INDEXER_GPU_MFMA_MODEL=gfx942|gfx950  CUDA: the default logits choice runs
 //                                    the MFMA kernels through the instruction
 //                                    model

@@ -120,6 +120,7 @@ TailRule DefaultWsTail() {
   } else {
     rule.percent = 20;
     rule.min_group_rows = 2;
+    rule.min_items_per_cta = 24;
   }
   return rule;
 }

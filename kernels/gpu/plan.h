@@ -104,11 +104,17 @@ void PlanGather(const StepRows& rows, int32_t row_begin, int32_t row_end, int64_
 // walk, cheap beside a group of two or four rows' tiles (a team of two
 // warpgroups multiplies each) and not beside one row's. Groups of two rows
 // (next_n 2) at 20 %: logits B=64 x 32k -2.1 us (H200, s31), -1.3, B=128 x
-// 32k -5.2 and B=128 x 128k -12.1 (H100, s32); at 10 % +2.1 (H200). So the
-// default claims 20 % where the launch has groups of two or more rows and
-// nothing where every group has one (knob INDEXER_GPU_WS_TAIL=N: N % on
-// every launch, 0 none). No tail where the static share would be under
-// `min_items_per_cta` units a block. (The same for the MiniMax block
+// 32k -5.2 and B=128 x 128k -12.1 (H100, s32); at 10 % +2.1 (H200). But
+// where each block has few units it costs: against no tail, same call
+// (H100, s33), logits at 20 % B=64 x 8k next_n 2 (5 units a block) +8.0
+// us, B=128 x 8k and B=8 x 128k next_n 2 (10 a block) +5.8 and +2.0, B=64 x
+// 32k (21 a block) +0.1; B=128 x 32k (41) -4.1, B=64 / 128 x 128k (83 /
+// 165) -7.4 / -12.1, prefill 4k x 32k -43. So the default claims 20 % where
+// the launch has groups of two or more rows and each block keeps at least
+// 24 units of its own (30 units a block before the tail), nothing where
+// every group has one (knob INDEXER_GPU_WS_TAIL=N: N % on every launch that
+// leaves 4 units a block, 0 none). No tail where the static share would be
+// under `min_items_per_cta` units a block. (The same for the MiniMax block
 // kernel, pages claimed one at a time by groups of warps, lost everywhere:
 // h200_2026-12-06_s31.md.)
 struct TailRule {
@@ -117,7 +123,7 @@ struct TailRule {
   int32_t min_group_rows = 1;  // launches whose largest group has fewer rows claim nothing
 };
 // The knob's rule where INDEXER_GPU_WS_TAIL is set (knobs.h), else 20 % for
-// groups of two or more rows.
+// groups of two or more rows, 24 units a block kept.
 TailRule DefaultWsTail();
 // The units of a launch of `units` units over `grid` blocks, largest group
 // `max_group_rows` rows, that `rule` leaves to be claimed (0: none).

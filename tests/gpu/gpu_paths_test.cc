@@ -534,14 +534,20 @@ TEST(GpuPlanTest, WsTailUnitsFollowTheRule) {
   EXPECT_EQ(gpu::WsTailUnits({0, 4, 1}, 8192, 396, 4), 0);
   EXPECT_EQ(gpu::WsTailUnits({100, 0, 1}, 50, 396, 1), 50);
   // Without the knob, the default: 20 % where groups have two rows or more
-  // (next_n 2 decode and prefill), none for groups of one.
+  // (next_n 2 decode and prefill) and every block keeps 24 units, none for
+  // groups of one. Units of 256 entries over 396 blocks (three an SM).
   if (std::getenv("INDEXER_GPU_WS_TAIL") == nullptr) {
     const gpu::TailRule d = gpu::DefaultWsTail();
     EXPECT_EQ(d.percent, 20);
     EXPECT_EQ(d.min_group_rows, 2);
-    EXPECT_EQ(d.min_items_per_cta, 4);
-    EXPECT_EQ(gpu::WsTailUnits(d, 8192, 396, 2), 1638);  // B=64 x 32k next_n 2
-    EXPECT_EQ(gpu::WsTailUnits(d, 8192, 396, 1), 0);     // B=64 x 32k next_n 1
+    EXPECT_EQ(d.min_items_per_cta, 24);
+    EXPECT_EQ(gpu::WsTailUnits(d, 16384, 396, 2), 3276);    // B=128 x 32k next_n 2
+    EXPECT_EQ(gpu::WsTailUnits(d, 32768, 396, 2), 6553);    // B=64 x 128k next_n 2
+    EXPECT_EQ(gpu::WsTailUnits(d, 131072, 264, 4), 26214);  // prefill 4k x 32k
+    EXPECT_EQ(gpu::WsTailUnits(d, 8192, 396, 2), 0);        // B=64 x 32k next_n 2: 21 a block
+    EXPECT_EQ(gpu::WsTailUnits(d, 4096, 396, 2), 0);        // B=128 x 8k, B=8 x 128k next_n 2
+    EXPECT_EQ(gpu::WsTailUnits(d, 2048, 396, 2), 0);        // B=64 x 8k next_n 2
+    EXPECT_EQ(gpu::WsTailUnits(d, 65536, 396, 1), 0);       // one row a group
   }
 }
 

@@ -788,17 +788,22 @@ absl::Status LaunchMx(const LogitsParams& p, Stream stream) {
   return absl::OkStatus();
 }
 
-// Math warpgroups of the one block per SM: three for N = 64 (98 registers)
-// and N = 128 (128 registers). INDEXER_GPU_MXFP4_WARPGROUPS picks the other
-// measured size (4 for N = 64: 96 registers, no spills; 2 for N = 128: 135
-// registers; experiments, unset in production). H200, session 17 (before
-// the fetch under the wgmma): N = 64 at 4 B=64 x 32k 107-109 us against
-// 113-114 at 3 in that call, B=128 x 128k 717-719 against 721-724, the
-// V4.1 dense H 32 128k 334-335 against 328-331; N = 128 (next_n 2) 173
-// at 2 against 141-144 at 3.
-int MxWarpgroups(int rows) {
+// Math warpgroups of the one block per SM: four for H 64's one-row dense
+// walk (N = 64, 96 registers, no spills), three for H 32 and 16, the gather
+// walk and N = 128 (two rows; 128 registers). INDEXER_GPU_MXFP4_WARPGROUPS
+// picks 3 or 4 for one row, 2 or 3 for two (A/B runs). H200, session 17
+// (before the fetch under the wgmma): N = 64 at 4 B=64 x 32k 107-109 us
+// against 113-114 at 3 in that call, B=128 x 128k 717-719 against 721-724,
+// the V4.1 dense H 32 128k 334-335 against 328-331; N = 128 (next_n 2) 173
+// at 2 against 141-144 at 3. H100, session 33, same call, two rounds (the
+// fetch under the wgmma): H 64 at 4 B=64 x 32k -3.7 us, B=128 x 128k -4.3;
+// H 32 -0.5, H 16 +0.3 (noise).
+int MxWarpgroups(int rows, int heads, bool gather) {
   const int env = Knobs().mxfp4_warpgroups;
-  if (rows == 1) return env == 4 ? 4 : 3;
+  if (rows == 1) {
+    if (env == 3 || env == 4) return env;
+    return heads == 64 && !gather ? 4 : 3;
+  }
   return env == 2 ? 2 : 3;
 }
 
@@ -828,9 +833,11 @@ absl::Status LaunchDenseLogitsWgmmaMxfp4(const LogitsParams& p, Stream stream) {
   return DispatchMmaHeads(p.num_heads, [&](auto h) -> absl::Status {
     constexpr int kHeads = decltype(h)::value;
     if (p.max_group_rows <= 1) {
-      return MxWarpgroups(1) == 3 ? LaunchMx<kHeads, 1, 3>(p, stream) : LaunchMx<kHeads, 1, 4>(p, stream);
+      return MxWarpgroups(1, kHeads, false) == 3 ? LaunchMx<kHeads, 1, 3>(p, stream)
+                                                 : LaunchMx<kHeads, 1, 4>(p, stream);
     }
-    return MxWarpgroups(2) == 2 ? LaunchMx<kHeads, 2, 2>(p, stream) : LaunchMx<kHeads, 2, 3>(p, stream);
+    return MxWarpgroups(2, kHeads, false) == 2 ? LaunchMx<kHeads, 2, 2>(p, stream)
+                                               : LaunchMx<kHeads, 2, 3>(p, stream);
   });
 }
 
@@ -852,11 +859,12 @@ absl::Status LaunchDenseLogitsWgmmaMxfp4Gather(const LogitsParams& p, Stream str
         " entries, got ", p.layout.DebugString(), ", H ", p.num_heads, ", ", p.max_group_rows, " rows, block ",
         p.gather_block));
   }
-  // Three math warpgroups, or four with INDEXER_GPU_MXFP4_WARPGROUPS=4 (as
-  // the dense walk's one-row configurations; A/B runs).
+  // Three math warpgroups, or four with INDEXER_GPU_MXFP4_WARPGROUPS=4 (A/B
+  // runs; MxWarpgroups).
   return DispatchMmaHeads(p.num_heads, [&](auto h) -> absl::Status {
     constexpr int kHeads = decltype(h)::value;
-    return MxWarpgroups(1) == 3 ? LaunchMx<kHeads, 1, 3, true>(p, stream) : LaunchMx<kHeads, 1, 4, true>(p, stream);
+    return MxWarpgroups(1, kHeads, true) == 3 ? LaunchMx<kHeads, 1, 3, true>(p, stream)
+                                              : LaunchMx<kHeads, 1, 4, true>(p, stream);
   });
 }
 

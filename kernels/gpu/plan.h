@@ -110,11 +110,11 @@ void PlanGather(const StepRows& rows, int32_t row_begin, int32_t row_end, int64_
 // us, B=128 x 8k and B=8 x 128k next_n 2 (10 a block) +5.8 and +2.0, B=64 x
 // 32k (21 a block) +0.1; B=128 x 32k (41) -4.1, B=64 / 128 x 128k (83 /
 // 165) -7.4 / -12.1, prefill 4k x 32k -43. So the default claims 20 % where
-// the launch has groups of two or more rows and each block keeps at least
-// 24 units of its own (30 units a block before the tail), nothing where
-// every group has one (knob INDEXER_GPU_WS_TAIL=N: N % on every launch that
-// leaves 4 units a block, 0 none). No tail where the static share would be
-// under `min_items_per_cta` units a block. (The same for the MiniMax block
+// the launch has groups of two or more rows and the static share leaves
+// every block `min_items_per_cta` = 24 units of its own (30 units a block
+// before the tail), nothing where every group has one (knob
+// INDEXER_GPU_WS_TAIL=N: N % on every launch that leaves 4 units a block,
+// 0 none). (The same for the MiniMax block
 // kernel, pages claimed one at a time by groups of warps, lost everywhere:
 // h200_2026-12-06_s31.md.)
 struct TailRule {

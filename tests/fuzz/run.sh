@@ -17,10 +17,12 @@ art="$build/fuzz-artifacts"
 mkdir -p "$art"
 export ASAN_OPTIONS=${ASAN_OPTIONS:-detect_leaks=1:abort_on_error=1}
 export UBSAN_OPTIONS=${UBSAN_OPTIONS:-halt_on_error=1:print_stacktrace=1}
-# One target: its seed replay, then SECONDS of fuzzing. Prints to stdout;
-# the caller keeps each target's lines together.
+# One target ($1; the rest: libFuzzer flags): its seed replay, then SECONDS
+# of fuzzing. Prints to stdout; the caller keeps each target's lines
+# together.
 fuzz_one() {
   local t=$1
+  shift
   local bin="$build/tests/fuzz/fuzz_$t"
   local seeds="tests/fuzz/corpus/$t"
   local stats effect work t_secs rc

@@ -6,12 +6,14 @@
 # section), CMake says so and configures compile-only: this script then
 # compiles, from compile_commands.json with -fsyntax-only (every diagnostic,
 # templates instantiated, no code generation: nothing would link them), each
-# translation unit that sees the vendor: one that includes, directly or through
-# the project's headers, a kernels/gpu/ header, a HIP header or a macro the
-# GPU builds define (the gpu backend, its tests and benches, the CLI's device
-# transport, HIP sources in their host pass); the others are the same source the GPU=OFF builds compile.
-# Then it builds hip_device_check (the device pass of each HIP source for each
-# architecture, to gfx942 ISA); nothing is linked. Exits non-zero on the first failing compile.
+# translation unit that sees the vendor: one that has, itself or in the
+# project's headers it includes, a kernels/gpu/ header, a HIP header or a
+# macro the GPU builds define (the gpu backend, its tests and benches, the
+# CLI's device transport, HIP sources in their host pass); the others are
+# the GPU=OFF builds' sources, which the test and sanitize stages compile.
+# Then it builds hip_device_check (the device pass of each HIP source for
+# each architecture, to gfx942 ISA); nothing is linked. Exits non-zero on
+# the first failing compile.
 # Usage: deploy/hip_build.sh [extra cmake args]   (CXX defaults to clang++-19)
 set -euo pipefail
 cd "$(dirname "$0")/.."

@@ -5,9 +5,7 @@
 # 600) and fails on any error (a reply row of the wrong shape included:
 # client::CheckReplyShape), on pages,
 # sequences or open steps left after everything is released, on daemon RSS
-# growth past RSS_GROWTH_MB (default 64; the long mode adds the freed heap
-# the daemon keeps by design, proto/transport_tuning.h) after warm-up, or if
-# the daemon dies.
+# growth past RSS_GROWTH_MB (default 64) after warm-up, or if the daemon dies.
 # Usage: tests/soak/soak.sh [BUILD_DIR=build] [SECONDS=600]
 # Env: SOAK_THREADS (4), SOAK_CACHE_MB (8), SOAK_PROFILE (demo), SOAK_DEVICE
 # (cpu; gpu:0 on the device machine: run.sh's soak stage), RSS_GROWTH_MB;

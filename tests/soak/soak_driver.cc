@@ -9,8 +9,7 @@
 // reply against SPEC §5's shape (CheckRows). At the end everything is released
 // and GetServerInfo must report every page free, no sequence and no open
 // step; with --pid, the daemon's VmRSS may grow at most --rss-growth-mb
-// between the end of the warm-up and the end (in the long mode, plus the
-// freed heap the daemon's allocator settings keep by design: at the end).
+// between the end of the warm-up and the end.
 //
 // Long contexts (--long-tokens N): each thread instead keeps --long-seqs
 // sequences of N tokens, imported with WriteEntries in chunks of at most
@@ -74,7 +73,6 @@
 #include "client/workload.h"
 #include "indexer/client.h"
 #include "kernels/common/status_macros.h"
-#include "proto/transport_tuning.h"
 #include "tests/soak/needles.h"
 
 namespace indexer::soak {
@@ -869,34 +867,14 @@ int Main(const Options& opt) {
   if (opt.pid > 0) {
     const long rss_end = RssKb(opt.pid);
     const double growth_mb = (rss_end - rss_warm) / 1024.0;
-    // The daemon keeps up to kTrimThresholdBytes of freed heap per malloc
-    // arena, at most kMaxArenas of them (proto/transport_tuning.h), for the
-    // next large message: by design, not a leak. Decode-sized messages
-    // (~0.5 MB) never fill it; the long mode's imports and exports (up to
-    // the message limit) do, over minutes: session 29's 420 s run (six
-    // clients, V4.1 FP8, 2 x 131,072 tokens each, on an H100) levelled off
-    // 78 MB above its first sample; session 34's 35 s and 140 s runs with
-    // four clients grew 70.6 and 64.1 MB after warm-up (four times the
-    // steps and imports, the same growth: both ended at 478-488 MB), while
-    // the short modes' runs of the same call grew at most 5.7 MB. So the
-    // long mode's bound adds that designed retention; a leak per import or
-    // export (MBs each, hundreds of them) still ends far past it.
-    const double retention_mb =
-        opt.long_tokens > 0 ? double{transport::kMaxArenas} * transport::kTrimThresholdBytes / (1 << 20) : 0.0;
-    const double bound_mb = opt.rss_growth_mb + retention_mb;
-    std::printf("soak: daemon VmRSS %.1f MB after warm-up, %.1f MB at the end (+%.1f MB, bound %.0f",
-                rss_warm / 1024.0, rss_end / 1024.0, growth_mb, bound_mb);
-    if (retention_mb > 0) {
-      std::printf(" = %.0f + the allocator's retention, %d arenas x %d MB", opt.rss_growth_mb,
-                  transport::kMaxArenas, transport::kTrimThresholdBytes >> 20);
-    }
-    std::printf(")\n");
+    std::printf("soak: daemon VmRSS %.1f MB after warm-up, %.1f MB at the end (+%.1f MB, bound %.0f)\n",
+                rss_warm / 1024.0, rss_end / 1024.0, growth_mb, opt.rss_growth_mb);
     if (rss_warm < 0 || rss_end < 0) {
       std::fprintf(stderr, "soak: cannot read VmRSS of pid %ld\n", opt.pid);
       ++failures;
-    } else if (growth_mb > bound_mb) {
+    } else if (growth_mb > opt.rss_growth_mb) {
       std::fprintf(stderr, "soak: daemon RSS grew %.1f MB after warm-up (bound %.0f MB)\n",
-                   growth_mb, bound_mb);
+                   growth_mb, opt.rss_growth_mb);
       ++failures;
     }
   }

@@ -2,12 +2,13 @@
 //
 //   indexerd --profile demo [--device auto|cpu|gpu:N] [--listen ADDR]
 //            [--cache-mb N] [--threads N] [--config FILE] [--port-file FILE]
+//            [--metrics-listen ADDR [--metrics-port-file FILE]]
 //            [--tls-cert PEM --tls-key PEM [--tls-ca PEM]] [--authz-policy JSON]
 //            [--drain-ms N] [--drain-delay-ms N]
 //   indexerd --check-config [PROFILE|FILE]   validate, print the geometry, exit
 //
 // Listens on 127.0.0.1:50061 unless --listen or the config says otherwise.
-// Exit status: 0 after a drain on SIGTERM/SIGINT, 1 when the port file
+// Exit status: 0 after a drain on SIGTERM/SIGINT, 1 when a port file
 // cannot be written, 2 for a config or start-up error, 3 after a sticky
 // device error (SPEC §9).
 #include <algorithm>
@@ -66,7 +67,7 @@ int Run(int argc, char** argv) {
   std::string config, profile = "demo", listen, device, log_level = "info", port_file;
   const char* env_dir = std::getenv("INDEXERD_CONFIG_DIR");
   std::string config_dir = env_dir ? env_dir : indexer::DefaultConfigDir();
-  std::string check_config, metrics_listen, log_format = "text", memfd_socket;
+  std::string check_config, metrics_listen, metrics_port_file, log_format = "text", memfd_socket;
   uint64_t cache_mb = 0;
   int threads = -1;
   int grace_ms = 10000;
@@ -88,8 +89,13 @@ int Run(int argc, char** argv) {
   app.add_option("--memfd-socket", memfd_socket,
                  "Unix socket where local clients pass memfds for host regions; default from "
                  "config, else <path>.fd for a unix:<path> listener, else none; \"off\" = none");
-  app.add_option("--metrics-listen", metrics_listen,
-                 "host:port for Prometheus metrics over HTTP (GET /metrics); default off");
+  CLI::Option* metrics_opt = app.add_option(
+      "--metrics-listen", metrics_listen,
+      "host:port for Prometheus metrics over HTTP (GET /metrics); default off");
+  app.add_option("--metrics-port-file", metrics_port_file,
+                 "Write the metrics port (e.g. of --metrics-listen 127.0.0.1:0) to this file "
+                 "once serving")
+      ->needs(metrics_opt);
   app.add_option("--device", device, "auto, cpu, gpu or gpu:N; default from config (auto)");
   app.add_option("--cache-mb", cache_mb, "K cache size over all layers, MiB; default from config");
   app.add_option("--threads", threads, "cpu backend threads (0 = all cores)");
@@ -244,17 +250,22 @@ int Run(int argc, char** argv) {
     metrics = *std::move(m);
     spdlog::info("metrics on http://{}/metrics (port {})", metrics_listen, metrics->port());
   }
-  if (!port_file.empty()) {
-    // Whoever waits on the port file would wait forever: stop instead.
-    std::ofstream out(port_file);
-    out << port << "\n";
+  // Whoever waits on a port file would wait forever: stop instead. The
+  // metrics port's file first, so that the gRPC one, once there, says both
+  // listeners serve.
+  auto write_port = [&](const char* flag, const std::string& file, int value) {
+    if (file.empty()) return true;
+    std::ofstream out(file);
+    out << value << "\n";
     out.close();
-    if (!out) {
-      spdlog::error("--port-file: cannot write {}: {}; stopping", port_file,
-                    std::strerror(errno));
-      (*server)->Shutdown(0);
-      return 1;
-    }
+    if (out) return true;
+    spdlog::error("{}: cannot write {}: {}; stopping", flag, file, std::strerror(errno));
+    return false;
+  };
+  if (!write_port("--metrics-port-file", metrics_port_file, metrics ? metrics->port() : 0) ||
+      !write_port("--port-file", port_file, port)) {
+    (*server)->Shutdown(0);
+    return 1;
   }
 
   // The handler runs on a layer's thread: it only wakes the sigwait below.

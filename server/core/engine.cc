@@ -346,6 +346,7 @@ std::vector<GroupUsage> Engine::Usage() const {
 
 MetricsGauges Engine::Gauges() const {
   MetricsGauges out;
+  out.heap = ReadProcessHeap();  // outside mu_: it takes the allocator's locks
   absl::MutexLock lock(&mu_);
   for (size_t g = 0; g < allocators_.size(); ++g) {
     out.groups.push_back({model_.groups[g].name, allocators_[g].total(), allocators_[g].free()});

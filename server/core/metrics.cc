@@ -1,5 +1,7 @@
 #include "server/core/metrics.h"
 
+#include <malloc.h>
+
 #include <algorithm>
 #include <cmath>
 
@@ -48,6 +50,17 @@ void Metrics::LayerDone(LayerRoleKind role, const LayerPhaseTimes& t) {
   h[static_cast<int>(LayerPhase::kLogits)].Observe(t.logits_us);
   h[static_cast<int>(LayerPhase::kTopk)].Observe(t.topk_us);
   h[static_cast<int>(LayerPhase::kTotal)].Observe(t.total_us);
+}
+
+MetricsGauges::Heap ReadProcessHeap() {
+  MetricsGauges::Heap h;
+#if defined(__GLIBC__) && (__GLIBC__ > 2 || (__GLIBC__ == 2 && __GLIBC_MINOR__ >= 33))
+  const struct mallinfo2 mi = mallinfo2();
+  h.known = true;
+  h.in_use = static_cast<int64_t>(mi.uordblks + mi.hblkhd);
+  h.free_kept = static_cast<int64_t>(mi.fordblks);
+#endif
+  return h;
 }
 
 namespace {
@@ -142,6 +155,13 @@ std::string Metrics::Render(const MetricsGauges& g, const std::string& profile,
   absl::StrAppend(&out, "indexer_sequences ", g.sequences, "\n");
   Head(&out, "indexer_open_steps", "gauge", "Steps open now.");
   absl::StrAppend(&out, "indexer_open_steps ", g.open_steps, "\n");
+  if (g.heap.known) {
+    Head(&out, "indexer_heap_bytes", "gauge",
+         "The process's malloc heap: in_use (allocated, not freed) and free_kept (freed, kept "
+         "by the allocator for reuse).");
+    absl::StrAppend(&out, "indexer_heap_bytes{state=\"in_use\"} ", g.heap.in_use,
+                    "\nindexer_heap_bytes{state=\"free_kept\"} ", g.heap.free_kept, "\n");
+  }
 
   Head(&out, "indexer_layer_duration_seconds", "histogram",
        "Server-side time of a Step layer by role and phase: queue (receipt to start), "

@@ -63,7 +63,20 @@ struct MetricsGauges {
   std::vector<Group> groups;
   int64_t sequences = 0;
   int64_t open_steps = 0;
+  // The process's malloc heap (ReadProcessHeap).
+  struct Heap {
+    bool known = false;    // false where the C library cannot say (not glibc)
+    int64_t in_use = 0;    // bytes handed out by malloc and not freed
+    int64_t free_kept = 0; // freed bytes the allocator keeps for reuse
+  } heap;
 };
+
+// The malloc heap now, from glibc's mallinfo2() (every arena; mmapped
+// chunks count as in use). What a leak of heap memory grows is `in_use`;
+// `free_kept` is what the allocator holds for the next large message by
+// design (proto/transport_tuning.h), which counts in the RSS without
+// being live. Takes each arena's lock briefly: for scrapes, not hot paths.
+MetricsGauges::Heap ReadProcessHeap();
 
 class Metrics {
  public:

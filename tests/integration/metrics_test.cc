@@ -7,6 +7,7 @@
 // samples, cumulative buckets ending in +Inf = _count, a _sum).
 #include <chrono>
 #include <cmath>
+#include <cstdlib>
 #include <functional>
 #include <limits>
 #include <map>
@@ -24,6 +25,7 @@
 #include "server/core/metrics.h"
 #include "server/http/metrics_http.h"
 #include "tests/integration/wire_harness.h"
+#include "tests/sanitized_build.h"
 
 namespace indexer::testing {
 namespace {
@@ -72,6 +74,30 @@ TEST(MetricsRegistry, OnlyDeviceFailuresCountAsDeviceErrors) {
   m.MaybeDeviceError(absl::ResourceExhaustedError("pages"));
   m.MaybeDeviceError(absl::OkStatus());
   EXPECT_EQ(m.device_errors(), 2u);
+}
+
+// The heap gauges follow what this thread allocates and frees: a live
+// 48 MiB block (mmapped at glibc's default threshold: in use, never kept
+// free) and 8 MiB of small blocks (heap chunks: in use while held, then
+// in use no more; some may stay kept). glibc only: sanitizers replace malloc.
+TEST(ProcessHeap, FollowsAllocations) {
+  if (kSanitized) GTEST_SKIP() << "a sanitizer's allocator replaces glibc malloc";
+  const MetricsGauges::Heap h0 = ReadProcessHeap();
+  if (!h0.known) GTEST_SKIP() << "not glibc >= 2.33: mallinfo2 unavailable";
+  EXPECT_GT(h0.in_use, 0);
+  EXPECT_GE(h0.free_kept, 0);
+  constexpr int64_t kBig = 48 << 20;
+  auto* big = static_cast<volatile char*>(std::malloc(kBig));
+  ASSERT_NE(big, nullptr);
+  big[0] = 1;
+  std::vector<void*> small;
+  for (int i = 0; i < 8192; ++i) small.push_back(std::malloc(1024));
+  const MetricsGauges::Heap h1 = ReadProcessHeap();
+  EXPECT_GE(h1.in_use - h0.in_use, kBig + (8 << 20));
+  for (void* p : small) std::free(p);
+  std::free(const_cast<char*>(big));
+  const MetricsGauges::Heap h2 = ReadProcessHeap();
+  EXPECT_LT(h2.in_use - h0.in_use, 1 << 20);  // other threads: gtest only, idle
 }
 
 // -------------------------------------------------------- exposition --
@@ -279,6 +305,10 @@ TEST_F(MetricsEndpoint, CountersMoveWithSteps) {
   EXPECT_GT(s1.Get("indexer_received_bytes_total"), s0.Get("indexer_received_bytes_total"));
   EXPECT_GT(s1.Get("indexer_sent_bytes_total"), s0.Get("indexer_sent_bytes_total"));
   EXPECT_EQ(s1.Get("indexer_open_steps"), 0);
+  if (!kSanitized) {  // glibc's heap, as ReadProcessHeap reads it
+    EXPECT_GT(s1.Get("indexer_heap_bytes{state=\"in_use\"}"), 0);
+    EXPECT_GE(s1.Get("indexer_heap_bytes{state=\"free_kept\"}"), 0);
+  }
 
   // Aborted by the client after one layer.
   {

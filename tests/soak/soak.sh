@@ -4,8 +4,10 @@
 # loopback port, runs tests/soak's driver against it for SECONDS (default
 # 600) and fails on any error (a reply row of the wrong shape included:
 # client::CheckReplyShape), on pages,
-# sequences or open steps left after everything is released, on daemon RSS
-# growth past RSS_GROWTH_MB (default 64) after warm-up, or if the daemon dies.
+# sequences or open steps left after everything is released, on daemon
+# memory growth past RSS_GROWTH_MB (default 64) after warm-up (its live heap
+# and its RSS less the freed heap glibc keeps, read from its metrics
+# endpoint: soak_driver.cc says why), or if the daemon dies.
 # Usage: tests/soak/soak.sh [BUILD_DIR=build] [SECONDS=600]
 # Env: SOAK_THREADS (4), SOAK_CACHE_MB (8), SOAK_PROFILE (demo), SOAK_DEVICE
 # (cpu; gpu:0 on the device machine: run.sh's soak stage), RSS_GROWTH_MB;
@@ -33,7 +35,8 @@ cleanup() {
 }
 trap cleanup EXIT
 "$daemon" --profile "${SOAK_PROFILE:-demo}" --device "${SOAK_DEVICE:-cpu}" --cache-mb "${SOAK_CACHE_MB:-8}" \
-  --listen 127.0.0.1:0 --port-file "$tmp/port" --log-level warn --drain-delay-ms 0 >"$tmp/daemon.log" 2>&1 &
+  --listen 127.0.0.1:0 --port-file "$tmp/port" --metrics-listen 127.0.0.1:0 \
+  --metrics-port-file "$tmp/metrics-port" --log-level warn --drain-delay-ms 0 >"$tmp/daemon.log" 2>&1 &
 pid=$!
 for _ in $(seq 300); do
   [[ -s "$tmp/port" ]] && break
@@ -43,6 +46,7 @@ done
 [[ -s "$tmp/port" ]] || { echo "soak: indexerd wrote no port file in 30 s" >&2; exit 1; }
 rc=0
 "$driver" --addr "127.0.0.1:$(cat "$tmp/port")" --seconds "$secs" --pid "$pid" \
+  --metrics-port "$(cat "$tmp/metrics-port")" \
   --threads "${SOAK_THREADS:-4}" --rss-growth-mb "${RSS_GROWTH_MB:-64}" \
   --long-tokens "${SOAK_LONG_TOKENS:-0}" --long-seqs "${SOAK_LONG_SEQS:-4}" \
   --import-chunk "${SOAK_IMPORT_CHUNK:-0}" --impatient "${SOAK_IMPATIENT:-1}" || rc=$?

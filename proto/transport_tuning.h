@@ -47,15 +47,19 @@ inline constexpr int kMmapThresholdBytes = 32 << 20;
 inline constexpr int kTrimThresholdBytes = 64 << 20;
 
 // Malloc arenas at most (glibc's default is 8 per core): threads share
-// them, so what the heaps keep (above) is bounded by this many times
-// kTrimThresholdBytes plus the live data. The environment's
+// them, so what the heaps keep at their tops (above) is at most this many
+// times kTrimThresholdBytes. Freed chunks below a heap's top stay as well,
+// so the kept total follows the heaps' high-water mark (a V4.1 long-context
+// GPU soak kept 336 MB free beside 29 MB live, session 35); the daemon's
+// indexer_heap_bytes metric reports both. The environment's
 // MALLOC_ARENA_MAX, when set, wins.
 inline constexpr int kMaxArenas = 4;
 
 // Process-wide malloc settings for large messages: call once, early in
 // main() (before threads allocate). Fixing the thresholds also turns off
-// glibc's dynamic threshold. Costs up to kTrimThresholdBytes of retained
-// free memory per malloc arena, of which there are at most kMaxArenas.
+// glibc's dynamic threshold. Costs retained free memory: up to
+// kTrimThresholdBytes at each arena's top (at most kMaxArenas arenas) and
+// the freed chunks below it (kMaxArenas above).
 // Returns false when glibc refused a value.
 inline bool TuneAllocator() {
   const bool mmap_ok = mallopt(M_MMAP_THRESHOLD, kMmapThresholdBytes) == 1;

@@ -368,16 +368,11 @@ inline absl::Status EncodeTensorMapU8(TensorMap* out, const void* base, const ui
 
 // ---- device side: lanes and shuffles ------------------------------------
 #if defined(__CUDACC__) || defined(__HIPCC__) || defined(__HIP__)
-// Unsigned arithmetic, then int: the compiler then knows both are
-// non-negative, so a caller's lane / 4, lane % 4 (and the like) become a
-// shift and a mask. From int(threadIdx.x) it emitted signed division
-// sequences, which ptxas rematerialized inside loops (wgmma_ws: 14
-// instructions per tile and warp, H100 ncu, session 35).
 __device__ __forceinline__ int LaneId() {
-  return static_cast<int>(threadIdx.x % static_cast<unsigned>(kWarpSize));
+  return static_cast<int>(threadIdx.x) % kWarpSize;
 }
 __device__ __forceinline__ int WarpId() {
-  return static_cast<int>(threadIdx.x / static_cast<unsigned>(kWarpSize));
+  return static_cast<int>(threadIdx.x) / kWarpSize;
 }
 #if defined(INDEXER_GPU_WAVE64_MODEL)
 // Threads per block the wave64 model covers (blocks are whole 64-thread

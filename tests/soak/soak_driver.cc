@@ -13,7 +13,7 @@
 // every call has ended: its VmRSS, or, with --metrics-port (the daemon's
 // --metrics-listen on the same host), two measures that tell a leak from
 // the freed heap glibc keeps for large messages by design
-// (proto/transport_tuning.h: up to 64 MB per arena, 4 arenas), which
+// (proto/transport_tuning.h; it follows the heaps' high-water mark), which
 // counts in the RSS without being live:
 //  - the live malloc heap (indexer_heap_bytes{state="in_use"}): a leak of
 //    heap memory grows it;

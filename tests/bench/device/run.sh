@@ -71,7 +71,8 @@
 #             and deepseek-v4.1-fp8 and minimax-m3-mxfp4 with SOAK_BIG_MB; empty: none):
 #             several clients, committed batches of 10-40 sequences, aborts,
 #             bad layers, imports, releases; every reply's rows checked
-#             against SPEC §5's shape; drained and RSS-bounded at the end
+#             against SPEC §5's shape; drained and memory-bounded at the end
+#             (the daemon's live heap and RSS less glibc's kept heap)
 #             (SOAK_SECONDS each, default 60); then the long-context mode,
 #             one run per SOAK_LONG entry PROFILE:TOKENS[:SEQS] (default
 #             deepseek-v4.1-fp8:131072 minimax-m3-mxfp4:131072; empty: none),

@@ -46,7 +46,7 @@ done
 [[ -s "$tmp/port" ]] || { echo "soak: indexerd wrote no port file in 30 s" >&2; exit 1; }
 rc=0
 "$driver" --addr "127.0.0.1:$(cat "$tmp/port")" --seconds "$secs" --pid "$pid" \
-  --metrics-port "$(cat "$tmp/metrics-port")" \
+  --metrics-addr "127.0.0.1:$(cat "$tmp/metrics-port")" \
   --threads "${SOAK_THREADS:-4}" --rss-growth-mb "${RSS_GROWTH_MB:-64}" \
   --long-tokens "${SOAK_LONG_TOKENS:-0}" --long-seqs "${SOAK_LONG_SEQS:-4}" \
   --import-chunk "${SOAK_IMPORT_CHUNK:-0}" --impatient "${SOAK_IMPATIENT:-1}" || rc=$?

@@ -10,8 +10,8 @@
 // and GetServerInfo must report every page free, no sequence and no open
 // step. With --pid, the daemon's memory may grow at most --rss-growth-mb
 // between the end of the warm-up (a quarter of the run) and the end, when
-// every call has ended: its VmRSS, or, with --metrics-port (the daemon's
-// --metrics-listen on the same host), two measures that tell a leak from
+// every call has ended: its VmRSS, or, with --metrics-addr (the daemon's
+// --metrics-listen, HOST:PORT), two measures that tell a leak from
 // the freed heap glibc keeps for large messages by design
 // (proto/transport_tuning.h; it follows the heaps' high-water mark), which
 // counts in the RSS without being live:
@@ -62,7 +62,7 @@
 // impatient thread that finds one "in an open step" waits and tries again.
 //
 // Usage: soak_driver --addr HOST:PORT --seconds N [--threads 4] [--pid PID]
-//                    [--rss-growth-mb 64] [--metrics-port 0] [--seed 1]
+//                    [--rss-growth-mb 64] [--metrics-addr HOST:PORT] [--seed 1]
 //                    [--long-tokens 0] [--long-seqs 4] [--import-chunk 0]
 //                    [--impatient 0]
 // Exit status 0 when every check held. tests/soak/soak.sh runs it.
@@ -106,7 +106,7 @@ struct Options {
   int threads = 4;
   long pid = 0;
   double rss_growth_mb = 64;
-  int metrics_port = 0;  // the daemon's metrics endpoint on --addr's host; 0: RSS only
+  std::string metrics_addr;  // the daemon's metrics endpoint, HOST:PORT; empty: RSS only
   uint64_t seed = 1;
   int64_t long_tokens = 0;  // 0: short sequences (the default mix)
   int long_seqs = 4;
@@ -146,21 +146,12 @@ struct Memory {
   double rss_less_free() const { return rss - heap_free; }
 };
 
-std::string HostOf(const std::string& addr) {
-  const size_t colon = addr.rfind(':');
-  std::string host = colon == std::string::npos ? addr : addr.substr(0, colon);
-  if (host.size() > 2 && host.front() == '[' && host.back() == ']') {
-    host = host.substr(1, host.size() - 2);
-  }
-  return host;
-}
-
 Memory ReadMemory(const Options& opt) {
   Memory m;
   const long kb = RssKb(opt.pid);
   if (kb >= 0) m.rss = kb * 1024.0;
-  if (opt.metrics_port <= 0) return m;
-  httplib::Client http(HostOf(opt.addr), opt.metrics_port);
+  if (opt.metrics_addr.empty()) return m;
+  httplib::Client http("http://" + opt.metrics_addr);
   http.set_connection_timeout(2, 0);
   http.set_read_timeout(5, 0);
   auto res = http.Get("/metrics");
@@ -176,10 +167,10 @@ Memory ReadMemory(const Options& opt) {
 }
 
 // ReadMemory, tried up to five times 200 ms apart until the heap figures
-// come (with --metrics-port; without, once).
+// come (with --metrics-addr; without, once).
 Memory ReadMemoryRetrying(const Options& opt) {
   Memory m = ReadMemory(opt);
-  for (int i = 1; i < 5 && opt.metrics_port > 0 && !m.heap_known(); ++i) {
+  for (int i = 1; i < 5 && !opt.metrics_addr.empty() && !m.heap_known(); ++i) {
     std::this_thread::sleep_for(std::chrono::milliseconds(200));
     m = ReadMemory(opt);
   }
@@ -965,14 +956,14 @@ int Main(const Options& opt) {
     if (warm_mem.rss < 0 || end.rss < 0) {
       std::fprintf(stderr, "soak: cannot read VmRSS of pid %ld\n", opt.pid);
       ++failures;
-    } else if (opt.metrics_port <= 0) {
+    } else if (opt.metrics_addr.empty()) {
       std::printf("soak: RSS growth bound %.0f MB\n", opt.rss_growth_mb);
       bound("RSS", rss_growth);
     } else if (!warm_mem.heap_known() || !end.heap_known()) {
       std::fprintf(stderr,
-                   "soak: no indexer_heap_bytes from the metrics port %d in five tries (a "
+                   "soak: no indexer_heap_bytes from %s in five tries (a "
                    "daemon not on glibc, a sanitizer's allocator, or no endpoint there)\n",
-                   opt.metrics_port);
+                   opt.metrics_addr.c_str());
       ++failures;
     } else {
       const double live = (end.heap_in_use - least.heap_in_use) / kMB;
@@ -1012,7 +1003,7 @@ int main(int argc, char** argv) {
     else if (a == "--threads") opt.threads = std::stoi(next());
     else if (a == "--pid") opt.pid = std::stol(next());
     else if (a == "--rss-growth-mb") opt.rss_growth_mb = std::stod(next());
-    else if (a == "--metrics-port") opt.metrics_port = std::stoi(next());
+    else if (a == "--metrics-addr") opt.metrics_addr = next();
     else if (a == "--seed") opt.seed = std::stoull(next());
     else if (a == "--long-tokens") opt.long_tokens = std::stoll(next());
     else if (a == "--long-seqs") opt.long_seqs = std::stoi(next());
@@ -1021,7 +1012,7 @@ int main(int argc, char** argv) {
     else {
       std::fprintf(stderr,
                    "usage: soak_driver --addr HOST:PORT --seconds N [--threads 4] [--pid PID] "
-                   "[--rss-growth-mb 64] [--metrics-port 0] [--seed 1] [--long-tokens 0] [--long-seqs 4] "
+                   "[--rss-growth-mb 64] [--metrics-addr HOST:PORT] [--seed 1] [--long-tokens 0] [--long-seqs 4] "
                    "[--import-chunk 0] [--impatient 0]\n");
       return 2;
     }

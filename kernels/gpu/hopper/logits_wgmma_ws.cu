@@ -51,6 +51,7 @@
 #include <algorithm>
 #include <cstddef>
 #include <cstdlib>
+#include <type_traits>
 
 #include "absl/strings/str_cat.h"
 #include "kernels/gpu/dispatch.h"
@@ -294,6 +295,21 @@ __device__ __forceinline__ int32_t GatherProducer(const LogitsParams& p, const T
 #endif  // INDEXER_GPU_WGMMA
 }
 
+// f(std::integral_constant<int, wg>{}) for the run-time warpgroup index
+// wg in [kI, kCount): each warpgroup runs its own instantiation.
+template <int kI, int kCount, class F>
+__device__ __forceinline__ void ForWarpgroup(int wg, F& f) {
+  if constexpr (kI + 1 < kCount) {
+    if (wg == kI) {
+      f(std::integral_constant<int, kI>{});
+    } else {
+      ForWarpgroup<kI + 1, kCount>(wg, f);
+    }
+  } else {
+    f(std::integral_constant<int, kI>{});
+  }
+}
+
 // kGather: the consumer's gather walk; `rows8` is the pool's tensor map of
 // 8-entry boxes (unused otherwise).
 template <class C, bool kGather>
@@ -331,7 +347,12 @@ __global__ void __launch_bounds__(C::kThreads, C::kMinBlocks)
   const int32_t u_last = p.unit_begin + static_cast<int32_t>(units * (blockIdx.x + 1) / gridDim.x);
   // (With a tail every block claims, its own share empty or not.)
   if (u_first == u_last && p.tail_units == 0) return;
-  const int tid = threadIdx.x, warp = WarpId(), lane = LaneId();
+  // Lane arithmetic from the unsigned thread index: lane / 4 and lane % 4
+  // are a shift and a mask (from a signed index the compiler emitted a
+  // sign fix-up sequence).
+  const uint32_t utid = threadIdx.x;
+  const int tid = static_cast<int>(utid), warp = static_cast<int>(utid / kWarpSize);
+  const int lane = static_cast<int>(utid % kWarpSize);
   if (tid == 0) {
     for (int s = 0; s < kSlots; ++s) {
       MbarInit(&full[s], 1);                    // the producer's expect_tx
@@ -446,217 +467,223 @@ __global__ void __launch_bounds__(C::kThreads, C::kMinBlocks)
   }
 
   // ---- math warpgroup wg: team wg / kTeam takes tiles team, team + kTeams, ..
-  // wg by a shuffle from lane 0: warp-uniform to the compiler, so the
-  // wgmmas' descriptor arithmetic stays in uniform registers (from threadIdx
-  // directly, every wgmma's descriptors were rebuilt in vector registers
-  // with 64-bit adds and moved to uniform ones: ~60 of the loop's ~300
-  // instructions per tile and warp, H200 ncu of the prefill,
-  // h200_2026-12-04_s19.md).
-  const int wg = ShflIdx(warp / kWarpsWg, 0);
-  const int team = wg / C::kTeam, role = wg % C::kTeam;
-  const int wt = tid % kWgSize, wwarp = warp % kWarpsWg;
-  const int gq = lane / 4, t = lane % 4;
-  uint8_t* q_s = smem + C::kOffQ + wg * C::kQBytes;                   // [kN, 128] swizzled
-  float* w_s = reinterpret_cast<float*>(smem + C::kOffW) + wg * kN;  // [kN], halved (kW4: WeightSlot order)
-  const uint64_t desc_q = Sw128KMajorDesc(q_s);
-  const uint64_t desc_k0 = Sw128KMajorDesc(k_s);  // slot 0's tile
-  // The ring's shared address, opaque to the compiler: held in a register
-  // (it otherwise rebuilt the address from the block's cluster id at every
-  // use, ~12 instructions per tile and warp).
-  uint32_t ring_a = SmemAddr(&ring);
-  asm volatile("" : "+r"(ring_a));
-  const uint32_t full_a = ring_a + offsetof(Ring, full), empty_a = ring_a + offsetof(Ring, empty);
-  uint32_t* hist_s = reinterpret_cast<uint32_t*>(smem + C::kOffHist) + wg * C::kHistWords;  // [2048]
-  int32_t staged = -1;            // group whose Q this warpgroup holds
-  int32_t my_rows = 0, row0 = 0;  // its rows of that group; the first (sub-chunk row)
-  float* out0 = p.logits;         // row0's logits
-  int32_t n_r[kRowsWg] = {};
-  const int e0 = wwarp * 16 + gq;  // the thread's entries e0, e0 + 8 of a tile
-  // The thread's share of a tile's logits (QuadTransposedSums): row
-  // lane_row of the warpgroup's, entry e_lane (kBoth: e0 and e0 + 8); at
-  // one row lanes t < 2 write. lane_out and lane_n (0: nothing to write)
-  // are the row's, set at each stage.
-  constexpr bool kBoth = kRowsWg == 4;
-  const int lane_row = kRowsWg == 4 ? t : kRowsWg == 2 ? t >> 1 : 0;
-  const int e_lane = kBoth ? e0 : e0 + 8 * (t & 1);
-  const bool lane_writes = kRowsWg > 1 || t < 2;
-  float* lane_out = p.logits;
-  int32_t lane_n = 0;
-  // kWReg: the thread's (halved) weights, columns 8 j + 2 t, + 1.
-  float2 w_r[C::kWReg ? kN / 8 : 1];
+  // Instantiated per warpgroup (ForWarpgroup below: wg by a shuffle from
+  // lane 0, then a branch to wg's copy), so that wg, its team and role are
+  // constants: its shared addresses (Q, weights, histogram) fold into
+  // immediates. The wgmma descriptors are carried as their low words
+  // (Sw128DescLo), the high word an immediate, with the slot's offset one
+  // add. (H100 ncu of next_n 2, session 35: with wg a shuffled register
+  // the tile loop rebuilt both descriptors from the shared base at every
+  // tile, ~40 of its ~190 warp instructions, and rematerialized the lane's
+  // quad from the signed thread index, 14 more.)
+  auto consume = [&](auto wg_c) {
+    constexpr int wg = decltype(wg_c)::value;
+    constexpr int team = wg / C::kTeam, role = wg % C::kTeam;
+    const int wt = static_cast<int>(utid % kWgSize), wwarp = warp % kWarpsWg;
+    const int gq = static_cast<int>((utid % kWarpSize) / 4), t = static_cast<int>(utid % 4);
+    uint8_t* q_s = smem + C::kOffQ + wg * C::kQBytes;                   // [kN, 128] swizzled
+    float* w_s = reinterpret_cast<float*>(smem + C::kOffW) + wg * kN;  // [kN], halved (kW4: WeightSlot order)
+    const uint32_t dq_lo = Sw128DescLo(SmemAddr(q_s));
+    const uint32_t dk_lo = Sw128DescLo(SmemAddr(k_s));  // slot 0's tile
+    // The ring's shared address, opaque to the compiler: held in a register
+    // (it otherwise rebuilt the address from the block's cluster id at every
+    // use, ~12 instructions per tile and warp).
+    uint32_t ring_a = SmemAddr(&ring);
+    asm volatile("" : "+r"(ring_a));
+    const uint32_t full_a = ring_a + offsetof(Ring, full), empty_a = ring_a + offsetof(Ring, empty);
+    uint32_t* hist_s = reinterpret_cast<uint32_t*>(smem + C::kOffHist) + wg * C::kHistWords;  // [2048]
+    int32_t staged = -1;            // group whose Q this warpgroup holds
+    int32_t my_rows = 0, row0 = 0;  // its rows of that group; the first (sub-chunk row)
+    float* out0 = p.logits;         // row0's logits
+    int32_t n_r[kRowsWg] = {};
+    const int e0 = wwarp * 16 + gq;  // the thread's entries e0, e0 + 8 of a tile
+    // The thread's share of a tile's logits (QuadTransposedSums): row
+    // lane_row of the warpgroup's, entry e_lane (kBoth: e0 and e0 + 8); at
+    // one row lanes t < 2 write. lane_out and lane_n (0: nothing to write)
+    // are the row's, set at each stage.
+    constexpr bool kBoth = kRowsWg == 4;
+    const int lane_row = kRowsWg == 4 ? t : kRowsWg == 2 ? t >> 1 : 0;
+    const int e_lane = kBoth ? e0 : e0 + 8 * (t & 1);
+    const bool lane_writes = kRowsWg > 1 || t < 2;
+    float* lane_out = p.logits;
+    int32_t lane_n = 0;
+    // kWReg: the thread's (halved) weights, columns 8 j + 2 t, + 1.
+    float2 w_r[C::kWReg ? kN / 8 : 1];
 
-  // ---- the old group's histogram to its row's global one, zeroed --------
-  // REQUIRES: the warpgroup's barrier after its last epilogue of the group.
-  auto flush = [&]() {
-    const bool keep = my_rows > 0 && n_r[0] > p.topk_min_visible;
-    uint32_t* g = p.topk_hist + static_cast<int64_t>(row0) * kTopkStateWords;
-    for (int b = wt; b < kTopkBins; b += kWgSize) {
-      const uint32_t c = hist_s[b];
-      if (c != 0) {
-        if (keep) atomicAdd(g + b, c);
-        hist_s[b] = 0;
-      }
-    }
-  };
-  // ---- this warpgroup's rows of the cursor's group (zero past the group) --
-  auto stage = [&](int32_t group, int32_t row_begin, int32_t num_rows) {
-    NamedBarrierSync(1 + wg, kWgSize);  // every warp is done with the old Q
-    if (hist && staged >= 0) flush();   // (the barrier below orders its zeroing)
-    staged = group;
-    // The group's rows ride in the unit: the Q load waits on no group load.
-    const int32_t first = role * kRowsWg;  // the group's row this warpgroup starts at
-    my_rows = min(max(num_rows - first, 0), kRowsWg);
-    row0 = row_begin + first - p.row_base;
-    out0 = p.logits + static_cast<int64_t>(row0) * p.stride;
-    // Q by cp.async (no registers held), then the weights and the rows'
-    // lengths, all in flight at once: one round trip a stage, not one per
-    // 16-byte chunk (a stage sits between two tiles of the warpgroup's
-    // stream; at B=64 x 8k each warpgroup stages about twice in ten tiles).
-    const int32_t* visible = kGather ? p.gather_entries : p.step.row_visible;
-    if (my_rows > 0) {
-      const int64_t q0 = static_cast<int64_t>(row0) * kHeads;
-      static_assert(kN <= kWgSize, "a weight per thread");
-#pragma unroll 1
-      for (int q = wt; q < kN * (kWsDim / 16); q += kWgSize) {
-        const int h = q / (kWsDim / 16), c = q % (kWsDim / 16);
-        const bool valid = h < my_rows * kHeads;
-        CpAsync16(q_s + h * kWsDim + ((c ^ (h % 8)) * 16),
-                  valid ? p.q_values + (q0 + h) * kWsDim + c * 16 : p.q_values, valid);
-      }
-      CpAsyncCommit();
-      // Halved: ReLU(x) * w is taken as (x + |x|) * (w / 2), two full-rate
-      // ops; exact, since doubling and halving are.
-      // kWReg: straight into the thread's registers (columns 8 j + 2 t, + 1).
-      // (One row a warpgroup: all kN = H columns are the row's heads.)
-      if constexpr (C::kWReg) {
-        const float* w = p.weights + q0 + 2 * t;
-#pragma unroll
-        for (int j = 0; j < kN / 8; ++j) w_r[j] = make_float2(0.5f * w[j * 8], 0.5f * w[j * 8 + 1]);
-      } else {
-        if (wt < kN) {
-          w_s[C::kW4 ? WeightSlot<kHeads>(wt) : wt] = wt < my_rows * kHeads ? 0.5f * p.weights[q0 + wt] : 0.f;
+    // ---- the old group's histogram to its row's global one, zeroed --------
+    // REQUIRES: the warpgroup's barrier after its last epilogue of the group.
+    auto flush = [&]() {
+      const bool keep = my_rows > 0 && n_r[0] > p.topk_min_visible;
+      uint32_t* g = p.topk_hist + static_cast<int64_t>(row0) * kTopkStateWords;
+      for (int b = wt; b < kTopkBins; b += kWgSize) {
+        const uint32_t c = hist_s[b];
+        if (c != 0) {
+          if (keep) atomicAdd(g + b, c);
+          hist_s[b] = 0;
         }
       }
+    };
+    // ---- this warpgroup's rows of the cursor's group (zero past the group) --
+    auto stage = [&](int32_t group, int32_t row_begin, int32_t num_rows) {
+      NamedBarrierSync(1 + wg, kWgSize);  // every warp is done with the old Q
+      if (hist && staged >= 0) flush();   // (the barrier below orders its zeroing)
+      staged = group;
+      // The group's rows ride in the unit: the Q load waits on no group load.
+      const int32_t first = role * kRowsWg;  // the group's row this warpgroup starts at
+      my_rows = min(max(num_rows - first, 0), kRowsWg);
+      row0 = row_begin + first - p.row_base;
+      out0 = p.logits + static_cast<int64_t>(row0) * p.stride;
+      // Q by cp.async (no registers held), then the weights and the rows'
+      // lengths, all in flight at once: one round trip a stage, not one per
+      // 16-byte chunk (a stage sits between two tiles of the warpgroup's
+      // stream; at B=64 x 8k each warpgroup stages about twice in ten tiles).
+      const int32_t* visible = kGather ? p.gather_entries : p.step.row_visible;
+      if (my_rows > 0) {
+        const int64_t q0 = static_cast<int64_t>(row0) * kHeads;
+        static_assert(kN <= kWgSize, "a weight per thread");
+#pragma unroll 1
+        for (int q = wt; q < kN * (kWsDim / 16); q += kWgSize) {
+          const int h = q / (kWsDim / 16), c = q % (kWsDim / 16);
+          const bool valid = h < my_rows * kHeads;
+          CpAsync16(q_s + h * kWsDim + ((c ^ (h % 8)) * 16),
+                    valid ? p.q_values + (q0 + h) * kWsDim + c * 16 : p.q_values, valid);
+        }
+        CpAsyncCommit();
+        // Halved: ReLU(x) * w is taken as (x + |x|) * (w / 2), two full-rate
+        // ops; exact, since doubling and halving are.
+        // kWReg: straight into the thread's registers (columns 8 j + 2 t, + 1).
+        // (One row a warpgroup: all kN = H columns are the row's heads.)
+        if constexpr (C::kWReg) {
+          const float* w = p.weights + q0 + 2 * t;
 #pragma unroll
-      for (int r = 0; r < kRowsWg; ++r) n_r[r] = r < my_rows ? visible[p.row_base + row0 + r] : 0;
-      lane_n = 0;
+          for (int j = 0; j < kN / 8; ++j) w_r[j] = make_float2(0.5f * w[j * 8], 0.5f * w[j * 8 + 1]);
+        } else {
+          if (wt < kN) {
+            w_s[C::kW4 ? WeightSlot<kHeads>(wt) : wt] = wt < my_rows * kHeads ? 0.5f * p.weights[q0 + wt] : 0.f;
+          }
+        }
 #pragma unroll
-      for (int r = 0; r < kRowsWg; ++r) {
-        if (r == lane_row && lane_writes) lane_n = n_r[r];  // 0 past my_rows
-      }
-      lane_out = lane_row < my_rows ? out0 + lane_row * p.stride : out0;
-      CpAsyncWait<0>();
-    } else {
+        for (int r = 0; r < kRowsWg; ++r) n_r[r] = r < my_rows ? visible[p.row_base + row0 + r] : 0;
+        lane_n = 0;
 #pragma unroll
-      for (int r = 0; r < kRowsWg; ++r) n_r[r] = 0;
-      lane_n = 0;
-    }
-    FenceProxyAsyncShared();            // Q stores before the wgmma reads
-    NamedBarrierSync(1 + wg, kWgSize);
-  };
-  // ---- C = K . Q^T over four k32 slices (issued; the caller waits) --------
-  auto mma = [&](float (&acc)[kN / 2], int slot) {
-    const uint64_t desc_k = DescPlus(desc_k0, slot * (kWsTileBytes >> 4));
-    WgmmaFence();
-#pragma unroll
-    for (int k = 0; k < kWsDim / 32; ++k) {
-      // +32 bytes per slice: +2 in the descriptor's 16-byte address units.
-      if (k == 0) WgmmaE4m3First<kN>(acc, desc_k, desc_q);
-      else WgmmaE4m3<kN>(acc, DescPlus(desc_k, 2 * k), DescPlus(desc_q, 2 * k), 1);
-    }
-    WgmmaCommit();
-  };
-  // ---- release the slot (its wgmma done), then the epilogue ---------------
-  // Every thread arrives after its own reads of the slot: with one arrival
-  // per warp after __syncwarp, compute-sanitizer racecheck reported a WAR
-  // hazard between the other lanes' scale reads and the slot's next bulk
-  // copy once slots were reused (prefill shapes); per-thread arrivals are
-  // clean there and measured no slower (B=64 32k next_n 1: 93.1-93.5 us
-  // vs 93.2-94.3; prefill 4k x 32k: 2772 vs 2837 us; next_n 2: 136.5 vs
-  // 131.6).
-  // kWReg: the scales come loaded (ks0: entry e_lane's; kBoth: ks1, e0 +
-  // 8's), before the wgmma wait. The quad's partial sums are reduced
-  // transposed (QuadTransposedSums: each lane ends with its own share, not
-  // every sum), so that each lane writes its logits at a precomputed row
-  // with one scale. H100, same call, against every sum in every lane and
-  // two writing lanes per row (s29, three rounds): prefill 4k x 32k logits
-  // 2137 -> 2060 us (964.7 -> 1000.7 TFLOP/s), 16k x 32k 6857 -> 6611;
-  // decode within 1 us either way (bound by K's bytes).
-  auto epilogue = [&](const float (&acc)[kN / 2], int slot, int32_t tile0, float ks0, float ks1) {
-    if constexpr (!C::kWReg) {
-      ks0 = ks_s[slot * kWsTile + e_lane];
-      if constexpr (kBoth) ks1 = ks_s[slot * kWsTile + e0 + 8];
-    }
-    MbarArrive(empty_a + 8 * slot);
-    float2 part[kRowsWg];
-#pragma unroll
-    for (int r = 0; r < kRowsWg; ++r) {
-      if constexpr (C::kWReg) {
-        part[r] = ReluWeightedHeadPartialsReg<kHeads>(acc, w_r);
-      } else if constexpr (C::kW4) {
-        part[r] = ReluWeightedPartials<kHeads / 8>(acc + 4 * r * (kHeads / 8), [&](int j) {
-          // Column groups j and j + 1 (j even) in one 16-byte load.
-          const float4 w4 = *reinterpret_cast<const float4*>(w_s + r * kHeads + (j / 2) * 16 + 4 * t);
-          return j % 2 == 0 ? make_float2(w4.x, w4.y) : make_float2(w4.z, w4.w);
-        });
+        for (int r = 0; r < kRowsWg; ++r) {
+          if (r == lane_row && lane_writes) lane_n = n_r[r];  // 0 past my_rows
+        }
+        lane_out = lane_row < my_rows ? out0 + lane_row * p.stride : out0;
+        CpAsyncWait<0>();
       } else {
-        part[r] = ReluWeightedHeadPartials<kHeads>(acc, w_s, r, t);
+#pragma unroll
+        for (int r = 0; r < kRowsWg; ++r) n_r[r] = 0;
+        lane_n = 0;
       }
-    }
-    const float2 v = QuadTransposedSums<kRowsWg>(part, t);
-    const int32_t pos = tile0 + e_lane;
-    if (pos < lane_n) {
-      const float x = v.x * ks0;
-      lane_out[pos] = x;
-      if (hist) atomicAdd(&hist_s[TopBin(OrderedKey(x))], 1u);
-    }
-    if constexpr (kBoth) {
-      if (pos + 8 < lane_n) lane_out[pos + 8] = v.y * ks1;
-    }
-  };
-  // Even a warpgroup with no rows in the group waits for the tile: its
-  // release must count toward this use of the slot, not the previous one.
-  auto skip = [&](int slot) { MbarArrive(empty_a + 8 * slot); };
-
-  // ---- one tile at a time: wait, multiply, epilogue ------------------------
-  // The team's first tile: when it lies in the share's first unit its group
-  // is staged before the wait (its Q load beside the tile's); every later
-  // group change is staged from the slot's facts, the tile waiting in it.
-  if (u_first < u_last) {
-    const LogitsUnit u = p.step.units[u_first];
-    if ((u.e_end - u.e_begin + kWsTile - 1) / kWsTile > team) stage(u.group, u.row_begin, u.num_rows);
-  }
-  float acc[kN / 2];  // written by each tile's first k-slice
-  // Tile n = team, team + kTeams, ... in slot n % kSlots, its `full` phase
-  // (n / kSlots) & 1, both carried (kTeams divides kSlots: a wrap is one phase).
-  int slot = team;
-  uint32_t phase = 0;
-  for (;; slot += kTeams) {
-    if (slot >= kSlots) {
-      slot -= kSlots;
-      phase ^= 1u;
-    }
-    MbarWait(full_a + 8 * slot, phase);
-    const int4 ti = LdsInt4(ring_a + offsetof(Ring, tinfo) + 16 * slot);  // read before the slot's release
-    if (ti.x < 0) break;          // the share's end
-    if (ti.x != staged) stage(ti.x, ti.z, ti.w);
-    if (my_rows == 0) {
-      skip(slot);
-    } else {
-      mma(acc, slot);
-      float ks0 = 0.f, ks1 = 0.f;
-      if constexpr (C::kWReg) {  // their loads in flight during the wgmma
+      FenceProxyAsyncShared();            // Q stores before the wgmma reads
+      NamedBarrierSync(1 + wg, kWgSize);
+    };
+    // ---- C = K . Q^T over four k32 slices (issued; the caller waits) --------
+    auto mma = [&](float (&acc)[kN / 2], int slot) {
+      const uint32_t k_lo = dk_lo + static_cast<uint32_t>(slot) * (kWsTileBytes >> 4);
+      WgmmaFence();
+#pragma unroll
+      for (int k = 0; k < kWsDim / 32; ++k) {
+        // +32 bytes per slice: +2 in the descriptor's 16-byte address units.
+        if (k == 0) WgmmaE4m3First<kN>(acc, Sw128DescOfLo(k_lo), Sw128DescOfLo(dq_lo));
+        else WgmmaE4m3<kN>(acc, Sw128DescOfLo(k_lo + 2 * k), Sw128DescOfLo(dq_lo + 2 * k), 1);
+      }
+      WgmmaCommit();
+    };
+    // ---- release the slot (its wgmma done), then the epilogue ---------------
+    // Every thread arrives after its own reads of the slot: with one arrival
+    // per warp after __syncwarp, compute-sanitizer racecheck reported a WAR
+    // hazard between the other lanes' scale reads and the slot's next bulk
+    // copy once slots were reused (prefill shapes); per-thread arrivals are
+    // clean there and measured no slower (B=64 32k next_n 1: 93.1-93.5 us
+    // vs 93.2-94.3; prefill 4k x 32k: 2772 vs 2837 us; next_n 2: 136.5 vs
+    // 131.6).
+    // kWReg: the scales come loaded (ks0: entry e_lane's; kBoth: ks1, e0 +
+    // 8's), before the wgmma wait. The quad's partial sums are reduced
+    // transposed (QuadTransposedSums: each lane ends with its own share, not
+    // every sum), so that each lane writes its logits at a precomputed row
+    // with one scale. H100, same call, against every sum in every lane and
+    // two writing lanes per row (s29, three rounds): prefill 4k x 32k logits
+    // 2137 -> 2060 us (964.7 -> 1000.7 TFLOP/s), 16k x 32k 6857 -> 6611;
+    // decode within 1 us either way (bound by K's bytes).
+    auto epilogue = [&](const float (&acc)[kN / 2], int slot, int32_t tile0, float ks0, float ks1) {
+      if constexpr (!C::kWReg) {
         ks0 = ks_s[slot * kWsTile + e_lane];
         if constexpr (kBoth) ks1 = ks_s[slot * kWsTile + e0 + 8];
       }
-      WgmmaWaitAll();
-      epilogue(acc, slot, ti.y, ks0, ks1);
+      MbarArrive(empty_a + 8 * slot);
+      float2 part[kRowsWg];
+#pragma unroll
+      for (int r = 0; r < kRowsWg; ++r) {
+        if constexpr (C::kWReg) {
+          part[r] = ReluWeightedHeadPartialsReg<kHeads>(acc, w_r);
+        } else if constexpr (C::kW4) {
+          part[r] = ReluWeightedPartials<kHeads / 8>(acc + 4 * r * (kHeads / 8), [&](int j) {
+            // Column groups j and j + 1 (j even) in one 16-byte load.
+            const float4 w4 = *reinterpret_cast<const float4*>(w_s + r * kHeads + (j / 2) * 16 + 4 * t);
+            return j % 2 == 0 ? make_float2(w4.x, w4.y) : make_float2(w4.z, w4.w);
+          });
+        } else {
+          part[r] = ReluWeightedHeadPartials<kHeads>(acc, w_s, r, t);
+        }
+      }
+      const float2 v = QuadTransposedSums<kRowsWg>(part, t);
+      const int32_t pos = tile0 + e_lane;
+      if (pos < lane_n) {
+        const float x = v.x * ks0;
+        lane_out[pos] = x;
+        if (hist) atomicAdd(&hist_s[TopBin(OrderedKey(x))], 1u);
+      }
+      if constexpr (kBoth) {
+        if (pos + 8 < lane_n) lane_out[pos + 8] = v.y * ks1;
+      }
+    };
+    // Even a warpgroup with no rows in the group waits for the tile: its
+    // release must count toward this use of the slot, not the previous one.
+    auto skip = [&](int slot) { MbarArrive(empty_a + 8 * slot); };
+
+    // ---- one tile at a time: wait, multiply, epilogue ------------------------
+    // The team's first tile: when it lies in the share's first unit its group
+    // is staged before the wait (its Q load beside the tile's); every later
+    // group change is staged from the slot's facts, the tile waiting in it.
+    if (u_first < u_last) {
+      const LogitsUnit u = p.step.units[u_first];
+      if ((u.e_end - u.e_begin + kWsTile - 1) / kWsTile > team) stage(u.group, u.row_begin, u.num_rows);
     }
-  }
-  if (hist && staged >= 0) {
-    NamedBarrierSync(1 + wg, kWgSize);  // every warp's last epilogue done
-    flush();
-  }
+    float acc[kN / 2];  // written by each tile's first k-slice
+    // Tile n = team, team + kTeams, ... in slot n % kSlots, its `full` phase
+    // (n / kSlots) & 1, both carried (kTeams divides kSlots: a wrap is one phase).
+    int slot = team;
+    uint32_t phase = 0;
+    for (;; slot += kTeams) {
+      if (slot >= kSlots) {
+        slot -= kSlots;
+        phase ^= 1u;
+      }
+      MbarWait(full_a + 8 * slot, phase);
+      const int4 ti = LdsInt4(ring_a + offsetof(Ring, tinfo) + 16 * slot);  // read before the slot's release
+      if (ti.x < 0) break;          // the share's end
+      if (ti.x != staged) stage(ti.x, ti.z, ti.w);
+      if (my_rows == 0) {
+        skip(slot);
+      } else {
+        mma(acc, slot);
+        float ks0 = 0.f, ks1 = 0.f;
+        if constexpr (C::kWReg) {  // their loads in flight during the wgmma
+          ks0 = ks_s[slot * kWsTile + e_lane];
+          if constexpr (kBoth) ks1 = ks_s[slot * kWsTile + e0 + 8];
+        }
+        WgmmaWaitAll();
+        epilogue(acc, slot, ti.y, ks0, ks1);
+      }
+    }
+    if (hist && staged >= 0) {
+      NamedBarrierSync(1 + wg, kWgSize);  // every warp's last epilogue done
+      flush();
+    }
+  };
+  ForWarpgroup<0, C::kMath>(ShflIdx(warp / kWarpsWg, 0), consume);
 #endif  // INDEXER_GPU_WGMMA
 }
 

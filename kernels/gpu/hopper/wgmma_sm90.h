@@ -40,6 +40,18 @@ __device__ __forceinline__ uint64_t DescPlus(uint64_t desc, uint32_t add) {
   return r;
 }
 
+// The same descriptor split in its words: the high word (SBO, swizzle) is
+// the same for every Sw128KMajorDesc, so a loop can carry the low word
+// alone and add its offsets there; Sw128DescOfLo joins them, the high word
+// an immediate the compiler can see.
+inline constexpr uint32_t kSw128DescHi = (1024u >> 4) | (1u << 30);
+__device__ __forceinline__ uint32_t Sw128DescLo(uint32_t shared_addr) {
+  return ((shared_addr & 0x3ffffu) >> 4) | (1u << 16);
+}
+__device__ __forceinline__ uint64_t Sw128DescOfLo(uint32_t lo) {
+  return (static_cast<uint64_t>(kSw128DescHi) << 32) | lo;
+}
+
 __device__ __forceinline__ void WgmmaFence() {
   asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
 }

@@ -467,18 +467,18 @@ __global__ void __launch_bounds__(C::kThreads, C::kMinBlocks)
   }
 
   // ---- math warpgroup wg: team wg / kTeam takes tiles team, team + kTeams, ..
-  // Instantiated per warpgroup (ForWarpgroup below: wg by a shuffle from
-  // lane 0, then a branch to wg's copy), so that wg, its team and role are
-  // constants: its shared addresses (Q, weights, histogram) fold into
-  // immediates. The wgmma descriptors are carried as their low words
+  // In the dense walk, instantiated per warpgroup (ForWarpgroup below: wg
+  // by a shuffle from lane 0, then a branch to wg's copy), so that wg, its
+  // team and role are constants: its shared addresses (Q, weights,
+  // histogram) fold into immediates. The wgmma descriptors are carried as their low words
   // (Sw128DescLo), the high word an immediate, with the slot's offset one
   // add. (H100 ncu of next_n 2, session 35: with wg a shuffled register
   // the tile loop rebuilt both descriptors from the shared base at every
   // tile, ~40 of its ~190 warp instructions, and rematerialized the lane's
   // quad from the signed thread index, 14 more.)
   auto consume = [&](auto wg_c) {
-    constexpr int wg = decltype(wg_c)::value;
-    constexpr int team = wg / C::kTeam, role = wg % C::kTeam;
+    const int wg = wg_c;  // a constant in the dense walk's instantiations
+    const int team = wg / C::kTeam, role = wg % C::kTeam;
     const int wt = static_cast<int>(utid % kWgSize), wwarp = warp % kWarpsWg;
     const int gq = static_cast<int>((utid % kWarpSize) / 4), t = static_cast<int>(utid % 4);
     uint8_t* q_s = smem + C::kOffQ + wg * C::kQBytes;                   // [kN, 128] swizzled
@@ -683,7 +683,14 @@ __global__ void __launch_bounds__(C::kThreads, C::kMinBlocks)
       flush();
     }
   };
-  ForWarpgroup<0, C::kMath>(ShflIdx(warp / kWarpsWg, 0), consume);
+  // (The gather walk keeps one copy for every warpgroup, wg a register:
+  // per-warpgroup copies measured slower there, H100 s36: V4.1 consumer
+  // B=64 x 32k logits 69.2-69.5 -> 72.5-75.2 us.)
+  if constexpr (kGather) {
+    consume(ShflIdx(warp / kWarpsWg, 0));
+  } else {
+    ForWarpgroup<0, C::kMath>(ShflIdx(warp / kWarpsWg, 0), consume);
+  }
 #endif  // INDEXER_GPU_WGMMA
 }
 

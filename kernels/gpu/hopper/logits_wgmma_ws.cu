@@ -482,7 +482,8 @@ __global__ void __launch_bounds__(C::kThreads, C::kMinBlocks)
     const int wt = static_cast<int>(utid % kWgSize), wwarp = warp % kWarpsWg;
     const int gq = static_cast<int>((utid % kWarpSize) / 4), t = static_cast<int>(utid % 4);
     uint8_t* q_s = smem + C::kOffQ + wg * C::kQBytes;                   // [kN, 128] swizzled
-    float* w_s = reinterpret_cast<float*>(smem + C::kOffW) + wg * kN;  // [kN], halved (kW4: WeightSlot order)
+    // [kN], halved (kW4: WeightSlot order); unused where kWReg
+    [[maybe_unused]] float* w_s = reinterpret_cast<float*>(smem + C::kOffW) + wg * kN;
     const uint32_t dq_lo = Sw128DescLo(SmemAddr(q_s));
     const uint32_t dk_lo = Sw128DescLo(SmemAddr(k_s));  // slot 0's tile
     // The ring's shared address, opaque to the compiler: held in a register
@@ -508,7 +509,7 @@ __global__ void __launch_bounds__(C::kThreads, C::kMinBlocks)
     float* lane_out = p.logits;
     int32_t lane_n = 0;
     // kWReg: the thread's (halved) weights, columns 8 j + 2 t, + 1.
-    float2 w_r[C::kWReg ? kN / 8 : 1];
+    [[maybe_unused]] float2 w_r[C::kWReg ? kN / 8 : 1];  // unused unless kWReg
 
     // ---- the old group's histogram to its row's global one, zeroed --------
     // REQUIRES: the warpgroup's barrier after its last epilogue of the group.

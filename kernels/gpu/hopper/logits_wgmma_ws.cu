@@ -470,12 +470,17 @@ __global__ void __launch_bounds__(C::kThreads, C::kMinBlocks)
   // In the dense walk, instantiated per warpgroup (ForWarpgroup below: wg
   // by a shuffle from lane 0, then a branch to wg's copy), so that wg, its
   // team and role are constants: its shared addresses (Q, weights,
-  // histogram) fold into immediates. The wgmma descriptors are carried as their low words
-  // (Sw128DescLo), the high word an immediate, with the slot's offset one
-  // add. (H100 ncu of next_n 2, session 35: with wg a shuffled register
-  // the tile loop rebuilt both descriptors from the shared base at every
-  // tile, ~40 of its ~190 warp instructions, and rematerialized the lane's
-  // quad from the signed thread index, 14 more.)
+  // histogram) fold into immediates. The wgmma descriptors are carried as
+  // their low words (Sw128DescLo), the high word an immediate, with the
+  // slot's offset one add. With the lane arithmetic from the unsigned
+  // thread index, the next_n 2 tile's path went from ~191 to ~171 warp
+  // instructions (SASS, s36; ncu of s35 had counted the lane's quad
+  // rematerialized from the signed index, 14, and both descriptors rebuilt
+  // from the shared base, ~40). ptxas still rebuilds the descriptors at
+  // every tile (~30: at the 72-register cap it rematerializes rather than
+  // keep them). H100, s36, against the per-block copy: prefill 4k / 16k x
+  // 32k logits -1.8 % (1017 -> 1034-1038 TFLOP/s), next_n 2 decode layers
+  // -0.9 to -2.3 us, the rest within noise (h100_2026-12-07_s36.md).
   auto consume = [&](auto wg_c) {
     const int wg = wg_c;  // a constant in the dense walk's instantiations
     const int team = wg / C::kTeam, role = wg % C::kTeam;

@@ -16,16 +16,21 @@ namespace gpu {
 
 // Descriptor of a K-major tile of 128-byte rows in the 128-byte swizzle
 // (16-byte chunk c of row r stored at chunk c ^ (r % 8)), 8-row groups
-// 1024 bytes apart. REQUIRES: the tile starts 1024-byte aligned; adding
-// 32 * k bytes to `smem` selects the k-th k32 slice.
+// 1024 bytes apart, in its two words. The high word (SBO 1024 bytes, the
+// 128-byte swizzle) is the same for every such tile, so a loop can carry
+// the low word alone (start address in 16-byte units, LBO 1, unused) and
+// add its offsets there; Sw128DescOfLo joins them, the high word an
+// immediate the compiler can see. REQUIRES: the tile starts 1024-byte
+// aligned; adding 32 * k bytes to the address selects the k-th k32 slice.
+inline constexpr uint32_t kSw128DescHi = (1024u >> 4) | (1u << 30);
+__device__ __forceinline__ uint32_t Sw128DescLo(uint32_t shared_addr) {
+  return ((shared_addr & 0x3ffffu) >> 4) | (1u << 16);
+}
+__device__ __forceinline__ uint64_t Sw128DescOfLo(uint32_t lo) {
+  return (static_cast<uint64_t>(kSw128DescHi) << 32) | lo;
+}
 __device__ __forceinline__ uint64_t Sw128KMajorDesc(const void* smem) {
-  const uint32_t addr = static_cast<uint32_t>(__cvta_generic_to_shared(smem));
-  uint64_t desc = 0;
-  desc |= static_cast<uint64_t>((addr & 0x3ffff) >> 4);          // start address
-  desc |= static_cast<uint64_t>(1) << 16;                         // LBO (unused)
-  desc |= static_cast<uint64_t>(1024 >> 4) << 32;                 // SBO
-  desc |= static_cast<uint64_t>(1) << 62;                         // 128B swizzle
-  return desc;
+  return Sw128DescOfLo(Sw128DescLo(static_cast<uint32_t>(__cvta_generic_to_shared(smem))));
 }
 
 // `desc` with `add` (16-byte units) added to its start-address field alone:
@@ -38,18 +43,6 @@ __device__ __forceinline__ uint64_t DescPlus(uint64_t desc, uint32_t add) {
       : "=l"(r)
       : "l"(desc), "r"(add));
   return r;
-}
-
-// The same descriptor split in its words: the high word (SBO, swizzle) is
-// the same for every Sw128KMajorDesc, so a loop can carry the low word
-// alone and add its offsets there; Sw128DescOfLo joins them, the high word
-// an immediate the compiler can see.
-inline constexpr uint32_t kSw128DescHi = (1024u >> 4) | (1u << 30);
-__device__ __forceinline__ uint32_t Sw128DescLo(uint32_t shared_addr) {
-  return ((shared_addr & 0x3ffffu) >> 4) | (1u << 16);
-}
-__device__ __forceinline__ uint64_t Sw128DescOfLo(uint32_t lo) {
-  return (static_cast<uint64_t>(kSw128DescHi) << 32) | lo;
 }
 
 __device__ __forceinline__ void WgmmaFence() {

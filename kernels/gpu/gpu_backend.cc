@@ -206,11 +206,6 @@ void GpuBackend::set_ws_tail(TailRule rule) {
   ws_tail_ = rule;
 }
 
-void GpuBackend::set_hist_flush_tiles(int32_t tiles) {
-  absl::MutexLock lock(&mu_);
-  hist_flush_tiles_ = std::clamp<int32_t>(tiles, 1, kHistFlushTiles);
-}
-
 void GpuBackend::set_split_timing(bool split) {
   absl::MutexLock lock(&mu_);
   split_timing_ = split;
@@ -722,7 +717,6 @@ absl::Status GpuBackend::DenseWalk(
     lp.l2_bytes = props_.l2CacheSize;
     lp.claims = ws_claims_;
     lp.tail = ws_tail_;
-    lp.hist_flush_tiles = hist_flush_tiles_;
     if (fuse_topk > 0 && gather == nullptr && TopkWantsHist(nr, sc.max_visible, fuse_topk)) {
       lp.topk_hist = topk_state_;
       lp.topk_min_visible = fuse_topk;

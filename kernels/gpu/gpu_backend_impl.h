@@ -163,10 +163,6 @@ class GpuBackend : public Backend {
   // have two or more rows and every block keeps 24 units); tests run it on
   // every launch.
   void set_ws_tail(TailRule rule);
-  // wgmma_ws's fused histogram: flushed after this many tiles of one row
-  // (LogitsParams::hist_flush_tiles; default kHistFlushTiles, the most its
-  // 16-bit bins allow); tests set it low to exercise the mid-row flush.
-  void set_hist_flush_tiles(int32_t tiles);
   // Timing of a layer's logits and its top-k. Split (true): an event
   // between the two kernels, each timed alone (LayerTimings::logits_us and
   // topk_us); that event holds the top-k's launch ~3 us (H100, s26). Joint
@@ -421,7 +417,6 @@ class GpuBackend : public Backend {
   bool topk_hist_ready_ ABSL_GUARDED_BY(mu_) = false;
   int max_path_ ABSL_GUARDED_BY(mu_) = 2;
   TailRule ws_tail_ ABSL_GUARDED_BY(mu_) = DefaultWsTail();
-  int32_t hist_flush_tiles_ ABSL_GUARDED_BY(mu_) = kHistFlushTiles;
 };
 
 }  // namespace gpu

@@ -57,10 +57,6 @@ enum class CheckKind : int32_t {
                  // e4m3fnuz 0x80)
   kE8m0,         // bytes: 0xff (the e8m0 NaN)
 };
-// Tiles of one row a ws warpgroup counts in its 16-bit shared histogram
-// bins before it adds them to the row's global ones (LogitsParams::
-// hist_flush_tiles): 1023 x 64 entries < 2^16.
-inline constexpr int32_t kHistFlushTiles = 65535 / 64;
 // The verdict words of a call's checks: k, weights, q (FP8 codes), q_scale
 // (e8m0); 0xffffffff = no bad element.
 constexpr int kCheckSlots = 4;
@@ -130,11 +126,6 @@ struct LogitsParams {
   // rows), rows with n_r <= topk_min_visible left out. Null: no histogram.
   uint32_t* topk_hist = nullptr;
   int32_t topk_min_visible = 0;
-  // The ws kernel counts the histogram in shared 16-bit bins and adds them
-  // to topk_hist whenever a warpgroup leaves its row, and at the latest
-  // after hist_flush_tiles tiles of one row (64 entries a tile: the default
-  // keeps every bin below 2^16). Tests set it low to exercise the flush.
-  int32_t hist_flush_tiles = kHistFlushTiles;
   // The device's L2 bytes (0: unknown). The ws launcher hints evict-first
   // only where the step's logits fit it (the lines the hint keeps for the
   // top-k's read).

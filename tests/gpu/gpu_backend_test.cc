@@ -52,7 +52,6 @@ struct Shape {
   int32_t chunk_rows = 0;         // server chunks of this many rows (0: one)
   Fp8Variant fp8 = Fp8Variant::kE4m3fn;  // FP8 caches: e4m3fn or e4m3fnuz
   int32_t ws_tail = 0;            // wgmma_ws's claimed tail, percent (no minimum share)
-  int32_t hist_flush = 0;         // wgmma_ws's histogram flushed every N tiles of a row (0: default)
 };
 
 
@@ -68,8 +67,7 @@ std::string Name(const Shape& s) {
          (s.ue8m0 ? "" : "_plain") +
          (s.chunk_rows ? "_chunk" + std::to_string(s.chunk_rows) : "") +
          (s.fp8 == Fp8Variant::kE4m3fnuz ? "_fnuz" : "") +
-         (s.ws_tail ? "_wstail" + std::to_string(s.ws_tail) : "") +
-         (s.hist_flush ? "_hflush" + std::to_string(s.hist_flush) : "");
+         (s.ws_tail ? "_wstail" + std::to_string(s.ws_tail) : "");
 }
 
 PageLayout MakeLayout(const Shape& s) {
@@ -114,7 +112,6 @@ TEST_P(GpuDenseTest, WritesBitExactAndTopkMatchesCpu) {
   ASSERT_NE(p.gpu_pool.base, nullptr);
   static_cast<gpu::GpuBackend*>(p.gpu.get())->set_max_logits_path(sh.max_path);
   if (sh.ws_tail > 0) static_cast<gpu::GpuBackend*>(p.gpu.get())->set_ws_tail({sh.ws_tail, 0});
-  if (sh.hist_flush > 0) static_cast<gpu::GpuBackend*>(p.gpu.get())->set_hist_flush_tiles(sh.hist_flush);
 
   // ---- history: entries [0, old) of every sequence, no rows ---------------
   const StepRows hist_rows = MakeStep(zeros, old_e, std::vector<int32_t>(sh.seqs, 0),
@@ -155,7 +152,7 @@ TEST_P(GpuDenseTest, WritesBitExactAndTopkMatchesCpu) {
   // histogram filled: each must be back at zero), checked against the
   // reference below.
   // (A tail shape must be on it: the set comparison below reads `again`.)
-  if (sh.ws_tail > 0 || sh.hist_flush > 0) ASSERT_EQ(path, "wgmma_ws");
+  if (sh.ws_tail > 0) ASSERT_EQ(path, "wgmma_ws");
   std::vector<int32_t> again;
   if (path == "wgmma_ws") {
     again.assign(got.size(), -7);
@@ -305,11 +302,6 @@ std::vector<Shape> Shapes() {
       {f8, 64, false, 23, 1, 1, 0, 5000, 32, 512, 2, K::kFloat32, true, 0, Fp8Variant::kE4m3fn, 25},
       {f8, 64, false, 1, 40, 40, 19000, 20000, 64, 1024, 2, K::kFloat32, true, 0, Fp8Variant::kE4m3fn, 25},
       {f8, 64, false, 3, 5, 70, 0, 3000, 64, 256, 2, K::kFloat32, true, 37, Fp8Variant::kE4m3fn, 50},
-      // wgmma_ws's fused histogram flushed mid-row (its 16-bit bins: every
-      // tile, every third tile; rows of one and two, ring slots reused)
-      {f8, 64, false, 8, 1, 1, 28000, 32000, 64, 2048, 2, K::kFloat32, true, 0, Fp8Variant::kE4m3fn, 0, 1},
-      {f8, 64, false, 8, 2, 2, 28000, 32000, 64, 2048, 2, K::kFloat32, true, 0, Fp8Variant::kE4m3fn, 0, 3},
-      {f8, 64, false, 23, 1, 2, 0, 30000, 64, 2048, 2, K::kFloat32, true, 0, Fp8Variant::kE4m3fn, 0, 2},
       {f8, 64, false, 23, 1, 4, 0, 5000, 32, 512, 1},
       {f8, 16, true, 3, 5, 70, 0, 3000, 16, 256, 1, K::kFloat32, true, 37},
       {mx, 64, false, 23, 1, 1, 0, 5000, 32, 512, 2},
@@ -332,7 +324,7 @@ std::vector<Shape> MfmaShapes() {
   std::vector<Shape> out;
   std::set<std::string> names;
   for (Shape s : Shapes()) {
-    if (s.ws_tail > 0 || s.hist_flush > 0) continue;  // wgmma_ws's own shapes
+    if (s.ws_tail > 0) continue;  // wgmma_ws's own shapes
     for (int path : {gpu::kPathMfmaGfx942, gpu::kPathMfmaGfx950}) {
       if (s.format == KvFormat::kMxfp4 && path == gpu::kPathMfmaGfx942) continue;
       s.max_path = path;

@@ -30,10 +30,9 @@
 //   epilogue:             logit[e] = kscale[e] * sum_h w[h] * ReLU(C[e, h])
 // When the split top-k follows (LogitsParams::topk_hist, H 64 decode), the
 // epilogue also counts each logit's top-k key in its warpgroup's shared
-// histogram (the top-k's first radix digit, 16-bit bins), added to the
-// row's global one when the warpgroup leaves the row (or after
-// hist_flush_tiles of its tiles): the top-k then skips its histogram pass
-// over the logits (one launch instead of two).
+// histogram (the top-k's first radix digit), added to the row's global one
+// when the warpgroup leaves the row: the top-k then skips its histogram
+// pass over the logits (one launch instead of two).
 //
 // The candidate consumer's gather walk (kGather, LogitsParams::gather_*)
 // runs the same math warpgroups over the pool's compact slots: tile n is
@@ -82,12 +81,12 @@ constexpr int kWgSize = 4 * kWarpSize;  // a warpgroup: four warps
 // warpgroups, ring slots and the blocks per SM the register cap is set for;
 // kHist: each warpgroup keeps a shared histogram of its row's top-k keys
 // (LogitsParams::topk_hist) and adds it to the row's global one whenever
-// its group changes or hist_flush_tiles tiles were counted; kWReg: each thread keeps its columns' weights in
+// its group changes; kWReg: each thread keeps its columns' weights in
 // registers from the group's staging on (kN / 4 of them) and loads a tile's
 // two scales before the wgmma wait, so the epilogue reads no shared memory
 // (where the registers allow: at three blocks per SM H 64's one-row
-// configurations without the histogram spilled; the histogram ones and H 32
-// and 16 fit the 72 registers, no stack frame: ptxas -v, s37).
+// configurations without the histogram spilled, the histogram ones keep 4-8
+// bytes in local memory, H 32 and 16 none).
 template <int kHeads_, int kRowsWg_, int kTeam_, int kMath_, int kSlots_, int kMinBlocks_,
           bool kHist_ = false, bool kWReg_ = false>
 struct WsConfig {
@@ -107,13 +106,13 @@ struct WsConfig {
   static constexpr int kQBytes = kN * kWsDim;                 // one warpgroup's Q rows
   // Shared memory from a 1024-byte aligned base: K slots | Q per warpgroup
   // (both in the 128-byte swizzle, 1024-byte aligned) | scales per slot |
-  // weights per warpgroup (none where kWReg) | key histogram per warpgroup
-  // (kHist: 2048 16-bit bins, two a word) | alignment slack.
+  // weights per warpgroup | key histogram per warpgroup (kHist) |
+  // alignment slack.
   static constexpr int kOffQ = kSlots * kWsTileBytes;
   static constexpr int kOffScale = kOffQ + kMath * kQBytes;
   static constexpr int kOffW = kOffScale + kSlots * kWsScaleBytes;
-  static constexpr int kOffHist = kOffW + (kWReg ? 0 : kMath * kN * 4);
-  static constexpr int kHistWords = kHist ? kTopkBins / 2 : 0;  // two 16-bit bins a word
+  static constexpr int kOffHist = kOffW + kMath * kN * 4;
+  static constexpr int kHistWords = kHist ? kTopkBins : 0;
   static constexpr int kSmem = kOffHist + kMath * kHistWords * 4 + 1024;
 
   static_assert(kN == 16 || kN == 32 || kN == 64 || kN == 128, "wgmma N of 16 to 128");
@@ -348,14 +347,12 @@ __global__ void __launch_bounds__(C::kThreads, C::kMinBlocks)
   const int32_t u_last = p.unit_begin + static_cast<int32_t>(units * (blockIdx.x + 1) / gridDim.x);
   // (With a tail every block claims, its own share empty or not.)
   if (u_first == u_last && p.tail_units == 0) return;
-  // The dense walk's lane arithmetic comes from the unsigned thread index:
-  // lane / 4 and lane % 4 are a shift and a mask (from a signed index the
-  // compiler emitted a sign fix-up sequence). The gather walk keeps the
-  // signed forms (kGather below).
+  // Lane arithmetic from the unsigned thread index: lane / 4 and lane % 4
+  // are a shift and a mask (from a signed index the compiler emitted a
+  // sign fix-up sequence).
   const uint32_t utid = threadIdx.x;
-  const int tid = static_cast<int>(utid);
-  const int warp = kGather ? WarpId() : static_cast<int>(utid / kWarpSize);
-  const int lane = kGather ? LaneId() : static_cast<int>(utid % kWarpSize);
+  const int tid = static_cast<int>(utid), warp = static_cast<int>(utid / kWarpSize);
+  const int lane = static_cast<int>(utid % kWarpSize);
   if (tid == 0) {
     for (int s = 0; s < kSlots; ++s) {
       MbarInit(&full[s], 1);                    // the producer's expect_tx
@@ -487,16 +484,13 @@ __global__ void __launch_bounds__(C::kThreads, C::kMinBlocks)
   auto consume = [&](auto wg_c) {
     const int wg = wg_c;  // a constant in the dense walk's instantiations
     const int team = wg / C::kTeam, role = wg % C::kTeam;
-    const int wt = kGather ? tid % kWgSize : static_cast<int>(utid % kWgSize), wwarp = warp % kWarpsWg;
-    const int gq = kGather ? lane / 4 : static_cast<int>((utid % kWarpSize) / 4);
-    const int t = kGather ? lane % 4 : static_cast<int>(utid % 4);
+    const int wt = static_cast<int>(utid % kWgSize), wwarp = warp % kWarpsWg;
+    const int gq = static_cast<int>((utid % kWarpSize) / 4), t = static_cast<int>(utid % 4);
     uint8_t* q_s = smem + C::kOffQ + wg * C::kQBytes;                   // [kN, 128] swizzled
     // [kN], halved (kW4: WeightSlot order); unused where kWReg
     [[maybe_unused]] float* w_s = reinterpret_cast<float*>(smem + C::kOffW) + wg * kN;
     const uint32_t dq_lo = Sw128DescLo(SmemAddr(q_s));
     const uint32_t dk_lo = Sw128DescLo(SmemAddr(k_s));  // slot 0's tile
-    // (The gather walk: both descriptors whole, 64-bit adds.)
-    [[maybe_unused]] const uint64_t desc_q = Sw128KMajorDesc(q_s), desc_k0 = Sw128KMajorDesc(k_s);
     // The ring's shared address, opaque to the compiler: held in a register
     // (it otherwise rebuilt the address from the block's cluster id at every
     // use, ~12 instructions per tile and warp). The barriers' addresses come
@@ -524,26 +518,18 @@ __global__ void __launch_bounds__(C::kThreads, C::kMinBlocks)
     // kWReg: the thread's (halved) weights, columns 8 j + 2 t, + 1.
     [[maybe_unused]] float2 w_r[C::kWReg ? kN / 8 : 1];  // unused unless kWReg
 
-    // ---- the histogram to its row's global one, zeroed -----------------------
-    // Word b holds bins 2b (low half) and 2b + 1. A stage holds one row, and
-    // a row's count in one bin is at most the entries counted since the last
-    // flush: below 2^16 while the tiles are (hist_tiles).
-    // REQUIRES: the warpgroup's barrier after its last epilogue counted.
-    int32_t hist_tiles = 0;  // tiles counted since the last flush
+    // ---- the old group's histogram to its row's global one, zeroed --------
+    // REQUIRES: the warpgroup's barrier after its last epilogue of the group.
     auto flush = [&]() {
       const bool keep = my_rows > 0 && n_r[0] > p.topk_min_visible;
       uint32_t* g = p.topk_hist + static_cast<int64_t>(row0) * kTopkStateWords;
-      for (int b = wt; b < C::kHistWords; b += kWgSize) {
+      for (int b = wt; b < kTopkBins; b += kWgSize) {
         const uint32_t c = hist_s[b];
         if (c != 0) {
-          if (keep) {
-            if (c & 0xffffu) atomicAdd(g + 2 * b, c & 0xffffu);
-            if (c >> 16) atomicAdd(g + 2 * b + 1, c >> 16);
-          }
+          if (keep) atomicAdd(g + b, c);
           hist_s[b] = 0;
         }
       }
-      hist_tiles = 0;
     };
     // ---- this warpgroup's rows of the cursor's group (zero past the group) --
     auto stage = [&](int32_t group, int32_t row_begin, int32_t num_rows) {
@@ -603,19 +589,13 @@ __global__ void __launch_bounds__(C::kThreads, C::kMinBlocks)
     };
     // ---- C = K . Q^T over four k32 slices (issued; the caller waits) --------
     auto mma = [&](float (&acc)[kN / 2], int slot) {
-      [[maybe_unused]] const uint32_t k_lo = dk_lo + static_cast<uint32_t>(slot) * (kWsTileBytes >> 4);
-      [[maybe_unused]] const uint64_t desc_k = DescPlus(desc_k0, slot * (kWsTileBytes >> 4));
+      const uint32_t k_lo = dk_lo + static_cast<uint32_t>(slot) * (kWsTileBytes >> 4);
       WgmmaFence();
 #pragma unroll
       for (int k = 0; k < kWsDim / 32; ++k) {
         // +32 bytes per slice: +2 in the descriptor's 16-byte address units.
-        if constexpr (kGather) {
-          if (k == 0) WgmmaE4m3First<kN>(acc, desc_k, desc_q);
-          else WgmmaE4m3<kN>(acc, DescPlus(desc_k, 2 * k), DescPlus(desc_q, 2 * k), 1);
-        } else {
-          if (k == 0) WgmmaE4m3First<kN>(acc, Sw128DescOfLo(k_lo), Sw128DescOfLo(dq_lo));
-          else WgmmaE4m3<kN>(acc, Sw128DescOfLo(k_lo + 2 * k), Sw128DescOfLo(dq_lo + 2 * k), 1);
-        }
+        if (k == 0) WgmmaE4m3First<kN>(acc, Sw128DescOfLo(k_lo), Sw128DescOfLo(dq_lo));
+        else WgmmaE4m3<kN>(acc, Sw128DescOfLo(k_lo + 2 * k), Sw128DescOfLo(dq_lo + 2 * k), 1);
       }
       WgmmaCommit();
     };
@@ -661,10 +641,7 @@ __global__ void __launch_bounds__(C::kThreads, C::kMinBlocks)
       if (pos < lane_n) {
         const float x = v.x * ks0;
         lane_out[pos] = x;
-        if (hist) {
-          const uint32_t bin = TopBin(OrderedKey(x));
-          atomicAdd(&hist_s[bin >> 1], 1u << ((bin & 1u) * 16));
-        }
+        if (hist) atomicAdd(&hist_s[TopBin(OrderedKey(x))], 1u);
       }
       if constexpr (kBoth) {
         if (pos + 8 < lane_n) lane_out[pos + 8] = v.y * ks1;
@@ -707,12 +684,6 @@ __global__ void __launch_bounds__(C::kThreads, C::kMinBlocks)
         }
         WgmmaWaitAll();
         epilogue(acc, slot, ti.y, ks0, ks1);
-        // A long stay on one row: its counts out before a bin could wrap.
-        if (hist && ++hist_tiles >= p.hist_flush_tiles) {
-          NamedBarrierSync(1 + wg, kWgSize);  // every warp's epilogue counted
-          flush();
-          NamedBarrierSync(1 + wg, kWgSize);  // zeroed before the next counts
-        }
       }
     }
     if (hist && staged >= 0) {
@@ -722,7 +693,11 @@ __global__ void __launch_bounds__(C::kThreads, C::kMinBlocks)
   };
   // (The gather walk keeps one copy for every warpgroup, wg a register:
   // per-warpgroup copies measured slower there, H100 s36: V4.1 consumer
-  // B=64 x 32k logits 69.2-69.5 -> 72.5-75.2 us.)
+  // B=64 x 32k logits 69.2-69.5 -> 72.5-75.2 us. This one copy measured
+  // 72.2-72.3 against b5bda53's 69.1, the consumer written in place in the
+  // kernel (H100 s37), and 72.1-72.6 with b5bda53's signed lanes and 64-bit
+  // descriptors restored (f513be4): what costs is the lambda's code
+  // generation, not those two forms.)
   if constexpr (kGather) {
     consume(ShflIdx(warp / kWarpsWg, 0));
   } else {
@@ -795,10 +770,10 @@ absl::Status LaunchWs(const LogitsParams& p_in, Stream stream, const TensorMap& 
 template <int kHeads, int kRows>
 struct WsPick;
 // With the top-k's first histogram (LogitsParams::topk_hist): the H 64
-// decode configurations below plus 2 x 4 KiB of 16-bit histogram bins and
-// no shared weights (kWReg), in the same six ring slots, three blocks per
-// SM (74.5 KiB each). (With 32-bit bins, 2 x 8 KiB, three blocks had room
-// for four slots at one row and five at two.) The weights in registers (kWReg) and the one-round-trip stage, H200, same
+// decode configurations below plus 2 x 8 KiB of histograms, in fewer ring
+// slots so that three blocks still fit an SM's shared memory: two per team
+// for one row (68 KiB), five for the one team of two rows (75 KiB). The
+// weights in registers (kWReg) and the one-round-trip stage, H200, same
 // call, median of 3: B=64 x 32k next_n 2 logits 119.4 us against 127.2,
 // B=64 x 8k 33.4 against 35.0, B=128 x 32k 158.1 against 160.0, prefill
 // 4k x 32k 2328 against 2396 (h200_2026-12-03_s15.md). Tried there too,
@@ -806,15 +781,17 @@ struct WsPick;
 // 12 or 16 slots (B=64 x 32k 91-92 / 101-104 against 89-91), and two
 // accumulators with the next tile's wgmma issued before the epilogue
 // (ptxas serializes the wgmma: accumulators read on a divergent path).
+// Nor 16-bit bins (two a word, a mid-row flush every 1023 tiles) for six
+// slots at both row counts (f513be4, reverted): H100, same call, against
+// these, next_n 2 logits +5.2 to +5.5 us at B=64 / 128 x 32k and B=128 x
+// 128k, B=1 x 32k / 128k +1.4 / +2.2, next_n 1 at B=64 / 128 +0.2 / +1.4
+// (h100_2026-12-07_s37.md).
 template <int kRows>
 struct WsHistPick;
 template <>
-struct WsHistPick<1> { using C = WsConfig<64, 1, 1, 2, 6, 3, true, true>; };
+struct WsHistPick<1> { using C = WsConfig<64, 1, 1, 2, 4, 3, true, true>; };
 template <>
-struct WsHistPick<2> { using C = WsConfig<64, 1, 2, 2, 6, 3, true, true>; };
-// Three blocks an SM: 228 KiB of shared memory, less 1 KiB reserved per
-// block and the ring's barriers and tile facts (static).
-static_assert(3 * (WsHistPick<1>::C::kSmem + 1024 + 6 * 32) <= 228 * 1024, "three blocks per SM");
+struct WsHistPick<2> { using C = WsConfig<64, 1, 2, 2, 5, 3, true, true>; };
 // H = 64. One row: N = 64, two warpgroups on separate tiles, three blocks
 // per SM (72 registers, 67 KiB).
 template <>

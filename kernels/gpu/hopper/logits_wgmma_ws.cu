@@ -694,10 +694,12 @@ __global__ void __launch_bounds__(C::kThreads, C::kMinBlocks)
   // (The gather walk keeps one copy for every warpgroup, wg a register:
   // per-warpgroup copies measured slower there, H100 s36: V4.1 consumer
   // B=64 x 32k logits 69.2-69.5 -> 72.5-75.2 us. This one copy measured
-  // 72.2-72.3 against b5bda53's 69.1, the consumer written in place in the
-  // kernel (H100 s37), and 72.1-72.6 with b5bda53's signed lanes and 64-bit
-  // descriptors restored (f513be4): what costs is the lambda's code
-  // generation, not those two forms.)
+  // 72.2-72.3 against 69.1 for b5bda53's kernel, whose consumer was written
+  // in place (H100 s37), and 72.1-72.6 with b5bda53's signed lanes and
+  // 64-bit descriptors restored (f513be4). The tile loop is no longer (218
+  // SASS instructions against 222); the kernel has 112 more, mostly
+  // register copies in the producer's unit walk, whose PTX already differs:
+  // the cost is in how the kernel around the lambda compiles.)
   if constexpr (kGather) {
     consume(ShflIdx(warp / kWarpsWg, 0));
   } else {

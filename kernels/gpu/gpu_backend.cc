@@ -760,7 +760,7 @@ absl::Status GpuBackend::TopkPieces(
     const float* logits, int64_t stride, const int32_t* row_visible,
     int64_t rows, int32_t max_visible, int32_t topk, double* us,
     absl::FunctionRef<absl::Status(int64_t, int64_t)> piece_done, int32_t* direct_out,
-    bool hist_ready) {
+    bool hist_ready, const PoolMap* pool) {
   const int64_t piece = std::max<int64_t>(1, ws_.out_ints / topk);
   for (int64_t a = 0; a < rows; a += piece) {
     const int64_t m = std::min(piece, rows - a);
@@ -774,6 +774,11 @@ absl::Status GpuBackend::TopkPieces(
     tp.cand_keys = cand_keys_;
     tp.cand_pos = cand_pos_;
     tp.state = topk_state_;
+    if (pool != nullptr) {
+      tp.pool_blocks = pool->blocks + a * pool->topk_blocks;
+      tp.pool_stride = pool->topk_blocks;
+      tp.pool_block = pool->block_size;
+    }
     PlanTopkSplit(tp.num_rows, max_visible, topk, props_.multiProcessorCount, ws_.cand, &tp);
     if (hist_ready) {
       // The logits kernel filled the rows' state for one cooperative piece

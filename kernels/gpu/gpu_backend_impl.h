@@ -168,8 +168,8 @@ class GpuBackend : public Backend {
   // topk_us); that event holds the top-k's launch ~3 us (H100, s26). Joint
   // (false, the default; INDEXER_GPU_SPLIT_TIMING=1 makes split the
   // default): one span from the logits kernel's start over every kernel
-  // after it up to the layer's first copy (the top-k, a consumer's gather
-  // count and remap), reported as logits_us ("includes top-k where fused",
+  // after it up to the layer's first copy (the top-k; a masked consumer's
+  // compaction before it), reported as logits_us ("includes top-k where fused",
   // indexer.proto); topk_us keeps the spans after that copy (a source's
   // pool selection). The benchmark times both.
   void set_split_timing(bool split);
@@ -346,11 +346,19 @@ class GpuBackend : public Backend {
   // that fit out_; after each piece's kernels `piece_done(first, count)`
   // enqueues what reads out_ ([count, topk]). With `direct_out` (device
   // memory of [rows, topk]) the pieces are written there instead of out_.
+  // With `pool` (a candidate consumer's rows: positions are pool slots) the
+  // entries the slots hold are written (TopkParams::pool_blocks).
+  struct PoolMap {
+    const int32_t* blocks;  // [rows, topk_blocks] ascending block ids
+    int32_t topk_blocks;
+    int32_t block_size;
+  };
   absl::Status TopkPieces(const float* logits, int64_t stride,
                           const int32_t* row_visible, int64_t rows,
                           int32_t max_visible, int32_t topk, double* us,
                           absl::FunctionRef<absl::Status(int64_t, int64_t)> piece_done,
-                          int32_t* direct_out = nullptr, bool hist_ready = false)
+                          int32_t* direct_out = nullptr, bool hist_ready = false,
+                          const PoolMap* pool = nullptr)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Waits for the stream, adds the spans' times, fills the downloads.
   absl::Status Sync() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

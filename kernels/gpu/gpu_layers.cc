@@ -282,35 +282,36 @@ absl::Status GpuBackend::ConsumerImpl(const PageLayout& layout, PoolHandle pool_
   }
   RETURN_IF_ERROR(DenseWalk(p, layout, pool, step, q, timings, [&](const SubChunk& sc) {
     const int64_t rb = sc.row_begin, nr = sc.row_end - sc.row_begin;
-    PoolGatherParams gp{};
-    gp.counts_only = gather;
-    gp.logits = logits_;
-    gp.stride = sc.stride;
-    gp.blocks = cands->blocks + rb * k;
-    gp.entries = cands->entries + rb;
-    gp.num_rows = static_cast<int32_t>(nr);
-    gp.topk_blocks = spec.topk_blocks;
-    gp.block_size = spec.block_size;
-    gp.topk = topk;
-    gp.slot_count = aux_;
-    RETURN_IF_ERROR(BeginSpan());
-    RETURN_IF_ERROR(LaunchGatherPool(gp, stream_));
-    RETURN_IF_ERROR(EndSpan(&timings->topk_us));
+    // The top-k runs over the rows' pool slots (lengths: the rows' pool
+    // entries) and writes the entries the slots hold (PoolMap): a pool of
+    // <= topk entries is listed whole, ascending, without its logits. The
+    // gather walk wrote each row's logits at its slots, so no kernel sits
+    // between the logits and the top-k; the masked walk's rows are
+    // compacted to their slots first (GatherPoolKernel).
+    if (!gather) {
+      PoolGatherParams gp{};
+      gp.logits = logits_;
+      gp.stride = sc.stride;
+      gp.blocks = cands->blocks + rb * k;
+      gp.entries = cands->entries + rb;
+      gp.num_rows = static_cast<int32_t>(nr);
+      gp.topk_blocks = spec.topk_blocks;
+      gp.block_size = spec.block_size;
+      gp.topk = topk;
+      RETURN_IF_ERROR(BeginSpan());
+      RETURN_IF_ERROR(LaunchGatherPool(gp, stream_));
+      RETURN_IF_ERROR(EndSpan(&timings->topk_us));
+    }
     const int32_t max_slots =
         static_cast<int32_t>(std::min<int64_t>(sc.max_visible, pool_entries));
-    return TopkPieces(logits_, sc.stride, aux_, nr, max_slots, topk, &timings->topk_us,
+    const PoolMap map{cands->blocks + rb * k, spec.topk_blocks, spec.block_size};
+    // A device output takes the top-k straight from the kernel, as DenseImpl's.
+    int32_t* const direct = out_device_ ? out + rb * topk : nullptr;
+    return TopkPieces(logits_, sc.stride, cands->entries + rb, nr, max_slots, topk, &timings->topk_us,
                       [&](int64_t a, int64_t m) {
-                        PoolRemapParams rp{};
-                        rp.out = out_;
-                        rp.blocks = cands->blocks + (rb + a) * k;
-                        rp.entries = cands->entries + rb + a;
-                        rp.num_rows = static_cast<int32_t>(m);
-                        rp.topk_blocks = spec.topk_blocks;
-                        rp.block_size = spec.block_size;
-                        rp.topk = topk;
-                        RETURN_IF_ERROR(LaunchRemapPool(rp, stream_));
+                        if (direct != nullptr) return absl::OkStatus();
                         return Emit(out + (rb + a) * topk, out_, m * topk * 4);
-                      });
+                      }, direct, /*hist_ready=*/false, &map);
   }, gather ? &walk : nullptr));
   RETURN_IF_ERROR(call.End());
   return absl::OkStatus();

@@ -251,7 +251,21 @@ struct TopkParams {
   // By rows (cand_stride == 0): threads per block, 512 or 1024
   // (PlanTopkSplit: 1024 up to one row per SM).
   int32_t row_threads = 512;
+  // Candidate consumers: the rows' positions are slots of their pools, and
+  // `out` gets the entries the slots hold (TopkOutPos). Null: positions are
+  // entries.
+  const int32_t* pool_blocks = nullptr;  // [rows, pool_stride] ascending block ids
+  int64_t pool_stride = 0;
+  int32_t pool_block = 0;                // entries per block
 };
+
+// What the top-k writes for position i of row r: slot i of the row's pool
+// is entry pool_blocks[r * pool_stride + i / pool_block] * pool_block +
+// i % pool_block (where pool_blocks is set; else i).
+INDEXER_HD int32_t TopkOutPos(const TopkParams& p, int32_t row, int32_t i) {
+  if (p.pool_blocks == nullptr) return i;
+  return p.pool_blocks[row * p.pool_stride + i / p.pool_block] * p.pool_block + i % p.pool_block;
+}
 
 // Entries a top-k block keeps in shared memory.
 inline constexpr int32_t kTopkCache = 8192;
@@ -304,9 +318,10 @@ struct PoolParams {
 // `max_blocks` bounds ceil(n_r / block_size) over the rows (shared memory).
 absl::Status LaunchFinishPool(const PoolParams& p, int32_t max_blocks, Stream stream);
 
-// Consumer: rows whose pool holds more than topk entries get the pool's
-// logits compacted, in place, to slots [0, entries); slot_count[r] is that
-// count, 0 for the other rows (answered whole by LaunchRemapPool).
+// Consumer's masked walk: rows whose pool holds more than topk entries get
+// the pool's logits compacted, in place, to slots [0, entries); the other
+// rows are left as they are (the top-k lists their pools whole, reading no
+// logits: TopkParams::pool_blocks).
 struct PoolGatherParams {
   float* logits;             // [rows, stride]
   int64_t stride;
@@ -316,25 +331,8 @@ struct PoolGatherParams {
   int32_t topk_blocks;
   int32_t block_size;
   int32_t topk;
-  int32_t* slot_count;       // [rows] out
-  // The logits are already compact (the gather walk wrote them at their
-  // slots): only slot_count is written.
-  bool counts_only = false;
 };
 absl::Status LaunchGatherPool(const PoolGatherParams& p, Stream stream);
-
-// Consumer: top-k slots -> entry positions in place; rows with a pool of
-// <= topk entries get the whole pool, ascending, then -1.
-struct PoolRemapParams {
-  int32_t* out;              // [rows, topk]
-  const int32_t* blocks;
-  const int32_t* entries;
-  int32_t num_rows;
-  int32_t topk_blocks;
-  int32_t block_size;
-  int32_t topk;
-};
-absl::Status LaunchRemapPool(const PoolRemapParams& p, Stream stream);
 
 // Block path (MXFP4 pages, block = page): scores [Hi, num_rows, width] of
 // rows [row_base, row_base + num_rows), causal[h * num_rows + lr] = pages

@@ -6,11 +6,11 @@
 //             block, ascending block ids, entries below n_r) -> the step's
 //             pool arrays.
 //   consumer: dense logits -> GatherPool (the pool's logits compacted to the
-//             front of the row, in place) -> top-k over the slots ->
-//             RemapPool (slot -> entry position; whole pools of <= topk
-//             entries listed directly). The gather walk instead scores only
-//             the pool, straight into compact rows (logits_wgmma.cu), and
-//             GatherPool then only counts the slots.
+//             front of the row, in place) -> top-k over the slots, which
+//             writes the entries the slots hold (TopkParams::pool_blocks;
+//             whole pools of <= topk entries listed without their logits).
+//             The gather walk instead scores only the pool, straight into
+//             compact rows (gather_logits.h), and the top-k follows it.
 //   block:    BlockScores (per head, row, page: max of scale * q . k,
 //             sentinels for init / local blocks) -> BlockTopk, one warp
 //             per (head, row), all heads in one launch.
@@ -186,18 +186,14 @@ __global__ void __launch_bounds__(kPathThreads) FinishPoolKernel(const PoolParam
 }
 
 // ---- consumer: the pool's logits to the front of the row -----------------------
-// One block per row whose pool holds more than topk entries; others get
-// slot_count 0 (their answer is the whole pool). In place by rounds, as the
-// block maxima: slot j reads position >= j (ascending distinct blocks).
+// One block per row whose pool holds more than topk entries; others are
+// left (their answer is the whole pool, listed by the top-k). In place by
+// rounds, as the block maxima: slot j reads position >= j (ascending
+// distinct blocks).
 __global__ void __launch_bounds__(kPathThreads) GatherPoolKernel(const PoolGatherParams p) {
   const int32_t r = blockIdx.x;
   const int32_t c = p.entries[r];
-  if (c <= p.topk) {
-    if (threadIdx.x == 0) p.slot_count[r] = 0;
-    return;
-  }
-  if (threadIdx.x == 0) p.slot_count[r] = c;
-  if (p.counts_only) return;
+  if (c <= p.topk) return;
   const int32_t* blocks = p.blocks + static_cast<int64_t>(r) * p.topk_blocks;
   float* row = p.logits + static_cast<int64_t>(r) * p.stride;
   for (int32_t base = 0; base < c; base += kPathThreads) {
@@ -206,23 +202,6 @@ __global__ void __launch_bounds__(kPathThreads) GatherPoolKernel(const PoolGathe
     __syncthreads();
     if (j < c) row[j] = v;
     __syncthreads();
-  }
-}
-
-// Slots -> entry positions; a pool of <= topk entries is listed whole,
-// ascending, then -1.
-__global__ void __launch_bounds__(kPathThreads) RemapPoolKernel(const PoolRemapParams p) {
-  const int32_t r = blockIdx.x;
-  const int32_t c = p.entries[r];
-  const int32_t* blocks = p.blocks + static_cast<int64_t>(r) * p.topk_blocks;
-  int32_t* out = p.out + static_cast<int64_t>(r) * p.topk;
-  for (int32_t i = threadIdx.x; i < p.topk; i += kPathThreads) {
-    if (c <= p.topk) {
-      out[i] = i < c ? SlotPosition(blocks, p.block_size, i) : -1;
-    } else {
-      const int32_t s = out[i];
-      out[i] = s >= 0 ? SlotPosition(blocks, p.block_size, s) : -1;
-    }
   }
 }
 
@@ -438,12 +417,6 @@ absl::Status LaunchFinishPool(const PoolParams& p, int32_t max_blocks, Stream st
 absl::Status LaunchGatherPool(const PoolGatherParams& p, Stream stream) {
   if (p.num_rows == 0) return absl::OkStatus();
   GPU_LAUNCH(GatherPoolKernel, p.num_rows, kPathThreads, 0, stream, p);
-  return absl::OkStatus();
-}
-
-absl::Status LaunchRemapPool(const PoolRemapParams& p, Stream stream) {
-  if (p.num_rows == 0 || p.topk == 0) return absl::OkStatus();
-  GPU_LAUNCH(RemapPoolKernel, p.num_rows, kPathThreads, 0, stream, p);
   return absl::OkStatus();
 }
 

@@ -3,7 +3,8 @@
 // prefix, stopping early once the prefix's bin holds exactly the rest;
 // then every key above the prefix is taken and the remainder is filled from
 // keys equal to it (ties at the cut go either way, as SPEC §5 allows).
-// Rows with n <= k list 0..n-1 and then -1.
+// Rows with n <= k list 0..n-1 and then -1. Every position goes out
+// through TopkOutPos (a candidate consumer's pool slots become entries).
 // Rows that fit one block's cache take one block each (TopkRowKernel: 1024
 // threads up to one row per SM, else 512). Long rows (any batch) go
 // cooperative: the row is cut into slices, one
@@ -277,7 +278,7 @@ __device__ void CoopFinishRow(const TopkParams& p, int32_t row, CoopRow* st, Top
   const int32_t* cp = p.cand_pos + static_cast<int64_t>(row) * p.cand_stride;
   int32_t* rest = out + above;
   if (nc <= kk) {
-    for (int32_t i = threadIdx.x; i < nc; i += kTopkThreads) rest[i] = LoadCg(cp + i);
+    for (int32_t i = threadIdx.x; i < nc; i += kTopkThreads) rest[i] = TopkOutPos(p, row, LoadCg(cp + i));
     return;
   }
   // The selection lists candidate indices in the histogram's words (free
@@ -287,7 +288,7 @@ __device__ void CoopFinishRow(const TopkParams& p, int32_t row, CoopRow* st, Top
   uint32_t* picked = sh.sel.hist;
   auto emit = [&](int32_t slot, int32_t i, uint32_t) {
     if (list) picked[slot] = static_cast<uint32_t>(i);
-    else rest[slot] = LoadCg(cp + i);
+    else rest[slot] = TopkOutPos(p, row, LoadCg(cp + i));
   };
   if (nc <= kTopkCache) {
     ForKeys(0, nc, [&](int32_t i) { return LoadCg(ck + i); }, [&](int32_t i, uint32_t key) { sh.cache[i] = key; });
@@ -297,7 +298,7 @@ __device__ void CoopFinishRow(const TopkParams& p, int32_t row, CoopRow* st, Top
     BlockSelect(sh.sel, nc, kk, [&](int32_t i) { return LoadCg(ck + i); }, emit, 1, bin << 21);
   }
   if (list) {
-    for (int32_t j = threadIdx.x; j < kk; j += kTopkThreads) rest[j] = LoadCg(cp + picked[j]);
+    for (int32_t j = threadIdx.x; j < kk; j += kTopkThreads) rest[j] = TopkOutPos(p, row, LoadCg(cp + picked[j]));
   }
 }
 
@@ -411,7 +412,7 @@ __global__ void __launch_bounds__(kTopkThreads, kMinBlocks) CoopEmitKernel(const
   if (n <= p.topk) {
     if (blockIdx.x == 0) {
       int32_t* out = p.out + static_cast<int64_t>(row) * p.topk;
-      for (int32_t i = threadIdx.x; i < p.topk; i += kTopkThreads) out[i] = i < n ? i : -1;
+      for (int32_t i = threadIdx.x; i < p.topk; i += kTopkThreads) out[i] = i < n ? TopkOutPos(p, row, i) : -1;
     }
     return;
   }
@@ -453,7 +454,7 @@ __global__ void __launch_bounds__(kTopkThreads, kMinBlocks) CoopEmitKernel(const
   __syncthreads();
   QuadEmit(
       sh.cache, len, bin, base[0] + (after & 0xffffu), base[1] + (after >> 16),
-      [&](uint32_t slot, int32_t i) { out[slot] = begin + i; },
+      [&](uint32_t slot, int32_t i) { out[slot] = TopkOutPos(p, row, begin + i); },
       [&](uint32_t slot, int32_t i, uint32_t key) {
         ck[slot] = key;
         cp[slot] = begin + i;
@@ -500,10 +501,10 @@ __global__ void __launch_bounds__(kT) TopkRowKernel(const TopkParams p) {
   const int32_t n = p.row_visible[row];
   int32_t* out = p.out + static_cast<int64_t>(row) * p.topk;
   if (n <= p.topk) {
-    for (int32_t i = threadIdx.x; i < p.topk; i += kT) out[i] = i < n ? i : -1;
+    for (int32_t i = threadIdx.x; i < p.topk; i += kT) out[i] = i < n ? TopkOutPos(p, row, i) : -1;
     return;
   }
-  auto emit_pos = [&](int32_t slot, int32_t i, uint32_t) { out[slot] = i; };
+  auto emit_pos = [&](int32_t slot, int32_t i, uint32_t) { out[slot] = TopkOutPos(p, row, i); };
   const float* x = p.logits + static_cast<int64_t>(row) * p.stride;
   if (n <= kTopkCache) {
     ForKeys<kT>(0, n, [&](int32_t i) { return OrderedKey(x[i]); },

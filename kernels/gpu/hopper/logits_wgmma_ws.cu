@@ -130,6 +130,7 @@ struct WsConfig {
   static_assert(kSmem * kMinBlocks <= 227 * 1024, "kMinBlocks blocks fit one SM's shared memory");
   static_assert(!kHist || kRowsWg == 1, "a histogram per warpgroup holds one row");
   static_assert(!kWReg || kRowsWg == 1, "register weights for one row (kN / 4 registers)");
+  static_assert(!kW4 || kHeads % 16 == 0, "the WeightSlot order pairs whole column groups");
 };
 
 // Where head h of a warpgroup's column kh = r * kHeads + h sits in its
@@ -641,6 +642,11 @@ __global__ void __launch_bounds__(C::kThreads, C::kMinBlocks)
       if (pos < lane_n) {
         const float x = v.x * ks0;
         lane_out[pos] = x;
+        // One shared atomic per logit. Combined first (the quad's two logits
+        // of one bin in one atomic, or one atomic per distinct bin of the
+        // warp by match.any) they measured slower, not faster: H200, s38,
+        // three rounds, logits next_n 2 B=64 x 32k +1.2 / +8.4 us, B=128 x
+        // 128k +17 / +57, next_n 1 within 1 us (h200_2026-12-07_s38.md).
         if (hist) atomicAdd(&hist_s[TopBin(OrderedKey(x))], 1u);
       }
       if constexpr (kBoth) {

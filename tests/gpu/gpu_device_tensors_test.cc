@@ -102,18 +102,22 @@ struct Case {
   KvFormat format;
   LayerKind kind;
   KInput::Kind k_kind;
+  ConsumerMode mode = ConsumerMode::kAuto;  // consumers
 };
 
 std::string Name(const Case& c) {
   const char* kinds[] = {"dense", "source", "consumer", "block"};
   const char* ks[] = {"f32", "bf16", "quantized"};
-  return std::string(KvFormatName(c.format)) + " " + kinds[static_cast<int>(c.kind)] + " k " +
-         ks[static_cast<int>(c.k_kind)];
+  const char* modes[] = {"", " gather", " masked"};
+  return std::string(KvFormatName(c.format)) + " " + kinds[static_cast<int>(c.kind)] +
+         modes[static_cast<int>(c.mode)] + " k " + ks[static_cast<int>(c.k_kind)];
 }
 
 // One step over three sequences (decode, short prefill, new), run through
 // RunLayer on two pools of one backend: host inputs and output on pool A,
-// device copies and a device output on pool B.
+// device copies and a device output on pool B. A consumer runs after its
+// source on the same pool and step, both walks (its top-k writes the entries
+// of its pool slots straight into a device output).
 TEST(GpuDeviceTensors, SameLayerHostAndDeviceBitForBit) {
   SKIP_WITHOUT_GPU();
   auto be_or = MakeGpuBackend(0, 0);
@@ -125,6 +129,9 @@ TEST(GpuDeviceTensors, SameLayerHostAndDeviceBitForBit) {
       {KvFormat::kMxfp4, LayerKind::kDense, KInput::Kind::kFloat32},
       {KvFormat::kMxfp4, LayerKind::kDense, KInput::Kind::kQuantized},
       {KvFormat::kFp8, LayerKind::kCandidateSource, KInput::Kind::kFloat32},
+      {KvFormat::kFp8, LayerKind::kCandidateConsumer, KInput::Kind::kQuantized, ConsumerMode::kGather},
+      {KvFormat::kFp8, LayerKind::kCandidateConsumer, KInput::Kind::kQuantized, ConsumerMode::kMasked},
+      {KvFormat::kMxfp4, LayerKind::kCandidateConsumer, KInput::Kind::kQuantized},
       {KvFormat::kMxfp4, LayerKind::kBlock, KInput::Kind::kQuantized},
   };
   std::mt19937 rng(99);
@@ -172,7 +179,10 @@ TEST(GpuDeviceTensors, SameLayerHostAndDeviceBitForBit) {
            in.weights.data()};
     a.block_q = {heads, in.block_q.data()};
     a.topk = topk;
-    a.candidate.topk_blocks = 8;
+    // Pools of 16 blocks of 8 (128 entries, more than the top-k's 64; the
+    // new sequence's rows see fewer and are listed whole).
+    a.candidate.topk_blocks = 16;
+    a.mode = c.mode;
     a.block.topk_blocks = 6;
     a.block.init_blocks = 1;
     a.block.local_blocks = 2;
@@ -180,6 +190,18 @@ TEST(GpuDeviceTensors, SameLayerHostAndDeviceBitForBit) {
                              ? size_t{4} * rows.num_rows * a.block.topk_blocks
                              : size_t{1} * rows.num_rows * topk;
     std::vector<int32_t> out_a(n_out, -7);
+    if (c.kind == LayerKind::kCandidateConsumer) {
+      // Its candidate set's source first, on both pools (host output; the
+      // consumer then writes the same K entries again).
+      LayerWork src = a;
+      src.kind = LayerKind::kCandidateSource;
+      std::vector<int32_t> src_out(n_out, -7);
+      src.out = src_out.data();
+      auto sa = be.RunLayer(*pool_a, ctx_a->get(), src);
+      ASSERT_TRUE(sa.ok()) << sa.status();
+      auto sb = be.RunLayer(*pool_b, ctx_b->get(), src);
+      ASSERT_TRUE(sb.ok()) << sb.status();
+    }
     a.out = out_a.data();
     auto ta = be.RunLayer(*pool_a, ctx_a->get(), a);
     ASSERT_TRUE(ta.ok()) << ta.status();

@@ -259,12 +259,17 @@ struct TopkParams {
   int32_t pool_block = 0;                // entries per block
 };
 
-// What the top-k writes for position i of row r: slot i of the row's pool
-// is entry pool_blocks[r * pool_stride + i / pool_block] * pool_block +
-// i % pool_block (where pool_blocks is set; else i).
+// The entry pool slot j holds, for a row's ascending block ids `blocks` of
+// `block` entries each (SPEC §5's candidate pool): the one owner of the
+// mapping (the consumer's compaction and the top-k's output use it).
+INDEXER_HD int32_t PoolSlotEntry(const int32_t* blocks, int32_t block, int32_t j) {
+  return blocks[j / block] * block + j % block;
+}
+
+// What the top-k writes for position i of row r: the entry slot i of the
+// row's pool holds where pool_blocks is set, else i.
 INDEXER_HD int32_t TopkOutPos(const TopkParams& p, int32_t row, int32_t i) {
-  if (p.pool_blocks == nullptr) return i;
-  return p.pool_blocks[row * p.pool_stride + i / p.pool_block] * p.pool_block + i % p.pool_block;
+  return p.pool_blocks == nullptr ? i : PoolSlotEntry(p.pool_blocks + row * p.pool_stride, p.pool_block, i);
 }
 
 // Entries a top-k block keeps in shared memory.

@@ -36,11 +36,6 @@ constexpr int kPathWarps = kPathThreads / kWarpSize;
 
 __device__ __forceinline__ int32_t CeilDivD(int32_t a, int32_t b) { return (a + b - 1) / b; }
 
-// Entry position of pool slot j of a row with ascending `blocks`.
-__device__ __forceinline__ int32_t SlotPosition(const int32_t* blocks, int32_t bs, int32_t j) {
-  return blocks[j / bs] * bs + j % bs;
-}
-
 // ---- block maxima, in place -------------------------------------------------
 // One block per row: logits[r, b] = max over [b * bs, min(n, (b + 1) * bs)).
 // Rounds of kPathThreads blocks: a round reads positions >= its first block
@@ -198,7 +193,7 @@ __global__ void __launch_bounds__(kPathThreads) GatherPoolKernel(const PoolGathe
   float* row = p.logits + static_cast<int64_t>(r) * p.stride;
   for (int32_t base = 0; base < c; base += kPathThreads) {
     const int32_t j = base + static_cast<int32_t>(threadIdx.x);
-    const float v = j < c ? row[SlotPosition(blocks, p.block_size, j)] : 0.f;
+    const float v = j < c ? row[PoolSlotEntry(blocks, p.block_size, j)] : 0.f;
     __syncthreads();
     if (j < c) row[j] = v;
     __syncthreads();

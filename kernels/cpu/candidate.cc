@@ -95,13 +95,7 @@ int32_t SelectPool(const float* logits, int32_t n, const CandidateSpec& spec,
     blocks[k - 1] = nb - 1;
   }
   std::sort(blocks, blocks + k);
-  // Only the newest block can be partial.
-  return blocks[k - 1] == nb - 1 ? (k - 1) * bs + (n - (nb - 1) * bs) : k * bs;
-}
-
-// Entry position of pool slot j.
-inline int32_t SlotEntry(const int32_t* blocks, int32_t bs, int32_t j) {
-  return blocks[j / bs] * bs + j % bs;
+  return PoolEntries(n, bs, k, blocks[k - 1] == nb - 1);
 }
 
 // A row whose pool holds no more than topk entries: all of them, ascending,
@@ -112,7 +106,7 @@ void WholePool(const CandidatePool& cands, int32_t r, int32_t topk,
   const int32_t c = cands.entries[r];
   const int32_t* blocks = cands.row_blocks(r);
   for (int32_t j = 0; j < c; ++j)
-    out[j] = SlotEntry(blocks, cands.block_size, j);
+    out[j] = PoolSlotEntry(blocks, cands.block_size, j);
   std::fill(out + c, out + topk, -1);
 }
 
@@ -123,7 +117,7 @@ void TopkSlots(const CandidatePool& cands, int32_t r, const float* slots,
   TopkRow(slots, cands.entries[r], topk, out);
   const int32_t* blocks = cands.row_blocks(r);
   for (int32_t i = 0; i < topk; ++i) {
-    if (out[i] >= 0) out[i] = SlotEntry(blocks, cands.block_size, out[i]);
+    if (out[i] >= 0) out[i] = PoolSlotEntry(blocks, cands.block_size, out[i]);
   }
 }
 
@@ -154,7 +148,7 @@ void MaskedRow(const CandidatePool& cands, int32_t r, float* logits, int32_t n,
   thread_local std::vector<float> slots;
   slots.resize(static_cast<size_t>(cands.entries[r]));
   for (int32_t j = 0; j < cands.entries[r]; ++j) {
-    slots[j] = logits[SlotEntry(blocks, bs, j)];
+    slots[j] = logits[PoolSlotEntry(blocks, bs, j)];
   }
   TopkSlots(cands, r, slots.data(), topk, out);
 }

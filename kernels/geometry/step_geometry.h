@@ -1,8 +1,9 @@
-// Step geometry, the one owner of it (SPEC §2, §4, §6): tokens -> entries
-// under a compress ratio, the new entries of a step, each row's visible
-// entries, pages needed, the block table and the prefill chunk plan under
-// the logits budget. Used by the server core, both backends, the client's
-// reference, the tests and the bench; nothing else computes these.
+// Step geometry, the one owner of it (SPEC §2, §4, §5, §6): tokens ->
+// entries under a compress ratio, the new entries of a step, each row's
+// visible entries, pages needed, the block table, the prefill chunk plan
+// under the logits budget, and a candidate pool's entries and slots. Used by
+// the server core, both backends, the client's reference, the tests and the
+// bench; nothing else computes these.
 // No gRPC and no server types here.
 #pragma once
 
@@ -36,6 +37,20 @@ INDEXER_HD int32_t LogicalPage(int32_t pos, int32_t page_entries) {
 }
 INDEXER_HD int32_t SlotInPage(int32_t pos, int32_t page_entries) {
   return pos - LogicalPage(pos, page_entries) * page_entries;
+}
+// Candidate pools (SPEC §5): a row's pool is its chosen blocks of `block`
+// entries, ascending block ids. Only the row's newest block (the one holding
+// entry n - 1 of its n visible entries) can be partial.
+// Entries below n that a pool of `count` blocks holds; `has_newest`:
+// whether the newest block is among them.
+INDEXER_HD int32_t PoolEntries(int32_t n, int32_t block, int32_t count, bool has_newest) {
+  const int32_t newest = (n + block - 1) / block - 1;
+  return has_newest ? (count - 1) * block + (n - newest * block) : count * block;
+}
+// The entry that slot j of a pool holds (`blocks`: its ascending block ids):
+// slots number the pool's entries in position order.
+INDEXER_HD int32_t PoolSlotEntry(const int32_t* blocks, int32_t block, int32_t j) {
+  return blocks[j / block] * block + j % block;
 }
 // Pages a sequence of `tokens` tokens needs at ratio `r`.
 inline int64_t PagesForTokens(int64_t tokens, int32_t r, int32_t page_entries) {

@@ -259,15 +259,9 @@ struct TopkParams {
   int32_t pool_block = 0;                // entries per block
 };
 
-// The entry pool slot j holds, for a row's ascending block ids `blocks` of
-// `block` entries each (SPEC §5's candidate pool): the one owner of the
-// mapping (the consumer's compaction and the top-k's output use it).
-INDEXER_HD int32_t PoolSlotEntry(const int32_t* blocks, int32_t block, int32_t j) {
-  return blocks[j / block] * block + j % block;
-}
-
 // What the top-k writes for position i of row r: the entry slot i of the
-// row's pool holds where pool_blocks is set, else i.
+// row's pool holds where pool_blocks is set (PoolSlotEntry, step geometry),
+// else i.
 INDEXER_HD int32_t TopkOutPos(const TopkParams& p, int32_t row, int32_t i) {
   return p.pool_blocks == nullptr ? i : PoolSlotEntry(p.pool_blocks + row * p.pool_stride, p.pool_block, i);
 }

@@ -176,7 +176,7 @@ __global__ void __launch_bounds__(kPathThreads) FinishPoolKernel(const PoolParam
   if (t == 0) {
     // Only the newest block can be partial; it is always in when pinned.
     const bool newest = (bits[(nb - 1) / 32] >> ((nb - 1) % 32)) & 1u;
-    p.entries[r] = newest ? (k - 1) * bs + (n - (nb - 1) * bs) : k * bs;
+    p.entries[r] = PoolEntries(n, bs, k, newest);
   }
 }
 

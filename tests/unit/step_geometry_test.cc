@@ -1,5 +1,6 @@
-// kernels/geometry/step_geometry: step rows for odd geometries and the
-// prefill chunk plan against the logits budget.
+// kernels/geometry/step_geometry: token arithmetic, candidate pool slots,
+// step rows for odd geometries and the prefill chunk plan against the
+// logits budget.
 #include "kernels/geometry/step_geometry.h"
 
 #include <algorithm>
@@ -36,6 +37,37 @@ TEST(TokenArithmetic, EntriesVisibleAndPages) {
   EXPECT_EQ(SlotInPage(5, 3), 2);
   EXPECT_EQ(LogicalPage(64, 64), 1);
   EXPECT_EQ(SlotInPage(64, 64), 0);
+}
+
+// SPEC §5's candidate pool: slots number the pool's entries in position
+// order; only the newest block (holding entry n - 1) can be partial.
+TEST(CandidatePoolGeometry, EntriesAndSlots) {
+  // n = 21 in blocks of 8: blocks 0, 1 whole, block 2 holds 5 entries.
+  EXPECT_EQ(PoolEntries(21, 8, 2, /*has_newest=*/true), 8 + 5);
+  EXPECT_EQ(PoolEntries(21, 8, 2, /*has_newest=*/false), 16);
+  EXPECT_EQ(PoolEntries(21, 8, 3, /*has_newest=*/true), 21);  // every block
+  EXPECT_EQ(PoolEntries(24, 8, 2, /*has_newest=*/true), 16);  // newest whole
+  EXPECT_EQ(PoolEntries(1, 8, 1, /*has_newest=*/true), 1);    // one entry
+  EXPECT_EQ(PoolEntries(5, 1, 3, /*has_newest=*/true), 3);    // blocks of one
+
+  // Pool {0, 2} of n = 21: slots 0-7 are entries 0-7, slots 8-12 entries 16-20.
+  const int32_t blocks[] = {0, 2};
+  std::vector<int32_t> entries;
+  for (int32_t j = 0; j < PoolEntries(21, 8, 2, true); ++j) {
+    entries.push_back(PoolSlotEntry(blocks, 8, j));
+  }
+  const std::vector<int32_t> want = {0, 1, 2, 3, 4, 5, 6, 7, 16, 17, 18, 19, 20};
+  EXPECT_EQ(entries, want);
+  // Ascending blocks give ascending entries, all below n.
+  const int32_t scattered[] = {3, 9, 10, 41};
+  int32_t last = -1;
+  for (int32_t j = 0; j < PoolEntries(41 * 16 + 3, 16, 4, true); ++j) {
+    const int32_t e = PoolSlotEntry(scattered, 16, j);
+    EXPECT_GT(e, last) << "slot " << j;
+    EXPECT_LT(e, 41 * 16 + 3) << "slot " << j;
+    last = e;
+  }
+  EXPECT_EQ(last, 41 * 16 + 2);
 }
 
 // Brute force: the same quantities from first principles, token by token.

@@ -42,8 +42,10 @@
 #             streaming kernel's time under both flushes: gaps-floor.md)
 #   table     the full kernel bench TABLE_ROUNDS times (default 3), beside
 #             the pack's base bench where pack.sh had BASE_BENCH (the two
-#             alternated), then the side-by-side tables: a session's table
-#             of record, and a change's A/B over every shape
+#             alternated), then the side-by-side tables and the fits
+#             (bench_fit.py: each family's fixed cost a launch and marginal
+#             rate over the contexts): a session's table of record, and a
+#             change's A/B over every shape
 #   sass      cuobjdump of the pack's bench (and the base's): the kernels
 #             SASS_MATCH names (default the FP8 prefill configuration), their
 #             instructions by opcode, whole and in the tile loop
@@ -478,8 +480,8 @@ stage_table() {
   # times (default 3): table-R-new.md; where the pack holds a base bench
   # (pack.sh with BASE_BENCH: dev/base/, or TABLE_BASE) it runs beside, the
   # two alternated (table-R-base.md); then the side-by-side tables (each
-  # round, the medians' difference). The session's table of record, and the
-  # A/B of a change over every shape.
+  # round, the medians' difference) and the pack's fits (bench_fit.py). The
+  # session's table of record, and the A/B of a change over every shape.
   local base=${TABLE_BASE:-$DEV/base/indexer_gpu_bench} r side bin rc=0 sides=(new) files=()
   [[ -x $base ]] && sides=(base new)
   echo "table: ${sides[*]} x ${TABLE_ROUNDS:-3}"
@@ -493,6 +495,13 @@ stage_table() {
   done
   for side in "${sides[@]}"; do files+=("$OUT"/table-*-"$side".md); done
   bench_tables "${files[@]}"
+  # Where the pack's time goes: each family's fixed cost a launch and its
+  # marginal rate over the contexts, per batch, then B >= 64 as one.
+  echo "== fits (new, per batch)"
+  python3 "$ROOT/tests/bench/device/bench_fit.py" "$OUT"/table-*-new.md 2>&1 || echo "bench_fit rc 1"
+  echo "== fits (new, B >= 64 merged)"
+  python3 "$ROOT/tests/bench/device/bench_fit.py" --min-batch 64 --merge-batches "$OUT"/table-*-new.md 2>&1 ||
+    echo "bench_fit rc 1"
   return $rc
 }
 stage_sass() {

@@ -14,7 +14,8 @@ constexpr const char* kNames[] = {
     "INDEXER_GPU_WS_EVICT_FIRST",  "INDEXER_GPU_WS_UNIT",          "INDEXER_GPU_WS_BLOCKS_PER_SM",
     "INDEXER_GPU_WS_TAIL",
     "INDEXER_GPU_MXFP4_WARPGROUPS", "INDEXER_GPU_MFMA_MODEL",      "INDEXER_GPU_LOGITS_MB",
-    "INDEXER_GPU_BLOCK_STREAM",    "INDEXER_GPU_BLOCK_TMA",        "INDEXER_GPU_TOPK_BLOCKS_PER_SM",
+    "INDEXER_GPU_BLOCK_STREAM",    "INDEXER_GPU_BLOCK_TMA",        "INDEXER_GPU_BLOCK_PREFETCH",
+    "INDEXER_GPU_TOPK_BLOCKS_PER_SM",
     "INDEXER_GPU_TOPK_SLICE_BLOCKS",
     "INDEXER_GPU_LOGITS_PDL",      "INDEXER_GPU_TOPK_ROW_THREADS", "INDEXER_GPU_SPLIT_TIMING"};
 
@@ -59,6 +60,7 @@ GpuKnobs Read() {
     if (shape >= 0 && shape <= 16) k.block_stream_shape = static_cast<int32_t>(shape);
   }
   k.block_tma = Switch("INDEXER_GPU_BLOCK_TMA");
+  k.block_prefetch = Number("INDEXER_GPU_BLOCK_PREFETCH") != 0;
   const int64_t cap = Number("INDEXER_GPU_TOPK_BLOCKS_PER_SM");
   k.topk_blocks_per_sm = cap == 1 || cap == 3 || cap == 4 ? static_cast<int32_t>(cap) : 0;
   const int64_t slice_blocks = Number("INDEXER_GPU_TOPK_SLICE_BLOCKS");

@@ -33,6 +33,10 @@
 //                                    2 for Hi > 4)
 //   INDEXER_GPU_BLOCK_TMA=0          block_stream copies whole pages (no
 //                                    tensor map, no swizzle) on linear pages
+//   INDEXER_GPU_BLOCK_PREFETCH=1     block_stream: each group asks the L2
+//                                    for the page it copies next an item
+//                                    ahead (cp.async.bulk.prefetch.L2), a
+//                                    second page in flight beside its ring
 //   INDEXER_GPU_TOPK_BLOCKS_PER_SM=1|3|4  the cooperative top-k's stage B
 //                                    register cap (else by the launch's size)
 //   INDEXER_GPU_TOPK_SLICE_BLOCKS=N  the cooperative top-k's slices: about N
@@ -68,6 +72,7 @@ struct GpuKnobs {
   int32_t mfma_model_arch = 0;   // 0, 942 or 950
   int32_t block_stream_shape = -1;  // -1: the kernel's default
   bool block_tma = true;
+  bool block_prefetch = false;
   int32_t topk_blocks_per_sm = 0;   // 0: TopkEmitCap's rule; else 1, 3 or 4
   int32_t topk_slice_blocks = 2;    // PlanTopkSplit's blocks per SM (1..8)
   bool logits_pdl = false;

@@ -358,6 +358,10 @@ struct BlockScoreParams {
   // Set by the streaming kernel's launcher: page copies with the L2
   // evict-first policy (on unless env INDEXER_GPU_WS_EVICT_FIRST=0).
   bool evict_first = false;
+  // Set by the streaming kernel's launcher (knob INDEXER_GPU_BLOCK_PREFETCH,
+  // off by default): each group asks the L2 for its next page an item
+  // before copying it.
+  bool l2_prefetch = false;
 };
 absl::Status LaunchBlockScores(const BlockScoreParams& p, Stream stream);
 

@@ -423,6 +423,12 @@ __global__ void __launch_bounds__(kSwShapes[kShape].warps * 32, kSwShapes[kShape
     c.f += kGroups;
     SwAdvance(wm.starts, p.step, per_page, f_end, c);
   };
+  // Knob INDEXER_GPU_BLOCK_PREFETCH: the page copied at the next item asked
+  // of the L2 now, an item (one page's scoring) ahead of its copy: a second
+  // page in flight per group beside the ring, without its shared memory.
+  auto hint = [&](int32_t page) {
+    if (p.l2_prefetch && page >= 0 && sub == 0 && lane == 0) BulkPrefetchL2(p.pool + l.PageOffset(page), page_bytes);
+  };
 
   uint2 bq[kNT][8];
   float f0[kNT][4], f1[kNT][4];
@@ -449,6 +455,7 @@ __global__ void __launch_bounds__(kSwShapes[kShape].warps * 32, kSwShapes[kShape
     const int slot = k % kSwStages;
     copy(pending, (k + kSwStages - 1) % kSwStages);  // item k + kSwStages - 1
     pending = page_of(pc);                            // item k + kSwStages
+    hint(pending);
     step_on(pc);
     const int32_t b = cc.f - cc.start, lr = cc.r - p.row_base;
     float* score0 = p.scores + static_cast<int64_t>(lr) * p.width + b;  // head 0
@@ -721,6 +728,7 @@ absl::Status LaunchBlockScoresStream(const BlockScoreParams& p_in, const BlockWo
   if (p_in.num_rows == 0 || p_in.width == 0 || wm.ctas == 0) return absl::OkStatus();
   BlockScoreParams p = p_in;
   p.evict_first = Knobs().ws_evict_first != 0;
+  p.l2_prefetch = Knobs().block_prefetch;
   return LaunchShapeAt(SwShapeIndex(p.num_heads), p, wm, stream,
                        std::make_integer_sequence<int, kSwShapeCount>());
 }

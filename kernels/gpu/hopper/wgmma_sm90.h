@@ -160,6 +160,11 @@ __device__ __forceinline__ void BulkLoadHint(void* smem, const void* gmem, uint3
       "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes.L2::cache_hint [%0], [%1], %2, [%3], %4;\n"
       ::"r"(SmemAddr(smem)), "l"(gmem), "r"(bytes), "r"(SmemAddr(bar)), "l"(policy) : "memory");
 }
+// Asks the L2 for `bytes` (a multiple of 16, both ends 16-byte aligned) of
+// global memory; nothing lands in shared memory and nothing completes.
+__device__ __forceinline__ void BulkPrefetchL2(const void* gmem, uint32_t bytes) {
+  asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;\n" ::"l"(gmem), "r"(bytes) : "memory");
+}
 // `bytes` (a multiple of 16, both ends 16-byte aligned) global -> shared.
 __device__ __forceinline__ void BulkLoad(void* smem, const void* gmem, uint32_t bytes, uint64_t* bar) {
   asm volatile(

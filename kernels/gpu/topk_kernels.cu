@@ -4,7 +4,8 @@
 // then every key above the prefix is taken and the remainder is filled from
 // keys equal to it (ties at the cut go either way, as SPEC §5 allows).
 // Rows with n <= k list 0..n-1 and then -1. Every position goes out
-// through TopkOutPos (a candidate consumer's pool slots become entries).
+// through TopkOutPos (a candidate consumer's pool slots become entries:
+// the kernels' kPool instantiations, launched where pool_blocks is set).
 // Rows that fit one block's cache take one block each (TopkRowKernel: 1024
 // threads up to one row per SM, else 512). Long rows (any batch) go
 // cooperative: the row is cut into slices, one
@@ -265,6 +266,7 @@ __global__ void __launch_bounds__(kTopkThreads) CoopHistKernel(const TopkParams 
 
 // Stage C, run by the last slice of stage B to finish its row: the rest of
 // the k from the candidates, then the row's state zeroed for the next use.
+template <bool kPool>
 __device__ void CoopFinishRow(const TopkParams& p, int32_t row, CoopRow* st, TopkShared<>& sh) {
   int32_t* out = p.out + static_cast<int64_t>(row) * p.topk;
   // L2 reads after the fence: independent loads, not a chain of atomics.
@@ -278,7 +280,7 @@ __device__ void CoopFinishRow(const TopkParams& p, int32_t row, CoopRow* st, Top
   const int32_t* cp = p.cand_pos + static_cast<int64_t>(row) * p.cand_stride;
   int32_t* rest = out + above;
   if (nc <= kk) {
-    for (int32_t i = threadIdx.x; i < nc; i += kTopkThreads) rest[i] = TopkOutPos(p, row, LoadCg(cp + i));
+    for (int32_t i = threadIdx.x; i < nc; i += kTopkThreads) rest[i] = TopkOutPos<kPool>(p, row, LoadCg(cp + i));
     return;
   }
   // The selection lists candidate indices in the histogram's words (free
@@ -288,7 +290,7 @@ __device__ void CoopFinishRow(const TopkParams& p, int32_t row, CoopRow* st, Top
   uint32_t* picked = sh.sel.hist;
   auto emit = [&](int32_t slot, int32_t i, uint32_t) {
     if (list) picked[slot] = static_cast<uint32_t>(i);
-    else rest[slot] = TopkOutPos(p, row, LoadCg(cp + i));
+    else rest[slot] = TopkOutPos<kPool>(p, row, LoadCg(cp + i));
   };
   if (nc <= kTopkCache) {
     ForKeys(0, nc, [&](int32_t i) { return LoadCg(ck + i); }, [&](int32_t i, uint32_t key) { sh.cache[i] = key; });
@@ -298,7 +300,7 @@ __device__ void CoopFinishRow(const TopkParams& p, int32_t row, CoopRow* st, Top
     BlockSelect(sh.sel, nc, kk, [&](int32_t i) { return LoadCg(ck + i); }, emit, 1, bin << 21);
   }
   if (list) {
-    for (int32_t j = threadIdx.x; j < kk; j += kTopkThreads) rest[j] = TopkOutPos(p, row, LoadCg(cp + picked[j]));
+    for (int32_t j = threadIdx.x; j < kk; j += kTopkThreads) rest[j] = TopkOutPos<kPool>(p, row, LoadCg(cp + picked[j]));
   }
 }
 
@@ -401,7 +403,7 @@ __device__ __forceinline__ void QuadEmit(const uint32_t* cache, int32_t len, uin
 // consumer's 128 blocks 17.7 -> 19.6 at 4: a cap costs where the blocks fit
 // anyway. By quads, the cap still pays: B=128 x 128k 49.7-49.8 us at 4
 // (56 bytes spilled), 51.4 at 3 (INDEXER_GPU_TOPK_BLOCKS_PER_SM=3).
-template <int kMinBlocks>
+template <int kMinBlocks, bool kPool>
 __global__ void __launch_bounds__(kTopkThreads, kMinBlocks) CoopEmitKernel(const TopkParams p) {
   __shared__ __align__(16) TopkShared<> sh;
   __shared__ uint32_t base[2];
@@ -412,7 +414,7 @@ __global__ void __launch_bounds__(kTopkThreads, kMinBlocks) CoopEmitKernel(const
   if (n <= p.topk) {
     if (blockIdx.x == 0) {
       int32_t* out = p.out + static_cast<int64_t>(row) * p.topk;
-      for (int32_t i = threadIdx.x; i < p.topk; i += kTopkThreads) out[i] = i < n ? TopkOutPos(p, row, i) : -1;
+      for (int32_t i = threadIdx.x; i < p.topk; i += kTopkThreads) out[i] = i < n ? TopkOutPos<kPool>(p, row, i) : -1;
     }
     return;
   }
@@ -454,7 +456,7 @@ __global__ void __launch_bounds__(kTopkThreads, kMinBlocks) CoopEmitKernel(const
   __syncthreads();
   QuadEmit(
       sh.cache, len, bin, base[0] + (after & 0xffffu), base[1] + (after >> 16),
-      [&](uint32_t slot, int32_t i) { out[slot] = TopkOutPos(p, row, begin + i); },
+      [&](uint32_t slot, int32_t i) { out[slot] = TopkOutPos<kPool>(p, row, begin + i); },
       [&](uint32_t slot, int32_t i, uint32_t key) {
         ck[slot] = key;
         cp[slot] = begin + i;
@@ -471,7 +473,7 @@ __global__ void __launch_bounds__(kTopkThreads, kMinBlocks) CoopEmitKernel(const
   }
   __syncthreads();
   if (!last) return;
-  CoopFinishRow(p, row, st, sh);
+  CoopFinishRow<kPool>(p, row, st, sh);
 }
 
 // One block per row straight from the logits (rows that fit the cache, or
@@ -493,7 +495,7 @@ __global__ void __launch_bounds__(kTopkThreads, kMinBlocks) CoopEmitKernel(const
 // gained 0.4-0.7. What bounds the block is each pass's barriers and scan,
 // which the pair keeps and lengthens by a cluster barrier and a remote
 // read; its key loops were already 8 keys a thread.)
-template <int kT>
+template <int kT, bool kPool>
 __global__ void __launch_bounds__(kT) TopkRowKernel(const TopkParams p) {
   __shared__ TopkShared<kT> sh;
   GridDependencyWait();  // launched after the logits, possibly before they ended
@@ -501,10 +503,10 @@ __global__ void __launch_bounds__(kT) TopkRowKernel(const TopkParams p) {
   const int32_t n = p.row_visible[row];
   int32_t* out = p.out + static_cast<int64_t>(row) * p.topk;
   if (n <= p.topk) {
-    for (int32_t i = threadIdx.x; i < p.topk; i += kT) out[i] = i < n ? TopkOutPos(p, row, i) : -1;
+    for (int32_t i = threadIdx.x; i < p.topk; i += kT) out[i] = i < n ? TopkOutPos<kPool>(p, row, i) : -1;
     return;
   }
-  auto emit_pos = [&](int32_t slot, int32_t i, uint32_t) { out[slot] = TopkOutPos(p, row, i); };
+  auto emit_pos = [&](int32_t slot, int32_t i, uint32_t) { out[slot] = TopkOutPos<kPool>(p, row, i); };
   const float* x = p.logits + static_cast<int64_t>(row) * p.stride;
   if (n <= kTopkCache) {
     ForKeys<kT>(0, n, [&](int32_t i) { return OrderedKey(x[i]); },
@@ -555,26 +557,35 @@ int32_t TopkEmitCap(int64_t blocks, int32_t num_sms) {
   return blocks <= 3 * int64_t{num_sms} ? 3 : 4;
 }
 
-absl::Status LaunchTopk(const TopkParams& p, Stream stream) {
-  if (p.num_rows == 0 || p.topk == 0) return absl::OkStatus();
+template <bool kPool>
+absl::Status LaunchTopkOf(const TopkParams& p, Stream stream) {
   // Every top-k kernel waits for the kernel before it (GridDependencyWait)
   // before it reads: launched after-previous, a logits kernel that lets its
   // dependents start (LogitsParams::launch_dependents) overlaps their
   // placement with its tail.
   if (p.cand_stride == 0) {
     if (p.row_threads == 1024) {
-      GPU_LAUNCH_AFTER_PREVIOUS(TopkRowKernel<1024>, p.num_rows, 1024, 0, stream, p);
+      auto* rows = &TopkRowKernel<1024, kPool>;
+      GPU_LAUNCH_AFTER_PREVIOUS(rows, p.num_rows, 1024, 0, stream, p);
     } else {
-      GPU_LAUNCH_AFTER_PREVIOUS(TopkRowKernel<kTopkThreads>, p.num_rows, kTopkThreads, 0, stream, p);
+      auto* rows = &TopkRowKernel<kTopkThreads, kPool>;
+      GPU_LAUNCH_AFTER_PREVIOUS(rows, p.num_rows, kTopkThreads, 0, stream, p);
     }
     return absl::OkStatus();
   }
   const dim3 grid(p.slices, p.num_rows);
-  auto* emit = p.emit_cap == 4 ? &CoopEmitKernel<4> : p.emit_cap == 3 ? &CoopEmitKernel<3> : &CoopEmitKernel<1>;
+  auto* emit = p.emit_cap == 4   ? &CoopEmitKernel<4, kPool>
+               : p.emit_cap == 3 ? &CoopEmitKernel<3, kPool>
+                                 : &CoopEmitKernel<1, kPool>;
   if (!p.hist_ready) GPU_LAUNCH_AFTER_PREVIOUS(CoopHistKernel, grid, kTopkThreads, 0, stream, p);
   // Stage B may start while stage A drains (it waits for A's results).
   GPU_LAUNCH_AFTER_PREVIOUS(emit, grid, kTopkThreads, 0, stream, p);
   return absl::OkStatus();
+}
+
+absl::Status LaunchTopk(const TopkParams& p, Stream stream) {
+  if (p.num_rows == 0 || p.topk == 0) return absl::OkStatus();
+  return p.pool_blocks != nullptr ? LaunchTopkOf<true>(p, stream) : LaunchTopkOf<false>(p, stream);
 }
 
 }  // namespace gpu

@@ -26,6 +26,8 @@ import re
 import statistics
 import sys
 
+from bench_table import COLUMNS, bench_cells, figure
+
 
 def read(path):
     """({shape: (kernel, logits us, bytes MB)}, copy GB/s or None) of one file."""
@@ -35,15 +37,11 @@ def read(path):
             m = re.search(r"copy ([0-9.]+) GB/s", line) if line.startswith("Device:") else None
             if m:
                 copy = float(m.group(1))
-            if not line.startswith("| ") or line.startswith("| shape ") or line.startswith("|---"):
+            cells = bench_cells(line)
+            if cells is None or len(cells) <= COLUMNS["gbs"]:
                 continue
-            cells = [c.strip() for c in line.strip().strip("|").split("|")]
-            if len(cells) < 5:
-                continue
-            try:
-                us = float(cells[2])
-                gbs = float(cells[4].split()[0])
-            except (ValueError, IndexError):
+            us, gbs = figure(cells[COLUMNS["logits"]]), figure(cells[COLUMNS["gbs"]])
+            if us is None or gbs is None:
                 continue
             rows[cells[0]] = (cells[1], us, gbs * us / 1e3)
     return rows, copy

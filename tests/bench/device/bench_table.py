@@ -44,6 +44,14 @@ def figure(cell):
         return None
 
 
+def bench_cells(line):
+    """The cells of one of the bench's markdown rows; None for any other line
+    (text, the header, the rule). bench_fit.py reads rows through it too."""
+    if not line.startswith("| ") or line.startswith("| shape ") or line.startswith("|---"):
+        return None
+    return [c.strip() for c in line.strip().strip("|").split("|")]
+
+
 def read(path, metric):
     """{shape: figure} of one bench markdown file, in file order; None where
     a bench row lacks the metric's column (files older than that column)."""
@@ -51,9 +59,9 @@ def read(path, metric):
     col = COLUMNS[metric]
     with open(path) as f:
         for line in f:
-            if not line.startswith("| ") or line.startswith("| shape ") or line.startswith("|---"):
+            cells = bench_cells(line)
+            if cells is None:
                 continue
-            cells = [c.strip() for c in line.strip().strip("|").split("|")]
             if len(cells) <= col:
                 out.setdefault(cells[0], None)
                 continue

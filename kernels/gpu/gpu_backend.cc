@@ -211,6 +211,12 @@ void GpuBackend::set_split_timing(bool split) {
   split_timing_ = split;
 }
 
+void GpuBackend::set_bench_trace(uint64_t* records, int32_t blocks) {
+  absl::MutexLock lock(&mu_);
+  trace_ = records;
+  trace_blocks_ = records != nullptr ? blocks : 0;
+}
+
 absl::StatusOr<int64_t> GpuBackend::FreeDeviceMemory() const {
   size_t free = 0, total = 0;
   absl::MutexLock lock(&mu_);
@@ -717,6 +723,8 @@ absl::Status GpuBackend::DenseWalk(
     lp.l2_bytes = props_.l2CacheSize;
     lp.claims = ws_claims_;
     lp.tail = ws_tail_;
+    lp.trace = trace_;
+    lp.trace_blocks = trace_blocks_;
     if (fuse_topk > 0 && gather == nullptr && TopkWantsHist(nr, sc.max_visible, fuse_topk)) {
       lp.topk_hist = topk_state_;
       lp.topk_min_visible = fuse_topk;

@@ -173,6 +173,11 @@ class GpuBackend : public Backend {
   // indexer.proto); topk_us keeps the spans after that copy (a source's
   // pool selection). The benchmark times both.
   void set_split_timing(bool split);
+  // The bench's kernel timeline (params.h: TraceWord): later logits and
+  // block-score launches write one record a block into `records` (device
+  // memory, the caller's; zeroed by the caller before each call), blocks
+  // past `blocks` none. Null: off (the default).
+  void set_bench_trace(uint64_t* records, int32_t blocks);
 
  private:
   struct Pool {
@@ -378,6 +383,8 @@ class GpuBackend : public Backend {
   int chain_edge_ ABSL_GUARDED_BY(mu_) = -1;
   bool chain_next_span_ ABSL_GUARDED_BY(mu_) = false;
   bool split_timing_ ABSL_GUARDED_BY(mu_) = false;  // set_split_timing
+  uint64_t* trace_ ABSL_GUARDED_BY(mu_) = nullptr;  // set_bench_trace
+  int32_t trace_blocks_ ABSL_GUARDED_BY(mu_) = 0;
   // EndLogitsSpan left the span open; its time goes to *open_sum_.
   bool span_open_ ABSL_GUARDED_BY(mu_) = false;
   double* open_sum_ ABSL_GUARDED_BY(mu_) = nullptr;

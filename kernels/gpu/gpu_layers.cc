@@ -407,6 +407,8 @@ absl::Status GpuBackend::BlockImpl(const PageLayout& layout, PoolHandle pool_h,
     bp.causal = aux_;
     bp.use_tma = p.has_block_tmap;
     bp.tmap = p.block_tmap;
+    bp.trace = trace_;
+    bp.trace_blocks = trace_blocks_;
     BlockWorkMap wm{};
     if (map != nullptr) wm = {map->starts, map->cta + map->cta_offsets[ci], map->ctas};
     // The kernel choice: logits_dispatch.cc (set_max_logits_path 0 keeps

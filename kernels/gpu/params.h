@@ -9,6 +9,7 @@
 #include "kernels/format/page_layout.h"
 #include "kernels/gpu/gpu_compat.h"
 #include "kernels/gpu/plan.h"
+#include "kernels/gpu/trace_record.h"
 
 namespace indexer {
 namespace gpu {
@@ -149,6 +150,9 @@ struct LogitsParams {
   int32_t* claims = nullptr;
   TailRule tail;
   int32_t tail_units = 0;
+  // The bench's timeline (TraceWord above); null in production.
+  uint64_t* trace = nullptr;
+  int32_t trace_blocks = 0;
 };
 
 // The fastest path the device, format, layout and H allow: "wgmma_ws" or
@@ -369,6 +373,9 @@ struct BlockScoreParams {
   // off by default): each group asks the L2 for its next page an item
   // before copying it.
   bool l2_prefetch = false;
+  // The bench's timeline (TraceWord above); null in production.
+  uint64_t* trace = nullptr;
+  int32_t trace_blocks = 0;
 };
 absl::Status LaunchBlockScores(const BlockScoreParams& p, Stream stream);
 

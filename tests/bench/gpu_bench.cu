@@ -18,6 +18,12 @@
 // --clean-flush reads the first half of the flush buffer after zeroing it, so the timed
 // kernels find clean lines in the L2 (the default leaves up to an L2 of dirty
 // lines to write back during them).
+// --trace adds, per selected decode shape, where its logits kernel's time
+// goes (tests/bench/trace_stats.h: the launch outside the blocks, the
+// blocks' start and end spreads, a block's fill, stream and drain, the math
+// side's and the copy warp's waits), from the kernels' per-block records
+// (kernels/gpu/trace_record.h) over --iters traced calls, after the untimed
+// ones; its event time beside the untraced median shows what tracing costs.
 // --stream-floor runs, per decode shape, a pure streaming kernel over the
 // shape's K and logits bytes instead of the backend (RunStreamFloor): the
 // floor a logits kernel could reach under the same flush.
@@ -44,6 +50,7 @@
 #include "kernels/gpu/gpu_backend_impl.h"
 #include "tests/bench/bench_util.h"
 #include "tests/bench/hopper/peaks.h"
+#include "tests/bench/trace_stats.h"
 
 namespace indexer {
 namespace {
@@ -296,11 +303,15 @@ struct Result {
   // --host: kernel time of the write, host wall time of WriteEntries and of
   // WriteEntries + DenseTopk (medians).
   double write_us = 0, write_call_us = 0, host_us = 0;
+  // --trace: the traced calls' parts (medians); traced false where the
+  // shape was not traced.
+  bool traced = false;
+  bench::TraceStats trace;
 };
 
 Result RunShape(const BenchShape& bs, const Ceilings& ceil, int iters,
                 void* flush, size_t flush_bytes, bool clean_flush, bool host,
-                bool sync_flush) {
+                bool sync_flush, bool trace) {
   const int32_t kHeads = bs.heads, kPage = bs.page;
   const bool block = bs.kind == BenchKind::kBlock;
   const PageLayout layout = *PageLayout::Make(bs.format, 128, kPage);
@@ -446,6 +457,35 @@ Result RunShape(const BenchShape& bs, const Ceilings& ceil, int iters,
     }
   }
   Result r{bs, be->last_logits_path(), Median(lt), Median(tt), Median(yt), Median(ct), 0, 0};
+  // --trace: decode shapes only (one logits launch a call: a prefill's
+  // sub-chunks would overwrite each other's records). Split timing, so the
+  // event time is the logits kernel's alone.
+  if (trace && bs.q_len <= gpu::kMaxGroupRows) {
+    constexpr int32_t kTraceBlocks = 4096;  // above any persistent grid
+    const size_t rec_bytes = size_t{kTraceBlocks} * gpu::kTraceWords * sizeof(uint64_t);
+    void* rec_d = nullptr;
+    CHECK_GPU(gpu::Malloc(&rec_d, rec_bytes));
+    std::vector<uint64_t> rec_h(rec_bytes / sizeof(uint64_t));
+    be->set_split_timing(true);
+    be->set_bench_trace(static_cast<uint64_t*>(rec_d), kTraceBlocks);
+    std::vector<bench::TraceStats> runs;
+    for (int i = 0; i < 2 + iters; ++i) {
+      const gpu::Stream fs = be->stream_for_bench();
+      CHECK_GPU(gpu::MemsetAsync(rec_d, 0, rec_bytes, fs));
+      FlushL2(flush, flush_bytes, clean_flush, fs);
+      if (sync_flush) CHECK_GPU(gpu::StreamSynchronize(fs));
+      auto t = run();
+      CHECK_OK(t);
+      if (i < 2) continue;
+      CHECK_GPU(gpu::CopyD2H(rec_h.data(), rec_d, rec_bytes, fs));
+      CHECK_GPU(gpu::StreamSynchronize(fs));
+      runs.push_back(bench::SummarizeTrace(rec_h.data(), kTraceBlocks, t->logits_us));
+    }
+    be->set_bench_trace(nullptr, 0);
+    CHECK_GPU(gpu::Free(rec_d));
+    r.traced = true;
+    r.trace = bench::MedianTrace(runs);
+  }
   r.split_us = Median(st);
   r.write_us = Median(wt);
   r.write_call_us = Median(wct);
@@ -615,6 +655,39 @@ void HostCopyFloor(int64_t in_bytes, int64_t out_bytes, int iters) {
   CHECK_GPU(gpu::Free(dev));
 }
 
+// --trace's table: per traced shape, its logits kernel's parts.
+std::string TraceTable(const std::vector<Result>& results, int iters) {
+  std::string md = absl::StrFormat(
+      "\nWhere the logits time goes (--trace; tests/bench/trace_stats.h): medians of %d traced calls (the "
+      "split pass: the logits kernel alone between its events). untraced: the table's logits us. outside: "
+      "the event time less the blocks' span (first start to last end, %%globaltimer). fill, stream, drain: "
+      "a block's start to its first tile ready (first wait: that wait alone), to its last tile scored, to "
+      "its end (medians over the blocks, SM cycles at the clock shown). end spread: the last block's end "
+      "after the median block's. math waits: the math thread's waits for tiles after the first, %% of "
+      "stream; copy waits: the copy warp's waits for free slots, %% of its life (-: not kept).\n\n",
+      iters);
+  md += "| shape | kernel | untraced us | traced us | outside | span | start spread | fill (first wait) | stream | "
+        "drain | end spread | math waits | copy waits | blocks | tiles a block | GHz | timer step ns |\n";
+  md += "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n";
+  for (const Result& r : results) {
+    if (!r.traced) continue;
+    const bench::TraceStats& t = r.trace;
+    if (t.blocks == 0) {
+      md += absl::StrFormat("| %s | %s | %.1f | %.1f | no records (the kernel keeps none) |||||||||||||\n",
+                            r.shape.name, r.path, r.logits_us, t.event_us);
+      continue;
+    }
+    md += absl::StrFormat(
+        "| %s | %s | %.1f | %.1f | %.1f | %.1f | %.1f | %.1f (%.1f) | %.1f | %.1f | %.1f | %.0f %% | %s | %d | %.0f | "
+        "%.2f | %.0f |\n",
+        r.shape.name, r.path, r.logits_us, t.event_us, t.outside_us, t.span_us, t.start_spread_us, t.fill_us,
+        t.first_wait_us, t.stream_us, t.drain_us, t.end_spread_us, t.math_wait_pct,
+        t.copy_wait_pct < 0 ? std::string("-") : absl::StrFormat("%.0f %%", t.copy_wait_pct), t.blocks, t.tiles,
+        t.clock_ghz, t.timer_step_ns);
+  }
+  return md;
+}
+
 }  // namespace
 }  // namespace indexer
 
@@ -628,6 +701,7 @@ int main(int argc, char** argv) {
   bool sync_flush = false;   // wait for the flush before each timed call
   bool no_ceilings = false;  // skip measuring the ceilings (sweeps of many runs)
   bool stream_floor = false; // the pure streaming kernel per shape instead of the backend
+  bool trace = false;        // where each decode shape's logits time goes (per-block records)
   std::string only;  // run only shapes whose name contains one of these (comma-separated)
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
@@ -640,8 +714,9 @@ int main(int argc, char** argv) {
     else if (a == "--host") host = true;
     else if (a == "--no-ceilings") no_ceilings = true;
     else if (a == "--stream-floor") stream_floor = true;
+    else if (a == "--trace") trace = true;
     else {
-      std::fprintf(stderr, "usage: %s [--quick] [--clean-flush] [--sync-flush] [--only NAME[,NAME...]] [--iters N] [--markdown FILE] [--host] [--no-ceilings] [--stream-floor]\n", argv[0]);
+      std::fprintf(stderr, "usage: %s [--quick] [--clean-flush] [--sync-flush] [--only NAME[,NAME...]] [--iters N] [--markdown FILE] [--host] [--no-ceilings] [--stream-floor] [--trace]\n", argv[0]);
       return 2;
     }
   }
@@ -770,7 +845,7 @@ int main(int argc, char** argv) {
   }
   std::vector<Result> results;
   for (const BenchShape& bs : selected) {
-    results.push_back(RunShape(bs, ceil, iters, flush, flush_bytes, clean_flush, host, sync_flush));
+    results.push_back(RunShape(bs, ceil, iters, flush, flush_bytes, clean_flush, host, sync_flush, trace));
     const Result& r = results.back();
     if (host) {
       const double kernels = r.write_us + r.logits_us + r.topk_us;
@@ -830,6 +905,7 @@ int main(int argc, char** argv) {
                   r.shape.target.c_str(), r.split_us);
     md += line;
   }
+  if (trace) md += TraceTable(results, iters);
   std::printf("\n%s", md.c_str());
   if (!WriteMarkdown(markdown, md)) return 1;
   CHECK_GPU(gpu::Free(flush));

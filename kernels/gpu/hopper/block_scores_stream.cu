@@ -64,6 +64,7 @@
 #include "kernels/format/fp8.h"
 #include "kernels/format/mxfp4.h"
 #include "kernels/gpu/hopper/mma_sm90.h"
+#include "kernels/gpu/hopper/trace_sm90.h"
 #include "kernels/gpu/hopper/wgmma_sm90.h"
 #include "kernels/gpu/knobs.h"
 #include "kernels/gpu/paged.h"
@@ -353,6 +354,11 @@ __global__ void __launch_bounds__(kSwShapes[kShape].warps * 32, kSwShapes[kShape
   uint64_t* const bars = reinterpret_cast<uint64_t*>(my + lay.bars_at);
   // The warp's entries of a page: [lo, lo + span), whole 16-entry tiles.
   const int32_t span = (per_page + 16 * kPW - 1) / (16 * kPW) * 16, lo = sub * span;
+  // The bench's timeline (trace_sm90.h): thread 0, the first group's first
+  // warp's lane 0 (its fetcher and one of its scorers); null otherwise and
+  // untraced.
+  auto trace = [&]() { return threadIdx.x == 0 ? TraceRecord(p.trace, p.trace_blocks) : nullptr; };
+  TraceEntry(trace());
 
   // Causal pages per (head, row) for the top-k: a grid-strided pass.
   for (int32_t i = blockIdx.x * kSwThreads + threadIdx.x; i < p.num_rows; i += wm.ctas * kSwThreads) {
@@ -469,7 +475,7 @@ __global__ void __launch_bounds__(kSwShapes[kShape].warps * 32, kSwShapes[kShape
       }
       const int32_t count = min(per_page, cc.n - b * per_page);  // visible entries of the page
       const int32_t tiles16 = (count + 15) / 16 * 16;
-      MbarWait(&bars[slot], (phase >> slot) & 1u);
+      TraceMathWait(trace(), [&] { MbarWait(&bars[slot], (phase >> slot) & 1u); });
       phase ^= 1u << slot;
       const uint8_t* page = my + slot * lay.page_stride;
       const uint32_t page_s = kTma ? SmemAddr(page) : 0u;  // its shared-window address
@@ -630,8 +636,10 @@ __global__ void __launch_bounds__(kSwShapes[kShape].warps * 32, kSwShapes[kShape
         score0[lane * head_stride] = v * p.scale;
       }
     }
+    if (forced == 0.f) TraceScored(trace());
     step_on(cc);
   }
+  TraceMathEnd(trace());
 #endif  // INDEXER_GPU_WGMMA
 }
 

@@ -73,6 +73,7 @@
 #include "kernels/gpu/params.h"
 #include "kernels/gpu/per_device.h"
 #include "kernels/gpu/hopper/tile_window.h"
+#include "kernels/gpu/hopper/trace_sm90.h"
 #include "kernels/gpu/hopper/wgmma_sm90.h"
 
 namespace indexer {
@@ -415,7 +416,12 @@ __global__ void __launch_bounds__((MxConfig<kHeads, kRows, kMath, kStages, MxPro
   const int32_t u_last = p.unit_begin + static_cast<int32_t>(units * (blockIdx.x + 1) / gridDim.x);
   if (u_first == u_last) return;
   const int tid = threadIdx.x, warp = WarpId(), lane = LaneId();
+  // The bench's timeline (trace_sm90.h): thread 0 (the math side's traced
+  // thread) and the dense walk's copy warp's lane 0; null otherwise and
+  // untraced.
+  auto trace = [&](bool mine) { return mine ? TraceRecord(p.trace, p.trace_blocks) : nullptr; };
   if (tid == 0) {
+    TraceEntry(trace(true));
     for (int s = 0; s < kSlots; ++s) {
       // The producer's expect_tx; the gather walk's: one cp.async arrival
       // per producer lane and lane 0's plain one.
@@ -466,7 +472,10 @@ __global__ void __launch_bounds__((MxConfig<kHeads, kRows, kMath, kStages, MxPro
     // use: its release is completion n / kSlots - 1 of `empty`); why the
     // whole warp: tile_window.h.
     auto wait_slot = [&]() {
-      if (n >= kSlots) MbarWait(&empty[n % kSlots], static_cast<uint32_t>(n / kSlots + 1) & 1u);
+      if (n >= kSlots) {
+        TraceCopyWait(trace(lane == 0),
+                      [&] { MbarWait(&empty[n % kSlots], static_cast<uint32_t>(n / kSlots + 1) & 1u); });
+      }
     };
     auto lead = [&](const TileWindow& w) -> int {
       if (w.lead < 0 || w.count == 0) return 0;
@@ -493,6 +502,7 @@ __global__ void __launch_bounds__((MxConfig<kHeads, kRows, kMath, kStages, MxPro
       }
     };
     WalkWindows(walk, lead, rest);
+    TraceCopyEnd(trace(lane == 0));
     return;
   }
   const int32_t total = ShareTiles(p, u_first, u_last);
@@ -542,7 +552,7 @@ __global__ void __launch_bounds__((MxConfig<kHeads, kRows, kMath, kStages, MxPro
   };
   auto fetch = [&](int32_t n, Fetched& f) {
     const int slot = n % kSlots;
-    MbarWait(&full[slot], static_cast<uint32_t>(n / kSlots) & 1u);
+    TraceMathWait(trace(tid == 0), [&] { MbarWait(&full[slot], static_cast<uint32_t>(n / kSlots) & 1u); });
     f.ti = tinfo[slot];
     const uint8_t* kv = slots + slot * kMxSlotBytes;
     f.v0 = *reinterpret_cast<const uint4*>(kv + e0 * (kMxDim / 2) + t * 16);
@@ -757,6 +767,10 @@ __global__ void __launch_bounds__((MxConfig<kHeads, kRows, kMath, kStages, MxPro
       if (more) fetch(n + kMath, cur);
     }
   }
+  // (One mark after the loop, not one a tile: a mark in the loop cost an
+  // 8-byte spill at H 64 next_n 2, ptxas. Nothing follows the last tile.)
+  TraceScoredAll(trace(tid == 0), wg < total ? (total - wg + kMath - 1) / kMath : 0);
+  TraceMathEnd(trace(tid == 0));
 #endif  // INDEXER_GPU_WGMMA
 }
 

@@ -63,6 +63,7 @@
 #include "kernels/gpu/plan.h"
 #include "kernels/gpu/topk_key.h"
 #include "kernels/gpu/hopper/tile_window.h"
+#include "kernels/gpu/hopper/trace_sm90.h"
 #include "kernels/gpu/hopper/wgmma_sm90.h"
 
 namespace indexer {
@@ -354,7 +355,11 @@ __global__ void __launch_bounds__(C::kThreads, C::kMinBlocks)
   const uint32_t utid = threadIdx.x;
   const int tid = static_cast<int>(utid), warp = static_cast<int>(utid / kWarpSize);
   const int lane = static_cast<int>(utid % kWarpSize);
+  // The bench's timeline (trace_sm90.h): thread 0 (the math side's traced
+  // thread) and the copy warp's lane 0; null otherwise and untraced.
+  auto trace = [&](bool mine) { return mine ? TraceRecord(p.trace, p.trace_blocks) : nullptr; };
   if (tid == 0) {
+    TraceEntry(trace(true));
     for (int s = 0; s < kSlots; ++s) {
       MbarInit(&full[s], 1);                    // the producer's expect_tx
       MbarInit(&empty[s], C::kTeam * kWgSize);  // one arrival per team thread
@@ -383,6 +388,7 @@ __global__ void __launch_bounds__(C::kThreads, C::kMinBlocks)
     };
     if constexpr (kGather) {
       finish(GatherProducer<C>(p, &rows8, u_first, u_last, k_s, ks_s, tinfo, full, empty));
+      TraceCopyEnd(trace(lane == 0));
       return;
     }
     // The whole warp looks its tiles up a window of 32 at a time (TileWalk,
@@ -411,7 +417,10 @@ __global__ void __launch_bounds__(C::kThreads, C::kMinBlocks)
     // use: its release is completion n / kSlots - 1 of `empty`); why the
     // whole warp: tile_window.h.
     auto wait_slot = [&]() {
-      if (n >= kSlots) MbarWait(&empty[n % kSlots], static_cast<uint32_t>(n / kSlots + 1) & 1u);
+      if (n >= kSlots) {
+        TraceCopyWait(trace(lane == 0),
+                      [&] { MbarWait(&empty[n % kSlots], static_cast<uint32_t>(n / kSlots + 1) & 1u); });
+      }
     };
     auto lead = [&](const TileWindow& w) -> int {
       if (w.lead < 0 || w.count == 0) return 0;
@@ -464,6 +473,7 @@ __global__ void __launch_bounds__(C::kThreads, C::kMinBlocks)
       }
     }
     finish(n);
+    TraceCopyEnd(trace(lane == 0));
     return;
   }
 
@@ -675,7 +685,7 @@ __global__ void __launch_bounds__(C::kThreads, C::kMinBlocks)
         slot -= kSlots;
         phase ^= 1u;
       }
-      MbarWait(full_a + 8 * slot, phase);
+      TraceMathWait(trace(tid == 0), [&] { MbarWait(full_a + 8 * slot, phase); });
       const int4 ti = LdsInt4(ring_a + offsetof(Ring, tinfo) + 16 * slot);  // read before the slot's release
       if (ti.x < 0) break;          // the share's end
       if (ti.x != staged) stage(ti.x, ti.z, ti.w);
@@ -691,11 +701,13 @@ __global__ void __launch_bounds__(C::kThreads, C::kMinBlocks)
         WgmmaWaitAll();
         epilogue(acc, slot, ti.y, ks0, ks1);
       }
+      TraceScored(trace(tid == 0));
     }
     if (hist && staged >= 0) {
       NamedBarrierSync(1 + wg, kWgSize);  // every warp's last epilogue done
       flush();
     }
+    TraceMathEnd(trace(tid == 0));
   };
   // (The gather walk keeps one copy for every warpgroup, wg a register:
   // per-warpgroup copies measured slower there, H100 s36: V4.1 consumer

@@ -62,6 +62,12 @@
 #             default the gather, route, top-k, MXFP4 and small FP8 cases);
 #             KCHECK_SHARDS=0 runs only the filter's tests (plainly, then
 #             under the sanitizers)
+#   trace     where the decode shapes' logits time goes (TRACE_ONLY; the
+#             bench's --trace: per-block records of wgmma_ws, wgmma_mxfp4
+#             and block_stream, tests/bench/trace_stats.h): the launch
+#             outside the blocks, their start and end spreads, a block's
+#             fill, stream and drain, the math side's and the copy warp's
+#             waits; TRACE_ROUNDS runs (default 2), trace-R.md
 #   ncu       Nsight Compute on one warmed launch per NCU_CASES entry
 #             ("kernel regex@bench shape;..."; NCU_BENCH: another bench
 #             binary): speed of light, warp states and stall reasons,
@@ -613,6 +619,18 @@ stage_gaps() {
   echo "gaps rc $rc"
   return $rc
 }
+stage_trace() {
+  local only=${TRACE_ONLY:-decode fp8 B=64 next_n=1 n=8k,decode fp8 B=1 next_n=1 n=128k,decode fp8 B=64 next_n=1 n=32k,decode fp8 B=64 next_n=2 n=32k,decode fp8 B=128 next_n=1 n=32k,decode fp8 B=128 next_n=1 n=128k,decode mxfp4 B=64 next_n=1 n=32k,minimax block mxfp4 Hi=4 top=16 B=1 n=32k,minimax block mxfp4 Hi=4 top=16 B=64 n=32k,minimax block mxfp4 Hi=4 top=16 B=128 n=32k,v4.1 consumer fp8 H=32 r=4 top=512 B=64 n=128k pool=2048x8}
+  local r rc=0 ceil=()
+  for r in $(seq "${TRACE_ROUNDS:-2}"); do
+    ((r > 1)) && ceil=(--no-ceilings)
+    echo "== round $r"
+    timeout "$TO" "$DEV/bin/indexer_gpu_bench" "${ceil[@]}" --trace --only "$only" --markdown "$OUT/trace-$r.md" \
+      > "$OUT/trace-$r.txt" 2>&1 || { rc=1; echo "trace round $r rc 1"; tail -3 "$OUT/trace-$r.txt"; }
+    sed -n '/^Where the logits time goes/,$p' "$OUT/trace-$r.md" 2>/dev/null
+  done
+  return $rc
+}
 stage_ncu() {
   # One warmed launch (the 3rd) of each kernel, after the bench's ceilings
   # are skipped; --clock-control none: the clocks the timed runs see.
@@ -689,7 +707,7 @@ failed=0
 # the A/B stages also return their status (a bench that failed, KNOB
 # unset), which counts too (the others end in commands whose status means
 # nothing).
-status_stages=" kab knob gaps table "
+status_stages=" kab knob gaps table trace "
 for s in "${stages[@]}"; do
   t0=$(date +%s)
   "stage_${s//-/_}" > "$OUT/$s.log" 2>&1

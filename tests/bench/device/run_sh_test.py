@@ -20,9 +20,14 @@ RUN = os.path.join(HERE, "run.sh")
 
 # The bench: logits 70 + the shape knob (4 when unset), top-k 4.
 BENCH = r"""#!/usr/bin/env bash
-md=""; only=""
+md=""; only=""; trace=""; ceilings=measured
 while (($#)); do
-  case $1 in --markdown) md=$2; shift ;; --only) only=$2; shift ;; esac
+  case $1 in
+    --markdown) md=$2; shift ;;
+    --only) only=$2; shift ;;
+    --trace) trace=1 ;;
+    --no-ceilings) ceilings=skipped ;;
+  esac
   shift
 done
 v=${INDEXER_GPU_BLOCK_STREAM:-4}
@@ -36,6 +41,13 @@ only=${only:-every shape}
   if [[ $only == "every shape" ]]; then
     echo "| decode fp8 B=64 n=32k | wgmma_ws | 40.0 | 19.0 | 2000 (47%) | 0.0 | 4.0 | 44.0 | 90.0 | | 44.0 |"
     echo "| decode fp8 B=64 n=128k | wgmma_ws | 100.0 | 76.0 | 3200 (76%) | 0.0 | 4.0 | 104.0 | 90.0 | | 104.0 |"
+  fi
+  if [[ -n $trace ]]; then
+    echo
+    echo "Where the logits time goes (--trace): ceilings $ceilings."
+    echo
+    echo "| shape | kernel | untraced us | traced us | outside |"
+    echo "| $only | block_stream | $((70 + v)).0 | $((71 + v)).0 | 9.0 |"
   fi
 } > "$md"
 """
@@ -238,6 +250,24 @@ class RunShKnobTest(unittest.TestCase):
         self.assertNotEqual(rc, 0, log)
         self.assertIn("table round 1 base rc 1", log)
         self.assertIn("### table: FAILED", out)
+
+    def test_trace_rounds(self):
+        # Two rounds of the bench with --trace, the ceilings measured once;
+        # each round's trace section in the log; a failing bench fails it.
+        rc, log, out = self.run_stage("trace", TRACE_ROUNDS="2", TRACE_ONLY="decode fp8 B=64")
+        self.assertEqual(rc, 0, log)
+        for r in (1, 2):
+            self.assertTrue(os.path.exists(os.path.join(self.out, f"trace-{r}.md")), r)
+        self.assertIn("Where the logits time goes (--trace): ceilings measured.", log)
+        self.assertIn("Where the logits time goes (--trace): ceilings skipped.", log)
+        self.assertIn("| decode fp8 B=64 | block_stream | 74.0 | 75.0 | 9.0 |", log)
+        self.assertNotIn("| shape | base | new |", log)
+        os.remove(os.path.join(self.dev, "bin", "indexer_gpu_bench"))
+        self.write_exe(os.path.join(self.dev, "bin", "indexer_gpu_bench"), "#!/usr/bin/env bash\necho 'bench: no GPU'\nexit 1\n")
+        rc, log, out = self.run_stage("trace", TRACE_ROUNDS="1")
+        self.assertNotEqual(rc, 0, log)
+        self.assertIn("trace round 1 rc 1", log)
+        self.assertIn("### trace: FAILED", out)
 
     def test_sass_summary_beside_the_base(self):
         # cuobjdump: the kernel has one more SHFL in the base's binary.

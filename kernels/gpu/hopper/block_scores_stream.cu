@@ -475,7 +475,7 @@ __global__ void __launch_bounds__(kSwShapes[kShape].warps * 32, kSwShapes[kShape
       }
       const int32_t count = min(per_page, cc.n - b * per_page);  // visible entries of the page
       const int32_t tiles16 = (count + 15) / 16 * 16;
-      TraceMathWait(trace(), [&] { MbarWait(&bars[slot], (phase >> slot) & 1u); });
+      TraceMathWait(p.trace != nullptr, trace(), [&] { MbarWait(&bars[slot], (phase >> slot) & 1u); });
       phase ^= 1u << slot;
       const uint8_t* page = my + slot * lay.page_stride;
       const uint32_t page_s = kTma ? SmemAddr(page) : 0u;  // its shared-window address
@@ -636,7 +636,7 @@ __global__ void __launch_bounds__(kSwShapes[kShape].warps * 32, kSwShapes[kShape
         score0[lane * head_stride] = v * p.scale;
       }
     }
-    if (forced == 0.f) TraceScored(trace());
+    if (forced == 0.f) TraceScored(p.trace != nullptr, trace());
     step_on(cc);
   }
   TraceMathEnd(trace());

@@ -473,7 +473,7 @@ __global__ void __launch_bounds__((MxConfig<kHeads, kRows, kMath, kStages, MxPro
     // whole warp: tile_window.h.
     auto wait_slot = [&]() {
       if (n >= kSlots) {
-        TraceCopyWait(trace(lane == 0),
+        TraceCopyWait(p.trace != nullptr, trace(lane == 0),
                       [&] { MbarWait(&empty[n % kSlots], static_cast<uint32_t>(n / kSlots + 1) & 1u); });
       }
     };
@@ -552,7 +552,7 @@ __global__ void __launch_bounds__((MxConfig<kHeads, kRows, kMath, kStages, MxPro
   };
   auto fetch = [&](int32_t n, Fetched& f) {
     const int slot = n % kSlots;
-    TraceMathWait(trace(tid == 0), [&] { MbarWait(&full[slot], static_cast<uint32_t>(n / kSlots) & 1u); });
+    TraceMathWait(p.trace != nullptr, trace(tid == 0), [&] { MbarWait(&full[slot], static_cast<uint32_t>(n / kSlots) & 1u); });
     f.ti = tinfo[slot];
     const uint8_t* kv = slots + slot * kMxSlotBytes;
     f.v0 = *reinterpret_cast<const uint4*>(kv + e0 * (kMxDim / 2) + t * 16);

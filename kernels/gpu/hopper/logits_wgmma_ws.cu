@@ -418,7 +418,7 @@ __global__ void __launch_bounds__(C::kThreads, C::kMinBlocks)
     // whole warp: tile_window.h.
     auto wait_slot = [&]() {
       if (n >= kSlots) {
-        TraceCopyWait(trace(lane == 0),
+        TraceCopyWait(p.trace != nullptr, trace(lane == 0),
                       [&] { MbarWait(&empty[n % kSlots], static_cast<uint32_t>(n / kSlots + 1) & 1u); });
       }
     };
@@ -685,7 +685,7 @@ __global__ void __launch_bounds__(C::kThreads, C::kMinBlocks)
         slot -= kSlots;
         phase ^= 1u;
       }
-      TraceMathWait(trace(tid == 0), [&] { MbarWait(full_a + 8 * slot, phase); });
+      TraceMathWait(p.trace != nullptr, trace(tid == 0), [&] { MbarWait(full_a + 8 * slot, phase); });
       const int4 ti = LdsInt4(ring_a + offsetof(Ring, tinfo) + 16 * slot);  // read before the slot's release
       if (ti.x < 0) break;          // the share's end
       if (ti.x != staged) stage(ti.x, ti.z, ti.w);
@@ -701,7 +701,7 @@ __global__ void __launch_bounds__(C::kThreads, C::kMinBlocks)
         WgmmaWaitAll();
         epilogue(acc, slot, ti.y, ks0, ks1);
       }
-      TraceScored(trace(tid == 0));
+      TraceScored(p.trace != nullptr, trace(tid == 0));
     }
     if (hist && staged >= 0) {
       NamedBarrierSync(1 + wg, kWgSize);  // every warp's last epilogue done

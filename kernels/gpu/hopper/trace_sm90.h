@@ -66,40 +66,51 @@ __device__ __forceinline__ void TraceMin(uint64_t* w, uint64_t v) {  // stored i
   atomicMax(reinterpret_cast<unsigned long long*>(w), static_cast<unsigned long long>(~v));
 }
 
-// A wait, timed where traced: the math side's waits add to
+// A wait, timed where the launch is traced: the math side's waits add to
 // kTraceMathWaitClk, the first one included (its start and end are the
 // smallest: kTraceFirstWaitInv, kTraceFirstClkInv, stored inverted, so the
-// host takes it out); the copy warp's to kTraceCopyWaitClk. The untraced
-// wait is its own branch, so that no clock value is live across it where
-// the kernel is not traced.
+// host takes it out); the copy warp's to kTraceCopyWaitClk. `traced` is
+// the launch's (p.trace != nullptr), the same in every thread: every lane
+// of a warp takes the same branch around the wait (a wait in a branch of
+// one lane left its warp unconverged before the next wgmma / mma.sync,
+// whose .aligned forms need the whole warp: the traced bench hung), and
+// only the record's own thread (rec not null) writes. Untraced, the wait
+// is its own branch, so that no clock value is live across it.
 template <class Wait>
-__device__ __forceinline__ void TraceMathWait(uint64_t* rec, Wait&& wait) {
-  if (rec == nullptr) {
+__device__ __forceinline__ void TraceMathWait(bool traced, uint64_t* rec, Wait&& wait) {
+  if (!traced) {
     wait();
     return;
   }
   const uint64_t c0 = TraceClk();
   wait();
   const uint64_t c1 = TraceClk();
+  if (rec == nullptr) return;
   TraceAdd(rec + kTraceMathWaitClk, c1 - c0);
   TraceMin(rec + kTraceFirstWaitInv, c0);
   TraceMin(rec + kTraceFirstClkInv, c1);
 }
 template <class Wait>
-__device__ __forceinline__ void TraceCopyWait(uint64_t* rec, Wait&& wait) {
-  if (rec == nullptr) {
+__device__ __forceinline__ void TraceCopyWait(bool traced, uint64_t* rec, Wait&& wait) {
+  if (!traced) {
     wait();
     return;
   }
   const uint64_t c0 = TraceClk();
   wait();
-  TraceAdd(rec + kTraceCopyWaitClk, TraceClk() - c0);
+  const uint64_t c1 = TraceClk();
+  if (rec != nullptr) TraceAdd(rec + kTraceCopyWaitClk, c1 - c0);
 }
-// The math side's tile scored.
-__device__ __forceinline__ void TraceScored(uint64_t* rec) {
-  if (rec == nullptr) return;
-  TraceAdd(rec + kTraceTiles, 1);
-  rec[kTraceLastClk] = TraceClk();
+// The math side's tile scored (`traced` as for the waits: the warp meets
+// again after its one writing lane, before the next tile's aligned
+// instructions).
+__device__ __forceinline__ void TraceScored(bool traced, uint64_t* rec) {
+  if (!traced) return;
+  if (rec != nullptr) {
+    TraceAdd(rec + kTraceTiles, 1);
+    rec[kTraceLastClk] = TraceClk();
+  }
+  __syncwarp();
 }
 // The math side's last tile scored, with its count, at once (kernels whose
 // loop has no room for a mark a tile).

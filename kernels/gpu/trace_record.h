@@ -33,6 +33,9 @@ enum TraceWord : int {
   kTraceCopyWaitClk,   // the copy warp's cycles waiting for free slots (0: not kept)
   kTraceCopyEndClk,    // the copy warp's end (0: not kept)
   kTraceSm,            // %smid
+  kTraceLastWaitClk,   // the math thread's latest wait (scratch for the next word)
+  kTraceEndWaitClk,    // its wait for the end mark, in kTraceMathWaitClk but not a
+                       // tile's (wgmma_ws: the copy warp's end of the share; else 0)
   kTraceWords = 16,
 };
 

@@ -10,11 +10,11 @@
 //   fill          a block's start to its first tile ready (its Q, the
 //                 first copies' latency; first wait: that wait alone)
 //   stream        the first tile ready to the last scored
-//   drain         the last tile scored to the block's math end (the
-//                 histogram flush, the end marks)
+//   drain         the last tile scored to the block's math end (the wait
+//                 for the end mark, the histogram flush)
 //   end spread    the last block's end after the median block's
 // and how the stream went: the math thread's waits for tiles after the
-// first (% of stream: the bytes set the pace), the copy warp's waits for
+// first, the end mark's left out (% of stream: the bytes set the pace), the copy warp's waits for
 // free slots (% of its life: the math sets it; -1 where not kept).
 #pragma once
 
@@ -86,7 +86,9 @@ inline TraceStats SummarizeTrace(const uint64_t* records, int blocks, double eve
     first_wait.push_back(static_cast<double>(first - first_wait0) / per_us);
     stream.push_back(static_cast<double>(last - first) / per_us);
     drain.push_back(static_cast<double>(end - last) / per_us);
-    const double steady_wait = static_cast<double>(r[kTraceMathWaitClk] - (first - first_wait0));
+    // The tiles' waits: less the first (the fill's) and the end mark's.
+    const double steady_wait =
+        static_cast<double>(r[kTraceMathWaitClk] - (first - first_wait0) - r[kTraceEndWaitClk]);
     math_wait.push_back(last > first ? 100.0 * steady_wait / static_cast<double>(last - first) : 0);
     if (r[kTraceCopyEndClk] > entry) {
       copy_wait.push_back(100.0 * static_cast<double>(r[kTraceCopyWaitClk]) /

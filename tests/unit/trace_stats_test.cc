@@ -24,6 +24,7 @@ struct Block {
   uint64_t copy_wait_clk = 20000;   // 0 with copy_end 0: not kept
   bool copy_kept = true;
   uint64_t tiles = 100;
+  uint64_t end_wait_clk = 0;
 };
 
 void Put(const Block& b, int index, std::vector<uint64_t>& rec) {
@@ -45,13 +46,16 @@ void Put(const Block& b, int index, std::vector<uint64_t>& rec) {
   r[kTraceCopyWaitClk] = b.copy_kept ? b.copy_wait_clk : 0;
   r[kTraceCopyEndClk] = b.copy_kept ? entry + 80000 : 0;
   r[kTraceSm] = static_cast<uint64_t>(index);
+  // The end mark's wait (wgmma_ws): counted in the waits, kept apart too.
+  r[kTraceMathWaitClk] += b.end_wait_clk;
+  r[kTraceEndWaitClk] = b.end_wait_clk;
 }
 
 TEST(TraceStats, PartsOfOneLaunch) {
   std::vector<uint64_t> rec;
   Put({.start_ns = 1000}, 0, rec);
-  Put({.start_ns = 1500, .exit_after_us = 2.5}, 1, rec);
-  Put({.start_ns = 1200}, 2, rec);
+  Put({.start_ns = 1500, .exit_after_us = 2.5, .end_wait_clk = 3000}, 1, rec);
+  Put({.start_ns = 1200, .end_wait_clk = 1500}, 2, rec);  // not a tile's wait
   const TraceStats s = SummarizeTrace(rec.data(), 3, 60.0);
   EXPECT_EQ(s.blocks, 3);
   EXPECT_DOUBLE_EQ(s.clock_ghz, 2.0);
@@ -59,7 +63,8 @@ TEST(TraceStats, PartsOfOneLaunch) {
   EXPECT_DOUBLE_EQ(s.first_wait_us, 1.0);  // 2000 cycles
   EXPECT_DOUBLE_EQ(s.stream_us, 40.0);
   EXPECT_DOUBLE_EQ(s.drain_us, 1.0);
-  EXPECT_DOUBLE_EQ(s.math_wait_pct, 10.0);  // 8000 of 80000, the first wait left out
+  // 8000 of 80000 in every block: the first wait and the end marks' left out.
+  EXPECT_DOUBLE_EQ(s.math_wait_pct, 10.0);
   EXPECT_DOUBLE_EQ(s.copy_wait_pct, 25.0);  // 20000 of 80000
   EXPECT_DOUBLE_EQ(s.tiles, 100);
   EXPECT_DOUBLE_EQ(s.start_spread_us, 0.5);

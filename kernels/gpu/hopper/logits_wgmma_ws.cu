@@ -687,7 +687,10 @@ __global__ void __launch_bounds__(C::kThreads, C::kMinBlocks)
       }
       TraceMathWait(p.trace != nullptr, trace(tid == 0), [&] { MbarWait(full_a + 8 * slot, phase); });
       const int4 ti = LdsInt4(ring_a + offsetof(Ring, tinfo) + 16 * slot);  // read before the slot's release
-      if (ti.x < 0) break;          // the share's end
+      if (ti.x < 0) {               // the share's end
+        TraceEndMark(trace(tid == 0));
+        break;
+      }
       if (ti.x != staged) stage(ti.x, ti.z, ti.w);
       if (my_rows == 0) {
         skip(slot);

@@ -89,6 +89,12 @@ __device__ __forceinline__ void TraceMathWait(bool traced, uint64_t* rec, Wait&&
   TraceAdd(rec + kTraceMathWaitClk, c1 - c0);
   TraceMin(rec + kTraceFirstWaitInv, c0);
   TraceMin(rec + kTraceFirstClkInv, c1);
+  rec[kTraceLastWaitClk] = c1 - c0;
+}
+// The math thread's last wait was for the end mark, not a tile: kept apart
+// (kTraceEndWaitClk), so the host takes it out of the tiles' waits.
+__device__ __forceinline__ void TraceEndMark(uint64_t* rec) {
+  if (rec != nullptr) rec[kTraceEndWaitClk] = rec[kTraceLastWaitClk];
 }
 template <class Wait>
 __device__ __forceinline__ void TraceCopyWait(bool traced, uint64_t* rec, Wait&& wait) {

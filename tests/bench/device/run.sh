@@ -67,7 +67,8 @@
 #             and block_stream, tests/bench/trace_stats.h): the launch
 #             outside the blocks, their start and end spreads, a block's
 #             fill, stream and drain, the math side's and the copy warp's
-#             waits; TRACE_ROUNDS runs (default 2), trace-R.md
+#             waits; TRACE_ROUNDS runs (default 2), trace-R.md, each
+#             limited to TRACE_TIMEOUT seconds (default 240)
 #   ncu       Nsight Compute on one warmed launch per NCU_CASES entry
 #             ("kernel regex@bench shape;..."; NCU_BENCH: another bench
 #             binary): speed of light, warp states and stall reasons,
@@ -625,7 +626,10 @@ stage_trace() {
   for r in $(seq "${TRACE_ROUNDS:-2}"); do
     ((r > 1)) && ceil=(--no-ceilings)
     echo "== round $r"
-    timeout "$TO" "$DEV/bin/indexer_gpu_bench" "${ceil[@]}" --trace --only "$only" --markdown "$OUT/trace-$r.md" \
+    # Its own limit (TRACE_TIMEOUT, default 240 s), not TEST_TIMEOUT: the
+    # first traced run hung (a wait in one lane's branch, fixed since) and
+    # took a whole device call.
+    timeout "${TRACE_TIMEOUT:-240}" "$DEV/bin/indexer_gpu_bench" "${ceil[@]}" --trace --only "$only" --markdown "$OUT/trace-$r.md" \
       > "$OUT/trace-$r.txt" 2>&1 || { rc=1; echo "trace round $r rc 1"; tail -3 "$OUT/trace-$r.txt"; }
     sed -n '/^Where the logits time goes/,$p' "$OUT/trace-$r.md" 2>/dev/null
   done

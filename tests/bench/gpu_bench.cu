@@ -461,6 +461,8 @@ Result RunShape(const BenchShape& bs, const Ceilings& ceil, int iters,
   // sub-chunks would overwrite each other's records). Split timing, so the
   // event time is the logits kernel's alone.
   if (trace && bs.q_len <= gpu::kMaxGroupRows) {
+    // On stderr, unbuffered: where a run that had to be killed stopped.
+    std::fprintf(stderr, "%s: traced calls\n", bs.name.c_str());
     constexpr int32_t kTraceBlocks = 4096;  // above any persistent grid
     const size_t rec_bytes = size_t{kTraceBlocks} * gpu::kTraceWords * sizeof(uint64_t);
     void* rec_d = nullptr;

@@ -85,11 +85,13 @@ __device__ __forceinline__ void TraceMathWait(bool traced, uint64_t* rec, Wait&&
   const uint64_t c0 = TraceClk();
   wait();
   const uint64_t c1 = TraceClk();
-  if (rec == nullptr) return;
-  TraceAdd(rec + kTraceMathWaitClk, c1 - c0);
-  TraceMin(rec + kTraceFirstWaitInv, c0);
-  TraceMin(rec + kTraceFirstClkInv, c1);
-  rec[kTraceLastWaitClk] = c1 - c0;
+  if (rec != nullptr) {
+    TraceAdd(rec + kTraceMathWaitClk, c1 - c0);
+    TraceMin(rec + kTraceFirstWaitInv, c0);
+    TraceMin(rec + kTraceFirstClkInv, c1);
+    rec[kTraceLastWaitClk] = c1 - c0;
+  }
+  __syncwarp();  // the warp whole again before its next aligned instruction
 }
 // The math thread's last wait was for the end mark, not a tile: kept apart
 // (kTraceEndWaitClk), so the host takes it out of the tiles' waits.
@@ -106,6 +108,7 @@ __device__ __forceinline__ void TraceCopyWait(bool traced, uint64_t* rec, Wait&&
   wait();
   const uint64_t c1 = TraceClk();
   if (rec != nullptr) TraceAdd(rec + kTraceCopyWaitClk, c1 - c0);
+  __syncwarp();
 }
 // The math side's tile scored (`traced` as for the waits: the warp meets
 // again after its one writing lane, before the next tile's aligned

@@ -1,6 +1,8 @@
-// The bench's kernel timeline on sm_90 (params.h: TraceWord): the timers and
-// the writes of a block's record. Every helper takes the block's record, null
-// when the launch is not traced (production): then each is one predicate.
+// The bench's kernel timeline on sm_90 (trace_record.h: TraceWord): the
+// timers and the writes of a block's record. Every helper takes the block's
+// record, null in all but the record's one thread and wherever the launch is
+// not traced (production: then each is one predicate); the timed waits also
+// take whether the launch is traced, the same in every lane.
 #pragma once
 
 #include <cstdint>
@@ -71,10 +73,11 @@ __device__ __forceinline__ void TraceMin(uint64_t* w, uint64_t v) {  // stored i
 // smallest: kTraceFirstWaitInv, kTraceFirstClkInv, stored inverted, so the
 // host takes it out); the copy warp's to kTraceCopyWaitClk. `traced` is
 // the launch's (p.trace != nullptr), the same in every thread: every lane
-// of a warp takes the same branch around the wait (a wait in a branch of
-// one lane left its warp unconverged before the next wgmma / mma.sync,
-// whose .aligned forms need the whole warp: the traced bench hung), and
-// only the record's own thread (rec not null) writes. Untraced, the wait
+// of a warp takes the same branch around the wait, and only the record's
+// own thread (rec not null) writes; the warp then meets again. (A wait in
+// a branch of one lane leaves its warp unconverged before the next wgmma /
+// mma.sync, whose .aligned forms need the whole warp: the likely cause of
+// the first traced bench's hang, results s40.) Untraced, the wait
 // is its own branch, so that no clock value is live across it.
 template <class Wait>
 __device__ __forceinline__ void TraceMathWait(bool traced, uint64_t* rec, Wait&& wait) {

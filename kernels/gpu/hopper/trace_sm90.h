@@ -79,8 +79,8 @@ __device__ __forceinline__ void TraceMin(uint64_t* w, uint64_t v) {  // stored i
 // mma.sync, whose .aligned forms need the whole warp: the likely cause of
 // the first traced bench's hang, results s40.) Untraced, the wait
 // is its own branch, so that no clock value is live across it.
-template <class Wait>
-__device__ __forceinline__ void TraceMathWait(bool traced, uint64_t* rec, Wait&& wait) {
+template <class Wait, class Record>
+__device__ __forceinline__ void TraceTimedWait(bool traced, uint64_t* rec, Wait&& wait, Record&& record) {
   if (!traced) {
     wait();
     return;
@@ -88,30 +88,27 @@ __device__ __forceinline__ void TraceMathWait(bool traced, uint64_t* rec, Wait&&
   const uint64_t c0 = TraceClk();
   wait();
   const uint64_t c1 = TraceClk();
-  if (rec != nullptr) {
-    TraceAdd(rec + kTraceMathWaitClk, c1 - c0);
-    TraceMin(rec + kTraceFirstWaitInv, c0);
-    TraceMin(rec + kTraceFirstClkInv, c1);
-    rec[kTraceLastWaitClk] = c1 - c0;
-  }
+  if (rec != nullptr) record(rec, c0, c1);
   __syncwarp();  // the warp whole again before its next aligned instruction
+}
+template <class Wait>
+__device__ __forceinline__ void TraceMathWait(bool traced, uint64_t* rec, Wait&& wait) {
+  TraceTimedWait(traced, rec, wait, [](uint64_t* r, uint64_t c0, uint64_t c1) {
+    TraceAdd(r + kTraceMathWaitClk, c1 - c0);
+    TraceMin(r + kTraceFirstWaitInv, c0);
+    TraceMin(r + kTraceFirstClkInv, c1);
+    r[kTraceLastWaitClk] = c1 - c0;
+  });
+}
+template <class Wait>
+__device__ __forceinline__ void TraceCopyWait(bool traced, uint64_t* rec, Wait&& wait) {
+  TraceTimedWait(traced, rec, wait,
+                 [](uint64_t* r, uint64_t c0, uint64_t c1) { TraceAdd(r + kTraceCopyWaitClk, c1 - c0); });
 }
 // The math thread's last wait was for the end mark, not a tile: kept apart
 // (kTraceEndWaitClk), so the host takes it out of the tiles' waits.
 __device__ __forceinline__ void TraceEndMark(uint64_t* rec) {
   if (rec != nullptr) rec[kTraceEndWaitClk] = rec[kTraceLastWaitClk];
-}
-template <class Wait>
-__device__ __forceinline__ void TraceCopyWait(bool traced, uint64_t* rec, Wait&& wait) {
-  if (!traced) {
-    wait();
-    return;
-  }
-  const uint64_t c0 = TraceClk();
-  wait();
-  const uint64_t c1 = TraceClk();
-  if (rec != nullptr) TraceAdd(rec + kTraceCopyWaitClk, c1 - c0);
-  __syncwarp();
 }
 // The math side's tile scored (`traced` as for the waits: the warp meets
 // again after its one writing lane, before the next tile's aligned

@@ -150,7 +150,7 @@ struct LogitsParams {
   int32_t* claims = nullptr;
   TailRule tail;
   int32_t tail_units = 0;
-  // The bench's timeline (TraceWord above); null in production.
+  // The bench's timeline (trace_record.h: TraceWord); null in production.
   uint64_t* trace = nullptr;
   int32_t trace_blocks = 0;
 };
@@ -373,7 +373,7 @@ struct BlockScoreParams {
   // off by default): each group asks the L2 for its next page an item
   // before copying it.
   bool l2_prefetch = false;
-  // The bench's timeline (TraceWord above); null in production.
+  // The bench's timeline (trace_record.h: TraceWord); null in production.
   uint64_t* trace = nullptr;
   int32_t trace_blocks = 0;
 };

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "kernels/gpu/gpu_compat.h"
+#include "tests/bench/median.h"
 
 #define CHECK_GPU(expr)                                                     \
   do {                                                                      \
@@ -21,12 +22,6 @@
 
 namespace indexer {
 namespace bench {
-
-// The upper median (samples of an even count take the larger middle one).
-inline double Median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v.empty() ? 0 : v[v.size() / 2];
-}
 
 }  // namespace bench
 }  // namespace indexer

@@ -23,6 +23,7 @@
 #include <vector>
 
 #include "kernels/gpu/trace_record.h"
+#include "tests/bench/median.h"
 
 namespace indexer {
 namespace bench {
@@ -45,22 +46,16 @@ struct TraceStats {
   double timer_step_ns = 0;  // the smallest step seen between distinct %globaltimer values
 };
 
-namespace trace_internal {
-// The upper median (as bench_util.h's Median).
-inline double UpperMedian(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v.empty() ? 0 : v[v.size() / 2];
-}
-}  // namespace trace_internal
-
 // `records`: `blocks` records of gpu::kTraceWords words, as the launch left
 // them in its zeroed buffer.
 inline TraceStats SummarizeTrace(const uint64_t* records, int blocks, double event_us) {
   using namespace gpu;
-  using trace_internal::UpperMedian;
   TraceStats s;
   s.event_us = event_us;
-  std::vector<double> ghz, fill, first_wait, stream, drain, math_wait, copy_wait, tiles;
+  // The records of blocks that started and scored tiles, each with its
+  // clock's rate (cycles a ns, from its start and math end).
+  std::vector<const uint64_t*> used;
+  std::vector<double> ghz;
   std::vector<uint64_t> starts, ends, stamps;
   for (int b = 0; b < blocks; ++b) {
     const uint64_t* r = records + static_cast<int64_t>(b) * kTraceWords;
@@ -68,18 +63,18 @@ inline TraceStats SummarizeTrace(const uint64_t* records, int blocks, double eve
     const double rate = static_cast<double>(r[kTraceMathEndClk] - r[kTraceEntryClk]) /
                         static_cast<double>(r[kTraceMathEndNs] - r[kTraceEntryNs]);
     if (!(rate > 0)) continue;
-    ++s.blocks;
+    used.push_back(r);
     ghz.push_back(rate);
     starts.push_back(r[kTraceEntryNs]);
     ends.push_back(r[kTraceExitNs]);
     stamps.insert(stamps.end(), {r[kTraceEntryNs], r[kTraceExitNs], r[kTraceMathEndNs]});
   }
+  s.blocks = static_cast<int>(used.size());
   if (s.blocks == 0) return s;
-  s.clock_ghz = UpperMedian(ghz);
+  s.clock_ghz = Median(ghz);
   const double per_us = s.clock_ghz * 1e3;  // cycles a microsecond
-  for (int b = 0; b < blocks; ++b) {
-    const uint64_t* r = records + static_cast<int64_t>(b) * kTraceWords;
-    if (r[kTraceEntryNs] == 0 || r[kTraceTiles] == 0 || r[kTraceMathEndNs] <= r[kTraceEntryNs]) continue;
+  std::vector<double> fill, first_wait, stream, drain, math_wait, copy_wait, tiles;
+  for (const uint64_t* r : used) {
     const uint64_t first_wait0 = ~r[kTraceFirstWaitInv], first = ~r[kTraceFirstClkInv];
     const uint64_t entry = r[kTraceEntryClk], last = r[kTraceLastClk], end = r[kTraceMathEndClk];
     fill.push_back(static_cast<double>(first - entry) / per_us);
@@ -103,14 +98,14 @@ inline TraceStats SummarizeTrace(const uint64_t* records, int blocks, double eve
   s.span_us = static_cast<double>(last_end - first_start) / 1e3;
   s.outside_us = event_us - s.span_us;
   s.start_spread_us = static_cast<double>(last_start - first_start) / 1e3;
-  s.end_spread_us = (static_cast<double>(last_end) - UpperMedian(ends_d)) / 1e3;
-  s.fill_us = UpperMedian(fill);
-  s.first_wait_us = UpperMedian(first_wait);
-  s.stream_us = UpperMedian(stream);
-  s.drain_us = UpperMedian(drain);
-  s.math_wait_pct = UpperMedian(math_wait);
-  s.copy_wait_pct = copy_wait.empty() ? -1 : UpperMedian(copy_wait);
-  s.tiles = UpperMedian(tiles);
+  s.end_spread_us = (static_cast<double>(last_end) - Median(ends_d)) / 1e3;
+  s.fill_us = Median(fill);
+  s.first_wait_us = Median(first_wait);
+  s.stream_us = Median(stream);
+  s.drain_us = Median(drain);
+  s.math_wait_pct = Median(math_wait);
+  s.copy_wait_pct = copy_wait.empty() ? -1 : Median(copy_wait);
+  s.tiles = Median(tiles);
   std::sort(stamps.begin(), stamps.end());
   for (size_t i = 1; i < stamps.size(); ++i) {
     const uint64_t d = stamps[i] - stamps[i - 1];
@@ -126,11 +121,11 @@ inline TraceStats MedianTrace(const std::vector<TraceStats>& runs) {
   auto med = [&](double TraceStats::*f) {
     std::vector<double> v;
     for (const TraceStats& r : runs) v.push_back(r.*f);
-    return trace_internal::UpperMedian(v);
+    return Median(v);
   };
   std::vector<double> nb;
   for (const TraceStats& r : runs) nb.push_back(r.blocks);
-  m.blocks = static_cast<int>(trace_internal::UpperMedian(nb));
+  m.blocks = static_cast<int>(Median(nb));
   for (double TraceStats::*f :
        {&TraceStats::event_us, &TraceStats::span_us, &TraceStats::outside_us, &TraceStats::start_spread_us,
         &TraceStats::fill_us, &TraceStats::first_wait_us, &TraceStats::stream_us, &TraceStats::drain_us,
@@ -138,7 +133,7 @@ inline TraceStats MedianTrace(const std::vector<TraceStats>& runs) {
         &TraceStats::clock_ghz}) {
     m.*f = med(f);
   }
-  m.timer_step_ns = runs[0].timer_step_ns;
+  // The finest step any launch saw.
   for (const TraceStats& r : runs) {
     if (r.timer_step_ns > 0 && (m.timer_step_ns == 0 || r.timer_step_ns < m.timer_step_ns)) m.timer_step_ns = r.timer_step_ns;
   }
